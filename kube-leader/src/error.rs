@@ -1,0 +1,108 @@
+//! Errors of kube-leader.
+
+use std::time::Duration;
+
+/// The result type of kube-leader's fallible operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while electing a leader.
+///
+/// Errors name the object involved and, where the fix is on the cluster side (RBAC, a missing
+/// Pod), what to do about it. Transient API errors (timeouts, 5xx, 429, connection failures)
+/// never surface here: they are retried with backoff inside the election loop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration was rejected before anything was sent to the API server.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// The lock name is not a valid Kubernetes object name (DNS-1123 subdomain).
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidLockName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// No namespace could be found for the lock.
+    #[error(
+        "no namespace for the lock: set one explicitly, or POD_NAMESPACE, or run in a Pod \
+         (the service-account namespace file {path} was not found)"
+    )]
+    NoNamespace {
+        /// The service-account namespace file that was looked for.
+        path: String,
+    },
+
+    /// The candidate's own Pod name is unknown (leader for life needs it for the owner reference).
+    #[error(
+        "the candidate's Pod name is unknown: set the POD_NAME environment variable with the \
+         Downward API (fieldRef metadata.name), or set the identity explicitly"
+    )]
+    NoPodName,
+
+    /// The candidate's own Pod does not exist.
+    #[error("the candidate's own Pod {namespace}/{name} was not found (is POD_NAME correct?)")]
+    OwnPodNotFound {
+        /// Namespace searched.
+        namespace: String,
+        /// Pod name searched.
+        name: String,
+    },
+
+    /// The API server refused a request for lack of permission (HTTP 403).
+    #[error(
+        "missing permission: {verb} {resource} in namespace {namespace} \
+         (the API server said: {message}); grant it with a Role such as {hint}"
+    )]
+    Forbidden {
+        /// The verb that was refused (get, list, watch, create, update, patch, delete).
+        verb: String,
+        /// The resource, with its API group when it is not the core group (`leases.coordination.k8s.io`).
+        resource: String,
+        /// The namespace of the request (`<cluster>` for cluster-scoped resources).
+        namespace: String,
+        /// The API server's message.
+        message: String,
+        /// Where to find a Role that grants it.
+        hint: &'static str,
+    },
+
+    /// The API server rejected a request as invalid (HTTP 400/422); retrying cannot help.
+    #[error("the API server rejected {verb} {resource} {namespace}/{name}: {message}")]
+    Rejected {
+        /// The verb of the request.
+        verb: String,
+        /// The resource of the request.
+        resource: String,
+        /// The object's namespace.
+        namespace: String,
+        /// The object's name.
+        name: String,
+        /// The API server's message.
+        message: String,
+    },
+
+    /// The wait for leadership was cancelled by the caller's token.
+    #[error("cancelled while waiting for leadership of {lock}")]
+    Cancelled {
+        /// The lock (`namespace/name`).
+        lock: String,
+    },
+
+    /// The API server could not be reached for longer than the configured bound.
+    #[error("the API server has been unreachable for {elapsed:?}")]
+    Unreachable {
+        /// How long it has been unreachable.
+        elapsed: Duration,
+        /// The last error seen.
+        #[source]
+        source: kube::Error,
+    },
+
+    /// An API error that is neither transient nor one of the above.
+    #[error("API request failed")]
+    Api(#[source] Box<kube::Error>),
+}

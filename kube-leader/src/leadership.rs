@@ -1,0 +1,344 @@
+//! The handle a leader holds: who leads, with which fencing token, and when it stops leading.
+
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::{error::Result, lock::LockRef};
+
+/// Which election strategy produced a [`Leadership`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk `leader.Become`).
+    ForLife,
+    /// A `coordination.k8s.io/v1` Lease renewed by the leader (client-go `leaderelection`).
+    Lease,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Strategy::ForLife => "for-life",
+            Strategy::Lease => "lease",
+        })
+    }
+}
+
+/// Why leadership ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lock object was deleted while held (an administrator, or a takeover policy).
+    LockDeleted,
+    /// The lock object was replaced by another one (another UID, or another holder).
+    LockReplaced {
+        /// The new holder, if known.
+        holder: Option<String>,
+    },
+    /// Another candidate holds the lease (seen in a watch event or on a conflicting write).
+    OtherHolder {
+        /// The identity of the new holder.
+        holder: String,
+    },
+    /// The lease could not be renewed within the renew deadline (fail-stop).
+    RenewDeadline {
+        /// How long it has been since the last successful renewal was sent.
+        since_last_renewal: Duration,
+    },
+    /// Leadership was given up with [`Leadership::release`] or by dropping the handle.
+    Released,
+    /// The shutdown token passed to the elector was cancelled.
+    Cancelled,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::LockDeleted => f.write_str("the lock was deleted"),
+            LossReason::LockReplaced { holder: Some(h) } => write!(f, "the lock was replaced; now held by {h}"),
+            LossReason::LockReplaced { holder: None } => f.write_str("the lock was replaced"),
+            LossReason::OtherHolder { holder } => write!(f, "{holder} holds the lease"),
+            LossReason::RenewDeadline { since_last_renewal } => {
+                write!(f, "the lease was not renewed within the renew deadline ({since_last_renewal:?} since the last renewal)")
+            }
+            LossReason::Released => f.write_str("released"),
+            LossReason::Cancelled => f.write_str("shutdown requested"),
+        }
+    }
+}
+
+/// What a leader knows about its term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Term {
+    /// This candidate's identity (the Pod name for leader for life).
+    pub identity: String,
+    /// The lock held.
+    pub lock: LockRef,
+    /// The strategy that elected it.
+    pub strategy: Strategy,
+    /// A number greater for every later leader of the same lock; see
+    /// [`Leadership::fencing_token`].
+    pub fencing_token: u64,
+    /// When this candidate became leader (or found its own lock after a restart).
+    pub acquired_at: SystemTime,
+}
+
+/// The sending half of a leadership: kept by the strategy's background task.
+#[derive(Debug)]
+pub(crate) struct Keeper {
+    lost: CancellationToken,
+    reason: watch::Sender<Option<LossReason>>,
+}
+
+impl Keeper {
+    /// Ends leadership with `reason`, once; later calls are ignored.
+    pub(crate) fn lose(&self, reason: LossReason) {
+        let first = self.reason.send_if_modified(|r| {
+            if r.is_some() {
+                return false;
+            }
+            *r = Some(reason.clone());
+            true
+        });
+        if first {
+            self.lost.cancel();
+        }
+    }
+
+    /// Whether leadership has already ended.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+}
+
+/// Being the leader.
+///
+/// Returned by [`ForLife::become_leader`](crate::ForLife::become_leader) and
+/// [`LeaseElector::become_leader`](crate::LeaseElector::become_leader). It carries the
+/// identity and the [fencing token](Self::fencing_token), and a token that is cancelled the moment
+/// leadership is lost, so work gated on it stops.
+///
+/// Dropping the handle steps down: a lease is released (after renewals stop), and the watch on a
+/// leader-for-life lock ends (the lock itself lives until the Pod is deleted, as in the seed).
+/// Call [`release`](Self::release) to step down and wait until that is done.
+#[must_use = "dropping the Leadership steps down at once"]
+pub struct Leadership {
+    term: Arc<Term>,
+    skipped: bool,
+    lost: CancellationToken,
+    reason: watch::Receiver<Option<LossReason>>,
+    /// Tells the background task that the user's work is over: stop and release.
+    done: CancellationToken,
+    task: Option<JoinHandle<Result<()>>>,
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("term", &self.term)
+            .field("skipped", &self.skipped)
+            .field("lost", &self.reason.borrow().clone())
+            .finish()
+    }
+}
+
+// === impl Leadership ===
+
+impl Leadership {
+    /// A new leadership and the keeper side for the background task.
+    pub(crate) fn new(term: Term) -> (Self, Keeper, CancellationToken) {
+        let lost = CancellationToken::new();
+        let (tx, rx) = watch::channel(None);
+        let done = CancellationToken::new();
+        let this = Self {
+            term: Arc::new(term),
+            skipped: false,
+            lost: lost.clone(),
+            reason: rx,
+            done: done.clone(),
+            task: None,
+        };
+        (this, Keeper { lost, reason: tx }, done)
+    }
+
+    /// Attaches the background task that keeps (renews or watches) the lock.
+    pub(crate) fn with_task(mut self, task: JoinHandle<Result<()>>) -> Self {
+        self.task = Some(task);
+        self
+    }
+
+    /// The leadership of a candidate that skipped the election because it does not run in a
+    /// cluster (the seed's behaviour, see [`OutsideCluster::Skip`](crate::OutsideCluster::Skip)).
+    /// It is never lost and its fencing token is 0.
+    pub(crate) fn skipped(term: Term) -> Self {
+        // No keeper: the reason stays `None` and `lost()` waits forever.
+        let (mut this, _keeper, _done) = Self::new(term);
+        this.skipped = true;
+        this
+    }
+
+    /// This candidate's identity.
+    pub fn identity(&self) -> &str {
+        &self.term.identity
+    }
+
+    /// The lock held.
+    pub fn lock(&self) -> &LockRef {
+        &self.term.lock
+    }
+
+    /// The strategy that elected this leader.
+    pub fn strategy(&self) -> Strategy {
+        self.term.strategy
+    }
+
+    /// Everything about this term at once.
+    pub fn term(&self) -> &Term {
+        &self.term
+    }
+
+    /// When this candidate became leader.
+    pub fn acquired_at(&self) -> SystemTime {
+        self.term.acquired_at
+    }
+
+    /// The fencing token of this term: greater for every later leader of the same lock.
+    ///
+    /// Attach it to writes that must not be made by a deposed leader: a store that remembers the
+    /// highest token it has seen and rejects lower ones turns "two leaders for a moment" into
+    /// "the old leader's late writes are rejected".
+    ///
+    /// - Lease: the Lease's `leaseTransitions` after this candidate's takeover.
+    /// - Leader for life: the `resourceVersion` the lock ConfigMap was created with (stored in
+    ///   the lock as `kube-leader.io/fencing-token`). With etcd3 storage this is etcd's global
+    ///   revision, which only grows; Kubernetes calls resource versions opaque, so this holds for
+    ///   etcd-backed API servers and does not survive restoring etcd from a backup.
+    ///
+    /// 0 when the election was skipped outside a cluster.
+    pub fn fencing_token(&self) -> u64 {
+        self.term.fencing_token
+    }
+
+    /// Whether the election was skipped because this process does not run in a cluster.
+    pub fn is_skipped(&self) -> bool {
+        self.skipped
+    }
+
+    /// Whether this candidate still leads.
+    pub fn is_leader(&self) -> bool {
+        !self.lost.is_cancelled()
+    }
+
+    /// A token cancelled the moment leadership is lost. Cancelling the returned token does not
+    /// affect the election (it is a child token).
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.child_token()
+    }
+
+    /// Why leadership ended, if it has.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.reason.borrow().clone()
+    }
+
+    /// Waits until leadership is lost and tells why.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropping the future loses nothing.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.reason.clone();
+        let seen = rx.wait_for(Option::is_some).await.map(|r| r.clone());
+        match seen {
+            Ok(r) => r.unwrap_or(LossReason::Released),
+            // The keeper is gone without saying why: for a skipped election it never ends.
+            Err(_) if self.skipped => std::future::pending().await,
+            Err(_) => LossReason::Released,
+        }
+    }
+
+    /// Steps down and waits until that is done: a lease is released (its holder cleared, so
+    /// another candidate takes over at once); a leader-for-life lock is deleted (with a UID
+    /// precondition, so a newer lock is never deleted by mistake).
+    ///
+    /// Call it once the work gated on this leadership has stopped.
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe in the sense that, once called, stepping down goes on in the background
+    /// even if the future is dropped.
+    pub async fn release(mut self) -> Result<()> {
+        self.done.cancel();
+        match self.task.take() {
+            Some(task) => match task.await {
+                Ok(r) => r,
+                Err(join) if join.is_cancelled() => Ok(()),
+                Err(join) => std::panic::resume_unwind(join.into_panic()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // The user's work is over: let the keeper stop (and release a lease) in the background.
+        self.done.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn term() -> Term {
+        Term {
+            identity: "me".into(),
+            lock: LockRef::new("ns", "lock").unwrap(),
+            strategy: Strategy::Lease,
+            fencing_token: 3,
+            acquired_at: SystemTime::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn loss_is_reported_once_with_the_first_reason() {
+        let (l, keeper, _done) = Leadership::new(term());
+        let token = l.lost_token();
+        assert!(l.is_leader());
+        keeper.lose(LossReason::LockDeleted);
+        keeper.lose(LossReason::Released);
+        assert!(token.is_cancelled());
+        assert!(!l.is_leader());
+        assert_eq!(l.lost().await, LossReason::LockDeleted);
+        assert_eq!(l.loss_reason(), Some(LossReason::LockDeleted));
+    }
+
+    #[tokio::test]
+    async fn user_cancelling_the_child_token_does_not_end_leadership() {
+        let (l, _keeper, _done) = Leadership::new(term());
+        l.lost_token().cancel();
+        assert!(l.is_leader());
+    }
+
+    #[tokio::test]
+    async fn dropping_signals_done() {
+        let (l, _keeper, done) = Leadership::new(term());
+        assert!(!done.is_cancelled());
+        drop(l);
+        assert!(done.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn skipped_never_ends() {
+        let l = Leadership::skipped(term());
+        assert!(l.is_skipped());
+        assert!(l.is_leader());
+        let r = tokio::time::timeout(Duration::from_secs(3600), l.lost()).await;
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! # kube-leader
+//!
+//! Leader election for Kubernetes workloads, on [kube-rs](https://kube.rs).
+//!
+//! Two strategies behind one [`Leadership`] handle:
+//!
+//! - **Leader for life** ([`ForLife`]): operator-sdk's `leader.Become`. The leader creates a
+//!   ConfigMap owned by its own Pod and leads until that Pod is deleted, when Kubernetes' garbage
+//!   collector deletes the lock. kube-leader watches instead of polling, recognises dead leaders
+//!   in every terminal Pod phase, checks Pod UIDs (not names) on restart, and tells a leader
+//!   that its lock was deleted.
+//! - **Lease** ([`LeaseElector`]): client-go's `leaderelection` on a `coordination.k8s.io/v1`
+//!   Lease, interoperable with Go candidates on the same Lease. Followers watch instead of
+//!   polling, the leader renews with one write, and stops leading before anybody else can see
+//!   its lease as expired (fail-stop).
+//!
+//! Both give a [fencing token](Leadership::fencing_token) and a token that is cancelled when
+//! leadership is lost.
+//!
+//! The library picks no `k8s-openapi` version feature: enable one in your binary.
+
+mod api;
+pub mod backoff;
+pub mod error;
+pub mod leadership;
+pub mod lock;
+mod object_watch;
+
+pub use error::{Error, Result};
+pub use leadership::{Leadership, LossReason, Strategy, Term};
+pub use lock::LockRef;

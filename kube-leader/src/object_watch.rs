@@ -1,0 +1,91 @@
+//! Watching one named object: the state the election loops decide on.
+
+use std::fmt::Debug;
+
+use futures::{stream::BoxStream, StreamExt};
+use kube::{
+    runtime::{watcher, WatchStreamExt},
+    Api, Resource,
+};
+use serde::de::DeserializeOwned;
+
+use crate::api::{classify_watch, Failure, Op};
+
+/// Longest watch call; kube-runtime's watcher requires less than the client's 295 s read timeout.
+/// An idle watch therefore costs one request every 290 s (about 0.2 requests per minute).
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// A watch on a single object by name, with relist and backoff on errors (kube-runtime's
+/// watcher), reduced to "the object as it is now, or absent".
+pub(crate) struct ObjectWatch<K: 'static> {
+    stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    current: Option<K>,
+    init: Option<Option<K>>,
+    synced: bool,
+    op: Op<'static>,
+}
+
+impl<K> Debug for ObjectWatch<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectWatch").field("synced", &self.synced).finish()
+    }
+}
+
+// === impl ObjectWatch ===
+
+impl<K> ObjectWatch<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Starts watching `name` through `api`. `op` names the watch in permission errors.
+    pub(crate) fn new(api: Api<K>, name: &str, op: Op<'static>) -> Self {
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(WATCH_TIMEOUT_SECS);
+        let stream = watcher(api, config).default_backoff().boxed();
+        Self { stream, current: None, init: None, synced: false, op }
+    }
+
+    /// The object as last seen (`None`: absent, or not yet synced).
+    pub(crate) fn current(&self) -> Option<&K> {
+        self.current.as_ref()
+    }
+
+    /// Whether the initial list has completed at least once.
+    pub(crate) fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Waits for the next change of the object (or the end of the initial list).
+    ///
+    /// An error means the watch failed; the next call retries it after kube-runtime's backoff.
+    /// A permission error is [`Failure::Fatal`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: no event is lost if the future is dropped.
+    pub(crate) async fn changed(&mut self) -> Result<Option<&K>, Failure> {
+        loop {
+            let Some(event) = self.stream.next().await else {
+                // The watcher stream never ends; treat an end as a transient failure.
+                return Err(Failure::Transient(kube::Error::Service("watch stream ended".into())));
+            };
+            match event.map_err(|e| classify_watch(self.op, e))? {
+                watcher::Event::Init => self.init = Some(None),
+                watcher::Event::InitApply(k) => self.init = Some(Some(k)),
+                watcher::Event::InitDone => {
+                    self.current = self.init.take().flatten();
+                    self.synced = true;
+                    return Ok(self.current.as_ref());
+                }
+                watcher::Event::Apply(k) => {
+                    self.current = Some(k);
+                    return Ok(self.current.as_ref());
+                }
+                watcher::Event::Delete(_) => {
+                    self.current = None;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}

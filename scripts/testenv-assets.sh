@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Prints a directory holding etcd, kube-apiserver, kube-controller-manager and kubectl,
+# usable as KUBEBUILDER_ASSETS (the envtest convention).
+#
+# - If KUBEBUILDER_ASSETS is set and holds all the binaries, it is used as is.
+# - Otherwise the binaries are built once from Debian's `kubernetes` source package
+#   (v1.20.2, with Debian's Go) and cached under
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/assets/<version>.
+#
+# Idempotent: a second run prints the cached directory within seconds. All progress goes to
+# stderr; stdout is only the directory.
+set -euo pipefail
+
+K8S_VERSION="1.20.2"
+ORIG_TARBALL="kubernetes_1.20.5+really1.20.2.orig.tar.gz"
+ORIG_SHA256="b83c0780efb182d928dc63d46488a847f161f04e40a94b96bf5247dd671ecdfc"
+BINARIES=(etcd kube-apiserver kube-controller-manager kubectl)
+
+log() { printf 'testenv-assets: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+complete_dir() {
+  local d="$1" b
+  [ -n "$d" ] && [ -d "$d" ] || return 1
+  for b in "${BINARIES[@]}"; do [ -x "$d/$b" ] || return 1; done
+}
+
+if [ -n "${KUBEBUILDER_ASSETS:-}" ] && complete_dir "$KUBEBUILDER_ASSETS"; then
+  log "using KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+  printf '%s\n' "$KUBEBUILDER_ASSETS"
+  exit 0
+fi
+
+CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader"
+ASSETS="$CACHE_ROOT/assets/$K8S_VERSION"
+if complete_dir "$ASSETS"; then
+  log "using cached $ASSETS"
+  printf '%s\n' "$ASSETS"
+  exit 0
+fi
+
+# One builder at a time (parallel test binaries or a second shell).
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.assets.lock"
+flock 9
+if complete_dir "$ASSETS"; then
+  printf '%s\n' "$ASSETS"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# --- packages ------------------------------------------------------------------------------
+need_pkgs=()
+command -v go >/dev/null 2>&1 || [ -x /usr/lib/go/bin/go ] || need_pkgs+=(golang-go)
+command -v rsync >/dev/null 2>&1 || need_pkgs+=(rsync)
+command -v jq >/dev/null 2>&1 || need_pkgs+=(jq)
+command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
+command -v kubectl >/dev/null 2>&1 || need_pkgs+=(kubernetes-client)
+command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)
+command -v make >/dev/null 2>&1 || need_pkgs+=(make)
+command -v dpkg-source >/dev/null 2>&1 || need_pkgs+=(dpkg-dev)
+
+SRC_LIST=/etc/apt/sources.list.d/kube-leader-src.sources
+apt_updated=0
+ensure_deb_src() {
+  if [ ! -f "$SRC_LIST" ]; then
+    [ -f /etc/apt/sources.list.d/debian.sources ] || die "no /etc/apt/sources.list.d/debian.sources to derive a deb-src entry from"
+    log "adding a deb-src entry derived from the machine's apt source"
+    sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources | $SUDO tee "$SRC_LIST" >/dev/null
+    apt_updated=0
+  fi
+  if [ "$apt_updated" = 0 ]; then
+    $SUDO apt-get update -qq >&2
+    apt_updated=1
+  fi
+}
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing: ${need_pkgs[*]}"
+  ensure_deb_src
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
+fi
+
+GO=$(command -v go || echo /usr/lib/go/bin/go)
+ETCD=$(command -v etcd || echo /usr/bin/etcd)
+KUBECTL=$(command -v kubectl)
+
+# --- source --------------------------------------------------------------------------------
+SRC_CACHE="$CACHE_ROOT/src"
+mkdir -p "$SRC_CACHE"
+if [ ! -f "$SRC_CACHE/$ORIG_TARBALL" ] || ! echo "$ORIG_SHA256  $SRC_CACHE/$ORIG_TARBALL" | sha256sum -c --status; then
+  ensure_deb_src
+  log "downloading Debian's kubernetes source package"
+  rm -f "$SRC_CACHE/$ORIG_TARBALL"
+  (cd "$SRC_CACHE" && apt-get source --download-only kubernetes >&2)
+  [ -f "$SRC_CACHE/$ORIG_TARBALL" ] || die "apt-get source did not produce $ORIG_TARBALL (Debian's kubernetes version changed?)"
+fi
+echo "$ORIG_SHA256  $SRC_CACHE/$ORIG_TARBALL" | sha256sum -c --status \
+  || die "sha256 of $ORIG_TARBALL does not match $ORIG_SHA256"
+
+BUILD="$CACHE_ROOT/build/$K8S_VERSION"
+if [ ! -f "$BUILD/.unpacked" ]; then
+  log "unpacking into $BUILD"
+  rm -rf "$BUILD"
+  mkdir -p "$BUILD"
+  tar -xzf "$SRC_CACHE/$ORIG_TARBALL" -C "$BUILD" --strip-components=1
+  touch "$BUILD/.unpacked"
+fi
+
+# --- build ---------------------------------------------------------------------------------
+build_k8s() {
+  (
+    cd "$BUILD"
+    mkdir -p .go/src/k8s.io .home
+    [ -e .go/src/k8s.io/kubernetes ] || ln -s ../../.. .go/src/k8s.io/kubernetes
+    export GOPATH="$BUILD/.go" CGO_ENABLED=0 HOME="$BUILD/.home" GO111MODULE=off GOFLAGS=-mod=vendor
+    export PATH="$(dirname "$GO"):$PATH"
+    cd .go/src/k8s.io/kubernetes
+    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
+  )
+}
+if [ ! -x "$BUILD/_output/bin/kube-apiserver" ] || [ ! -x "$BUILD/_output/bin/kube-controller-manager" ]; then
+  log "building kube-apiserver and kube-controller-manager (about 5 minutes on 2 cores)"
+  start=$(date +%s)
+  if ! build_k8s; then
+    log "first build failed; cleaning _output and retrying once"
+    rm -rf "$BUILD/_output"
+    build_k8s || die "building Kubernetes failed (see the output above)"
+  fi
+  log "built in $(( $(date +%s) - start ))s"
+fi
+
+mkdir -p "$ASSETS.tmp"
+cp "$BUILD/_output/bin/kube-apiserver" "$BUILD/_output/bin/kube-controller-manager" "$ASSETS.tmp/"
+ln -sf "$ETCD" "$ASSETS.tmp/etcd"
+ln -sf "$KUBECTL" "$ASSETS.tmp/kubectl"
+rm -rf "$ASSETS"
+mv "$ASSETS.tmp" "$ASSETS"
+complete_dir "$ASSETS" || die "assets directory $ASSETS is incomplete after the build"
+log "assets ready in $ASSETS"
+printf '%s\n' "$ASSETS"
