@@ -90,6 +90,25 @@ pub struct Term {
     pub acquired_at: SystemTime,
 }
 
+/// What is known about the current leader of a lock, by anybody who can read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The strategy of the lock.
+    pub strategy: Strategy,
+    /// The lock.
+    pub lock: LockRef,
+    /// The current holder's identity; `None` when nobody holds the lock (absent or released).
+    pub holder: Option<String>,
+    /// The fencing token of the holder's term (see [`Leadership::fencing_token`]).
+    pub fencing_token: u64,
+    /// When the holder acquired the lock, by its own wall clock.
+    pub acquired_at: Option<SystemTime>,
+    /// When the holder last renewed (Lease only), by its own wall clock.
+    pub renewed_at: Option<SystemTime>,
+    /// The holder's advertised lease duration (Lease only).
+    pub lease_duration: Option<Duration>,
+}
+
 /// The sending half of a leadership: kept by the strategy's background task.
 #[derive(Debug)]
 pub(crate) struct Keeper {
@@ -110,6 +129,11 @@ impl Keeper {
         if first {
             self.lost.cancel();
         }
+    }
+
+    /// Why leadership ended, if it has.
+    pub(crate) fn reason(&self) -> Option<LossReason> {
+        self.reason.borrow().clone()
     }
 
     /// Whether leadership has already ended.

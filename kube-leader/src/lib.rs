@@ -22,10 +22,12 @@
 mod api;
 pub mod backoff;
 pub mod error;
+pub mod lease;
 pub mod leadership;
 pub mod lock;
 mod object_watch;
 
 pub use error::{Error, Result};
-pub use leadership::{Leadership, LossReason, Strategy, Term};
+pub use lease::{LeaseConfig, LeaseElector, Recampaign};
+pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lock::LockRef;

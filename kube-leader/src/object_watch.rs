@@ -22,7 +22,29 @@ pub(crate) struct ObjectWatch<K: 'static> {
     current: Option<K>,
     init: Option<Option<K>>,
     synced: bool,
-    op: Op<'static>,
+    op: OwnedOp,
+}
+
+/// An [`Op`] with owned names, to build errors long after the watch started.
+#[derive(Debug, Clone)]
+struct OwnedOp {
+    verb: &'static str,
+    resource: &'static str,
+    namespace: String,
+    name: String,
+    hint: &'static str,
+}
+
+impl OwnedOp {
+    fn op(&self) -> Op<'_> {
+        Op {
+            verb: self.verb,
+            resource: self.resource,
+            namespace: &self.namespace,
+            name: &self.name,
+            hint: self.hint,
+        }
+    }
 }
 
 impl<K> Debug for ObjectWatch<K> {
@@ -38,7 +60,14 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     /// Starts watching `name` through `api`. `op` names the watch in permission errors.
-    pub(crate) fn new(api: Api<K>, name: &str, op: Op<'static>) -> Self {
+    pub(crate) fn new(api: Api<K>, name: &str, op: Op<'_>) -> Self {
+        let op = OwnedOp {
+            verb: op.verb,
+            resource: op.resource,
+            namespace: op.namespace.to_string(),
+            name: op.name.to_string(),
+            hint: op.hint,
+        };
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(WATCH_TIMEOUT_SECS);
@@ -69,7 +98,7 @@ where
                 // The watcher stream never ends; treat an end as a transient failure.
                 return Err(Failure::Transient(kube::Error::Service("watch stream ended".into())));
             };
-            match event.map_err(|e| classify_watch(self.op, e))? {
+            match event.map_err(|e| classify_watch(self.op.op(), e))? {
                 watcher::Event::Init => self.init = Some(None),
                 watcher::Event::InitApply(k) => self.init = Some(Some(k)),
                 watcher::Event::InitDone => {

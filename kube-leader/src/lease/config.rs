@@ -1,0 +1,159 @@
+//! Lease election timings and their validation.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// client-go's `JitterFactor`: the renew deadline must exceed `1.2 × retry period`.
+pub const JITTER_FACTOR: f64 = 1.2;
+
+/// Timings of a Lease election.
+///
+/// The defaults are client-go's and controller-runtime's: 15 s / 10 s / 2 s.
+///
+/// # Clock assumption
+/// As in client-go, expiry is judged on each candidate's own monotonic clock from when it
+/// *observed* the record change, never by comparing `renewTime` with the local clock. The leader
+/// stops leading when `renew_deadline` has passed on its clock since it sent its last successful
+/// renewal; a follower takes over when `lease_duration` has passed on its clock since it saw that
+/// renewal. Because the renewal is sent before anybody can observe it, the leader always stops
+/// first, as long as the clocks' rates differ by less than `lease_duration / renew_deadline`
+/// (1.5 with the defaults): pauses of the leader process are covered, since the monotonic clock
+/// keeps running while a process is stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// How long a lease is valid after its last renewal was observed; written to the Lease as
+    /// `leaseDurationSeconds` (rounded up to whole seconds). Default 15 s (client-go).
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops leading. Default 10 s
+    /// (client-go).
+    pub renew_deadline: Duration,
+    /// How often the leader renews, and how long candidates wait between attempts after a
+    /// transient error. Default 2 s (client-go).
+    pub retry_period: Duration,
+    /// Clear the holder when leadership ends by shutdown or release, so another candidate takes
+    /// over at once (client-go's `ReleaseOnCancel`). Default `true`.
+    pub release_on_cancel: bool,
+    /// After the shutdown token fires, how long to wait for the user's work to stop (the
+    /// [`Leadership`](crate::Leadership) to be dropped or released) before giving up the release.
+    /// Renewals go on meanwhile, so nobody else leads while the work winds down. Past this bound
+    /// the lease is left to expire instead of being released. Default 30 s.
+    pub shutdown_grace: Duration,
+    /// Bound on each API call. Default: the renew deadline.
+    pub api_timeout: Option<Duration>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            // Same defaults as client-go's leaderelection and controller-runtime's manager.
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            release_on_cancel: true,
+            shutdown_grace: Duration::from_secs(30),
+            api_timeout: None,
+        }
+    }
+}
+
+// === impl LeaseConfig ===
+
+impl LeaseConfig {
+    /// Checks the timings with client-go's rules: all positive, `lease_duration >
+    /// renew_deadline > 1.2 × retry_period`. Also requires a lease duration of at least one
+    /// second, since `leaseDurationSeconds` is a whole number of seconds.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.lease_duration.is_zero() {
+            return bad("lease duration must be greater than zero".into());
+        }
+        if self.renew_deadline.is_zero() {
+            return bad("renew deadline must be greater than zero".into());
+        }
+        if self.retry_period.is_zero() {
+            return bad("retry period must be greater than zero".into());
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return bad(format!(
+                "lease duration must be at least 1s (leaseDurationSeconds is whole seconds), got {:?}",
+                self.lease_duration
+            ));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return bad(format!(
+                "lease duration ({:?}) must be greater than renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(JITTER_FACTOR) {
+            return bad(format!(
+                "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({:?})",
+                self.renew_deadline,
+                self.retry_period.mul_f64(JITTER_FACTOR)
+            ));
+        }
+        if matches!(self.api_timeout, Some(t) if t.is_zero()) {
+            return bad("API timeout must be greater than zero".into());
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` as written to the Lease: the duration rounded up to whole seconds.
+    pub fn lease_duration_seconds(&self) -> i32 {
+        let secs = self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+
+    pub(crate) fn api_timeout(&self) -> Duration {
+        self.api_timeout.unwrap_or(self.renew_deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(l: u64, r: u64, p: u64) -> LeaseConfig {
+        LeaseConfig {
+            lease_duration: Duration::from_millis(l),
+            renew_deadline: Duration::from_millis(r),
+            retry_period: Duration::from_millis(p),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_client_go_and_valid() {
+        let c = LeaseConfig::default();
+        assert_eq!(c.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
+        assert_eq!(c.retry_period, Duration::from_secs(2));
+        c.validate().unwrap();
+        assert_eq!(c.lease_duration_seconds(), 15);
+    }
+
+    #[test]
+    fn client_go_rules() {
+        cfg(2000, 1000, 200).validate().unwrap();
+        let cases = [
+            (cfg(0, 1000, 200), "lease duration must be greater than zero"),
+            (cfg(2000, 0, 200), "renew deadline must be greater than zero"),
+            (cfg(2000, 1000, 0), "retry period must be greater than zero"),
+            (cfg(1000, 1000, 200), "must be greater than renew deadline"),
+            (cfg(3000, 1200, 1000), "must be greater than retry period"),
+            (cfg(900, 500, 100), "at least 1s"),
+        ];
+        for (c, want) in cases {
+            let err = c.validate().unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)));
+            assert!(err.to_string().contains(want), "{err} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn duration_rounds_up() {
+        assert_eq!(cfg(1500, 1000, 200).lease_duration_seconds(), 2);
+        assert_eq!(cfg(2000, 1000, 200).lease_duration_seconds(), 2);
+    }
+}

@@ -1,0 +1,726 @@
+//! The Lease elector: campaign, renew, release.
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    api::{PostParams},
+    Api, Client,
+};
+use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use super::{
+    config::LeaseConfig,
+    decide::{decide, record_for, Decision, Observed},
+    record::{now_micro, LeaseRecord},
+};
+use crate::{
+    api::{call, Failure, Op},
+    error::{Error, Result},
+    leadership::{Keeper, LeaderInfo, Leadership, LossReason, Strategy, Term},
+    lock::{self, LockRef},
+    object_watch::ObjectWatch,
+};
+
+/// Where to find a Role that grants what the Lease strategy needs.
+pub(crate) const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
+const RESOURCE: &str = "leases.coordination.k8s.io";
+
+/// Whether [`LeaseElector::run`] campaigns again after losing leadership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recampaign {
+    /// Return after the first term, like client-go's `Run`.
+    Once,
+    /// Campaign again after every lost term, until shutdown.
+    Always,
+}
+
+/// Why the watchdog thinks this candidate is unhealthy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("believes it leads {lock} but has not renewed for {since:?} (lease duration {lease_duration:?} + tolerance {tolerance:?})")]
+pub struct Unhealthy {
+    /// The lock.
+    pub lock: String,
+    /// Time since the last successful renewal was sent.
+    pub since: Duration,
+    /// The lease duration.
+    pub lease_duration: Duration,
+    /// The tolerance given to the check.
+    pub tolerance: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    leading: bool,
+    last_renewal: Option<Instant>,
+}
+
+/// State shared by the elector and its background tasks.
+#[derive(Debug)]
+struct Shared {
+    leader: watch::Sender<Option<LeaderInfo>>,
+    health: Mutex<Health>,
+}
+
+impl Shared {
+    fn set_health(&self, f: impl FnOnce(&mut Health)) {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut h);
+    }
+}
+
+/// A candidate for a `coordination.k8s.io/v1` Lease, compatible with client-go's
+/// `leaderelection` on the same Lease.
+///
+/// ```no_run
+/// # async fn run(client: kube::Client) -> kube_leader::Result<()> {
+/// use kube_leader::LeaseElector;
+/// use tokio_util::sync::CancellationToken;
+///
+/// let shutdown = CancellationToken::new();
+/// let leadership = LeaseElector::new(client, "my-operator").become_leader(&shutdown).await?;
+/// // ... work until leadership.lost_token() is cancelled, then:
+/// leadership.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LeaseElector {
+    client: Client,
+    name: String,
+    namespace: Option<String>,
+    identity: Option<String>,
+    config: LeaseConfig,
+    shared: Arc<Shared>,
+}
+
+// === impl LeaseElector ===
+
+impl std::fmt::Debug for LeaseElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseElector")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseElector {
+    /// A candidate for the Lease `name`, with client-go's default timings.
+    ///
+    /// The namespace is, in order: [`namespace`](Self::namespace), `POD_NAMESPACE`, the in-cluster
+    /// service-account namespace, the client's default namespace. The identity is, in order:
+    /// [`identity`](Self::identity), `POD_NAME`, the host name.
+    #[must_use]
+    pub fn new(client: Client, name: impl Into<String>) -> Self {
+        Self {
+            client,
+            name: name.into(),
+            namespace: None,
+            identity: None,
+            config: LeaseConfig::default(),
+            shared: Arc::new(Shared { leader: watch::channel(None).0, health: Mutex::default() }),
+        }
+    }
+
+    /// Sets the namespace of the Lease.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Sets this candidate's identity (`holderIdentity`); it must be unique among candidates.
+    #[must_use]
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// Sets all timings and options at once.
+    #[must_use]
+    pub fn config(mut self, config: LeaseConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the lease duration (see [`LeaseConfig::lease_duration`]).
+    #[must_use]
+    pub fn lease_duration(mut self, d: Duration) -> Self {
+        self.config.lease_duration = d;
+        self
+    }
+
+    /// Sets the renew deadline (see [`LeaseConfig::renew_deadline`]).
+    #[must_use]
+    pub fn renew_deadline(mut self, d: Duration) -> Self {
+        self.config.renew_deadline = d;
+        self
+    }
+
+    /// Sets the retry period (see [`LeaseConfig::retry_period`]).
+    #[must_use]
+    pub fn retry_period(mut self, d: Duration) -> Self {
+        self.config.retry_period = d;
+        self
+    }
+
+    /// Whether to clear the holder on shutdown or release (default `true`).
+    #[must_use]
+    pub fn release_on_cancel(mut self, release: bool) -> Self {
+        self.config.release_on_cancel = release;
+        self
+    }
+
+    /// The timings in force.
+    pub fn lease_config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// The lock this candidate campaigns for (namespace resolved as documented in [`new`](Self::new)).
+    pub fn lock(&self) -> Result<LockRef> {
+        let ns = lock::discover_namespace(self.namespace.as_deref())
+            .map(|(ns, _)| ns)
+            .unwrap_or_else(|| self.client.default_namespace().to_string());
+        LockRef::new(ns, self.name.clone())
+    }
+
+    /// This candidate's identity (resolved as documented in [`new`](Self::new)).
+    pub fn resolved_identity(&self) -> Result<String> {
+        let id = self
+            .identity
+            .clone()
+            .or_else(lock::pod_name_from_env)
+            .or_else(hostname)
+            .unwrap_or_default();
+        if id.trim().is_empty() {
+            return Err(Error::InvalidConfig("identity must not be empty".into()));
+        }
+        Ok(id)
+    }
+
+    /// The current leader as this candidate last saw it (updated while it campaigns or leads).
+    pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.shared.leader.subscribe()
+    }
+
+    /// The election watchdog (client-go's `HealthzAdaptor`): unhealthy if this candidate believes
+    /// it leads but has not renewed for longer than the lease duration plus `tolerance`.
+    pub fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
+        let h = self.shared.health.lock().unwrap_or_else(|p| p.into_inner());
+        match (h.leading, h.last_renewal) {
+            (true, Some(last)) if last.elapsed() > self.config.lease_duration + tolerance => Err(Unhealthy {
+                lock: self.name.clone(),
+                since: last.elapsed(),
+                lease_duration: self.config.lease_duration,
+                tolerance,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Campaigns until this candidate leads, then returns its [`Leadership`].
+    ///
+    /// Followers watch the Lease and sleep until the holder's lease expires by their own clock,
+    /// sending no request meanwhile; a released lease is taken at once. Once leading, a
+    /// background task renews every retry period with a single write, and ends leadership
+    /// (cancelling [`Leadership::lost_token`]) as soon as it sees another holder, or when the
+    /// renew deadline passes without a successful renewal.
+    ///
+    /// `shutdown` is composable: cancelled while campaigning, this returns
+    /// [`Error::Cancelled`]; cancelled while leading, leadership ends with
+    /// [`LossReason::Cancelled`], renewals go on until the handle is dropped or released (at most
+    /// [`LeaseConfig::shutdown_grace`]), then the lease is released.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropping the future while campaigning leaves no state behind. A write
+    /// that was in flight may still have made this candidate the holder; it is then released
+    /// by nobody and expires after the lease duration.
+    pub async fn become_leader(&self, shutdown: &CancellationToken) -> Result<Leadership> {
+        self.config.validate()?;
+        let lock = self.lock()?;
+        let identity = self.resolved_identity()?;
+        let span = info_span!("lease_election", lock = %lock, identity = %identity);
+        self.campaign(lock, identity, shutdown.clone()).instrument(span).await
+    }
+
+    /// Runs `work` whenever this candidate leads, until `shutdown`.
+    ///
+    /// `work` gets the term and a token cancelled when leadership is lost (or on shutdown); it
+    /// must return soon after. Only then is the lease released, so work never overlaps the next
+    /// leader's through a premature release. With [`Recampaign::Always`] the candidate
+    /// campaigns again after each term; with [`Recampaign::Once`] it returns after one.
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe: use `shutdown` to stop it.
+    pub async fn run<F, Fut>(&self, shutdown: &CancellationToken, recampaign: Recampaign, mut work: F) -> Result<()>
+    where
+        F: FnMut(Term, CancellationToken) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        loop {
+            let leadership = match self.become_leader(shutdown).await {
+                Ok(l) => l,
+                Err(Error::Cancelled { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            work(leadership.term().clone(), leadership.lost_token()).await;
+            leadership.release().await?;
+            if shutdown.is_cancelled() || recampaign == Recampaign::Once {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn campaign(&self, lock: LockRef, identity: String, shutdown: CancellationToken) -> Result<Leadership> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &lock.namespace);
+        let op = |verb| Op { verb, resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+        let mut watch = ObjectWatch::new(api.clone(), &lock.name, op("watch"));
+        let mut observed: Option<Observed> = None;
+        let cfg = &self.config;
+        let cancelled = || Error::Cancelled { lock: lock.to_string() };
+        info!("campaigning");
+
+        loop {
+            if !watch.is_synced() {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return Err(cancelled()),
+                    ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                }
+                continue;
+            }
+            let decision = decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration);
+            let Decision::WaitUntil(expiry) = decision else {
+                let record = record_for(&decision, observed.as_ref(), &identity, cfg.lease_duration, now_micro());
+                let sent = Instant::now();
+                let result = match decision {
+                    Decision::Create => {
+                        let lease = new_lease(&lock, &record, cfg.lease_duration_seconds());
+                        call(op("create"), cfg.api_timeout(), api.create(&PostParams::default(), &lease)).await
+                    }
+                    _ => {
+                        let mut lease = watch.current().cloned().unwrap_or_else(|| new_lease(&lock, &record, 0));
+                        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), cfg.lease_duration_seconds());
+                        call(op("update"), cfg.api_timeout(), api.replace(&lock.name, &PostParams::default(), &lease)).await
+                    }
+                };
+                match result {
+                    Ok(lease) => {
+                        let obs = Observed::update(None, record.clone(), lease.metadata.resource_version.clone(), sent);
+                        return Ok(self.lead(lock, identity, lease, obs, sent, watch, shutdown));
+                    }
+                    Err(Failure::Conflict) | Err(Failure::NotFound) => {
+                        // Somebody wrote first: wait for the watch to show what, then decide again.
+                        debug!(?decision, "lost a write race; re-reading");
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => return Err(cancelled()),
+                            ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                            _ = tokio::time::sleep(cfg.retry_period) => {}
+                        }
+                    }
+                    Err(Failure::Transient(e)) => {
+                        debug!(error = %e, "transient error while acquiring; retrying after the retry period");
+                        tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => return Err(cancelled()),
+                            _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
+                        }
+                    }
+                    Err(Failure::Fatal(e)) => {
+                        warn!(error = %e, "cannot campaign");
+                        return Err(e);
+                    }
+                }
+                continue;
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Err(cancelled()),
+                ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                _ = tokio::time::sleep_until(expiry) => {
+                    debug!(holder = ?observed.as_ref().and_then(|o| o.record.holder.clone()), "lease expired; trying to take over");
+                }
+            }
+        }
+    }
+
+    /// Folds a watch result into the observation; fatal watch errors end the campaign.
+    fn absorb<'a>(
+        &self,
+        ev: Result<Option<&Lease>, Failure>,
+        observed: &mut Option<Observed>,
+        lock: &LockRef,
+        op: &impl Fn(&'static str) -> Op<'a>,
+    ) -> Result<()> {
+        match ev {
+            Ok(Some(lease)) => {
+                let record = LeaseRecord::from_lease(lease);
+                let next = Observed::update(observed.as_ref(), record, lease.metadata.resource_version.clone(), Instant::now());
+                self.publish(lock, Some(&next.record));
+                *observed = Some(next);
+            }
+            Ok(None) => {
+                self.publish(lock, None);
+                *observed = None;
+            }
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "cannot watch the lease");
+                return Err(e);
+            }
+            Err(e) => {
+                let _ = op;
+                debug!(error = ?e, "lease watch failed; it is retried with backoff");
+            }
+        }
+        Ok(())
+    }
+
+    fn publish(&self, lock: &LockRef, record: Option<&LeaseRecord>) {
+        let info = record.map(|r| leader_info(lock, r));
+        self.shared.leader.send_if_modified(|cur| {
+            if *cur == info {
+                return false;
+            }
+            *cur = info;
+            true
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lead(
+        &self,
+        lock: LockRef,
+        identity: String,
+        lease: Lease,
+        observed: Observed,
+        sent: Instant,
+        watch: ObjectWatch<Lease>,
+        shutdown: CancellationToken,
+    ) -> Leadership {
+        let term = Term {
+            identity: identity.clone(),
+            lock: lock.clone(),
+            strategy: Strategy::Lease,
+            fencing_token: u64::from(observed.record.transitions),
+            acquired_at: observed.record.acquired_at().unwrap_or_else(SystemTime::now),
+        };
+        info!(lock = %lock, identity = %identity, fencing_token = term.fencing_token, "became leader");
+        self.publish(&lock, Some(&observed.record));
+        self.shared.set_health(|h| {
+            h.leading = true;
+            h.last_renewal = Some(sent);
+        });
+        let (leadership, keeper, done) = Leadership::new(term);
+        let renewer = Renewer {
+            api: Api::namespaced(self.client.clone(), &lock.namespace),
+            elector: self.clone(),
+            lock,
+            identity,
+            lease,
+            record: observed.record,
+            last_sent: sent,
+            keeper,
+        };
+        let span = tracing::Span::current();
+        let task = tokio::spawn(renewer.run(watch, done, shutdown).instrument(span));
+        leadership.with_task(task)
+    }
+}
+
+/// The leader's background task.
+struct Renewer {
+    api: Api<Lease>,
+    elector: LeaseElector,
+    lock: LockRef,
+    identity: String,
+    /// The Lease as last written by us (its resourceVersion is the next write's precondition).
+    lease: Lease,
+    record: LeaseRecord,
+    /// When the last successful renewal was sent.
+    last_sent: Instant,
+    keeper: Keeper,
+}
+
+impl Renewer {
+    fn op(&self, verb: &'static str) -> Op<'_> {
+        Op { verb, resource: RESOURCE, namespace: &self.lock.namespace, name: &self.lock.name, hint: RBAC_HINT }
+    }
+
+    fn cfg(&self) -> &LeaseConfig {
+        &self.elector.config
+    }
+
+    async fn run(mut self, mut watch: ObjectWatch<Lease>, done: CancellationToken, shutdown: CancellationToken) -> Result<()> {
+        let mut next_renewal = self.last_sent + self.cfg().retry_period;
+        let mut grace_until: Option<Instant> = None;
+        let result = loop {
+            let deadline = self.last_sent + self.cfg().renew_deadline;
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline) => {
+                    let since = self.last_sent.elapsed();
+                    warn!(lock = %self.lock, identity = %self.identity, ?since, "renew deadline passed; stopping leading");
+                    self.keeper.lose(LossReason::RenewDeadline { since_last_renewal: since });
+                    break Ok(());
+                }
+                _ = done.cancelled() => {
+                    break if self.cfg().release_on_cancel { self.release().await } else { Ok(()) };
+                }
+                _ = shutdown.cancelled(), if grace_until.is_none() => {
+                    info!(lock = %self.lock, identity = %self.identity, "shutdown: stopping work before releasing");
+                    self.keeper.lose(LossReason::Cancelled);
+                    grace_until = Some(Instant::now() + self.cfg().shutdown_grace);
+                }
+                _ = sleep_until_opt(grace_until) => {
+                    warn!(lock = %self.lock, grace = ?self.cfg().shutdown_grace,
+                        "the work did not stop within the shutdown grace; not releasing, the lease will expire");
+                    break Ok(());
+                }
+                ev = watch.changed() => match ev {
+                    Ok(Some(lease)) => {
+                        let record = LeaseRecord::from_lease(lease);
+                        if !record.is_held_by(&self.identity) {
+                            let holder = record.holder.clone().unwrap_or_default();
+                            self.elector.publish(&self.lock, Some(&record));
+                            info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
+                            self.keeper.lose(LossReason::OtherHolder { holder });
+                            break Ok(());
+                        }
+                        if newer(lease, &self.lease) {
+                            // Our lease, touched by somebody else (labels): keep its version.
+                            self.lease = lease.clone();
+                        }
+                    }
+                    Ok(None) => {
+                        info!(lock = %self.lock, identity = %self.identity, "lease deleted; stopping leading");
+                        self.elector.publish(&self.lock, None);
+                        self.keeper.lose(LossReason::LockDeleted);
+                        break Ok(());
+                    }
+                    Err(e) => debug!(error = ?e, "lease watch failed while leading; renewals go on"),
+                },
+                _ = tokio::time::sleep_until(next_renewal) => {
+                    match self.renew(deadline).await {
+                        Ok(()) => next_renewal = self.last_sent + self.cfg().retry_period,
+                        Err(Some(reason)) => {
+                            info!(lock = %self.lock, identity = %self.identity, %reason, "stopping leading");
+                            self.keeper.lose(reason);
+                            break Ok(());
+                        }
+                        Err(None) => next_renewal = Instant::now() + self.cfg().retry_period,
+                    }
+                }
+            }
+        };
+        self.elector.shared.set_health(|h| h.leading = false);
+        if !self.keeper.is_lost() {
+            self.keeper.lose(LossReason::Released);
+        }
+        result
+    }
+
+    /// One renewal. `Err(Some(reason))`: leadership is over; `Err(None)`: retry later.
+    async fn renew(&mut self, deadline: Instant) -> Result<(), Option<LossReason>> {
+        let mut record = self.record.clone();
+        record.renew_time = Some(now_micro());
+        let mut lease = self.lease.clone();
+        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), self.cfg().lease_duration_seconds());
+        let timeout = self.cfg().api_timeout().min(deadline.saturating_duration_since(Instant::now()));
+        let sent = Instant::now();
+        let op = self.op("update");
+        match call(op, timeout.max(Duration::from_millis(1)), self.api.replace(&self.lock.name, &PostParams::default(), &lease)).await {
+            Ok(written) => {
+                self.lease = written;
+                self.record = record;
+                self.last_sent = sent;
+                self.elector.shared.set_health(|h| h.last_renewal = Some(sent));
+                Ok(())
+            }
+            Err(Failure::Conflict) => {
+                // Re-read and decide again: still ours (somebody edited metadata) or lost.
+                let op = self.op("get");
+                match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
+                    Ok(current) => {
+                        let rec = LeaseRecord::from_lease(&current);
+                        if rec.is_held_by(&self.identity) {
+                            self.lease = current;
+                            Err(None)
+                        } else {
+                            Err(Some(LossReason::OtherHolder { holder: rec.holder.unwrap_or_default() }))
+                        }
+                    }
+                    Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
+                    Err(e) => {
+                        debug!(error = ?e, "re-read after a conflict failed");
+                        Err(None)
+                    }
+                }
+            }
+            Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
+            Err(Failure::Transient(e)) => {
+                debug!(error = %e, "renewal failed; retrying");
+                Err(None)
+            }
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "renewal refused; retrying until the renew deadline");
+                Err(None)
+            }
+        }
+    }
+
+    /// Clears the holder, as client-go's `ReleaseOnCancel` does: holder "", duration 1 s.
+    async fn release(&mut self) -> Result<()> {
+        if self.keeper.is_lost() && !matches!(self.keeper_reason(), Some(LossReason::Cancelled) | None) {
+            return Ok(());
+        }
+        let now = now_micro();
+        let record = LeaseRecord {
+            holder: None,
+            lease_duration: Some(Duration::from_secs(1)),
+            acquire_time: Some(now),
+            renew_time: Some(now),
+            transitions: self.record.transitions,
+        };
+        for _ in 0..2 {
+            let mut lease = self.lease.clone();
+            record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
+            let op = self.op("update");
+            match call(op, self.cfg().api_timeout(), self.api.replace(&self.lock.name, &PostParams::default(), &lease)).await {
+                Ok(_) => {
+                    info!(lock = %self.lock, identity = %self.identity, "released the lease");
+                    self.keeper.lose(LossReason::Released);
+                    return Ok(());
+                }
+                Err(Failure::Conflict) => {
+                    let op = self.op("get");
+                    match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
+                        Ok(current) if LeaseRecord::from_lease(&current).is_held_by(&self.identity) => self.lease = current,
+                        _ => return Ok(()), // not ours any more: nothing to release
+                    }
+                }
+                Err(Failure::NotFound) => return Ok(()),
+                Err(Failure::Transient(e)) => {
+                    warn!(error = %e, "could not release the lease; it will expire");
+                    return Ok(());
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn keeper_reason(&self) -> Option<LossReason> {
+        self.keeper.reason()
+    }
+}
+
+/// Whether `a`'s resourceVersion is newer than `b`'s (numerically, as etcd revisions are;
+/// unparsable versions count as newer, so the cache follows the watch).
+fn newer(a: &Lease, b: &Lease) -> bool {
+    match (
+        a.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()),
+        b.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(a), Some(b)) => a > b,
+        _ => a.metadata.resource_version != b.metadata.resource_version,
+    }
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `d` less up to 20%, so candidates retrying after one error spread out.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(1.0 - 0.2 * rand::random::<f64>())
+}
+
+fn new_lease(lock: &LockRef, record: &LeaseRecord, duration_secs: i32) -> Lease {
+    let mut spec = LeaseSpec::default();
+    record.write_to(&mut spec, duration_secs);
+    Lease {
+        metadata: ObjectMeta { name: Some(lock.name.clone()), namespace: Some(lock.namespace.clone()), ..Default::default() },
+        spec: Some(spec),
+    }
+}
+
+fn leader_info(lock: &LockRef, r: &LeaseRecord) -> LeaderInfo {
+    LeaderInfo {
+        strategy: Strategy::Lease,
+        lock: lock.clone(),
+        holder: r.holder.clone(),
+        fencing_token: u64::from(r.transitions),
+        acquired_at: r.acquired_at(),
+        renewed_at: r.renewed_at(),
+        lease_duration: r.lease_duration,
+    }
+}
+
+/// Reads the current leader of a Lease once, without campaigning (`None`: no such Lease).
+///
+/// # Cancellation safety
+/// Cancel-safe.
+pub async fn current_leader(client: Client, lock: &LockRef) -> Result<Option<LeaderInfo>> {
+    let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
+    let op = Op { verb: "get", resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+    match call(op, Duration::from_secs(30), api.get(&lock.name)).await {
+        Ok(lease) => Ok(Some(leader_info(lock, &LeaseRecord::from_lease(&lease)))),
+        Err(Failure::NotFound) => Ok(None),
+        Err(Failure::Fatal(e)) => Err(e),
+        Err(Failure::Conflict) => Ok(None),
+        Err(Failure::Transient(e)) => Err(Error::Api(Box::new(e))),
+    }
+}
+
+/// Watches the current leader of a Lease without campaigning: the channel holds `None` while
+/// the Lease does not exist. The watch ends when every receiver is dropped.
+pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<LeaderInfo>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
+        let op = Op { verb: "watch", resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+        let mut w = ObjectWatch::new(api, &lock.name, op);
+        loop {
+            tokio::select! {
+                _ = tx.closed() => return,
+                ev = w.changed() => match ev {
+                    Ok(l) => {
+                        let info = l.map(|l| leader_info(&lock, &LeaseRecord::from_lease(l)));
+                        tx.send_if_modified(|cur| if *cur == info { false } else { *cur = info; true });
+                    }
+                    Err(Failure::Fatal(e)) => {
+                        warn!(error = %e, lock = %lock, "cannot watch the lease");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The host name, for a default identity.
+fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}

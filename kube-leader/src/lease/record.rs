@@ -1,0 +1,149 @@
+//! The leader election record kept in a Lease, as client-go reads and writes it.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+
+/// The election record of a Lease (client-go's `LeaderElectionRecord`).
+///
+/// Parsing is total: null or missing fields, written by anybody, give `None` or 0 rather than an
+/// error, exactly as client-go's `LeaseSpecToLeaderElectionRecord` treats them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseRecord {
+    /// The holder; `None` when empty or missing (a released or never-held lease).
+    pub holder: Option<String>,
+    /// The holder's advertised lease duration (`leaseDurationSeconds`); `None` if missing or not
+    /// positive.
+    pub lease_duration: Option<Duration>,
+    /// When the holder acquired the lease (its wall clock; informational only).
+    pub acquire_time: Option<Timestamp>,
+    /// When the holder last renewed (its wall clock; informational only, never used for expiry).
+    pub renew_time: Option<Timestamp>,
+    /// How many times the holder changed (`leaseTransitions`); 0 if missing or negative.
+    pub transitions: u32,
+}
+
+// === impl LeaseRecord ===
+
+impl LeaseRecord {
+    /// Reads the record of a Lease.
+    pub fn from_lease(lease: &Lease) -> Self {
+        lease.spec.as_ref().map(Self::from_spec).unwrap_or_default()
+    }
+
+    /// Reads the record of a Lease spec.
+    pub fn from_spec(spec: &LeaseSpec) -> Self {
+        Self {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            lease_duration: spec
+                .lease_duration_seconds
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(s.unsigned_abs().into())),
+            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            transitions: spec.lease_transitions.and_then(|t| u32::try_from(t).ok()).unwrap_or(0),
+        }
+    }
+
+    /// Writes the record into a Lease spec, keeping fields this crate does not manage.
+    pub fn write_to(&self, spec: &mut LeaseSpec, lease_duration_seconds: i32) {
+        spec.holder_identity = Some(self.holder.clone().unwrap_or_default());
+        spec.lease_duration_seconds = Some(lease_duration_seconds);
+        spec.acquire_time = self.acquire_time.map(MicroTime);
+        spec.renew_time = self.renew_time.map(MicroTime);
+        spec.lease_transitions = Some(i32::try_from(self.transitions).unwrap_or(i32::MAX));
+    }
+
+    /// Whether `identity` holds this record.
+    pub fn is_held_by(&self, identity: &str) -> bool {
+        self.holder.as_deref() == Some(identity)
+    }
+
+    /// `acquire_time` as a `SystemTime`.
+    pub fn acquired_at(&self) -> Option<SystemTime> {
+        self.acquire_time.map(SystemTime::from)
+    }
+
+    /// `renew_time` as a `SystemTime`.
+    pub fn renewed_at(&self) -> Option<SystemTime> {
+        self.renew_time.map(SystemTime::from)
+    }
+}
+
+/// The wall-clock time now, at the microsecond precision of a `MicroTime`.
+pub(crate) fn now_micro() -> Timestamp {
+    let now = Timestamp::now();
+    let micros = now.as_microsecond();
+    Timestamp::from_microsecond(micros).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(json: serde_json::Value) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l", "namespace": "n"},
+            "spec": json,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn client_go_record() {
+        let l = lease(serde_json::json!({
+            "holderIdentity": "go-1", "leaseDurationSeconds": 15,
+            "acquireTime": "2026-11-29T22:00:00.123456Z", "renewTime": "2026-11-29T22:00:10.000001Z",
+            "leaseTransitions": 4
+        }));
+        let r = LeaseRecord::from_lease(&l);
+        assert_eq!(r.holder.as_deref(), Some("go-1"));
+        assert_eq!(r.lease_duration, Some(Duration::from_secs(15)));
+        assert_eq!(r.transitions, 4);
+        assert_eq!(r.acquire_time.unwrap().to_string(), "2026-11-29T22:00:00.123456Z");
+        assert!(r.is_held_by("go-1"));
+    }
+
+    #[test]
+    fn null_and_missing_fields() {
+        for spec in [
+            serde_json::json!({}),
+            serde_json::json!({"holderIdentity": null, "leaseDurationSeconds": null,
+                               "acquireTime": null, "renewTime": null, "leaseTransitions": null}),
+            serde_json::json!({"holderIdentity": "", "leaseDurationSeconds": 0, "leaseTransitions": -3}),
+        ] {
+            let r = LeaseRecord::from_lease(&lease(spec));
+            assert_eq!(r, LeaseRecord::default());
+        }
+        let no_spec: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "l"}
+        }))
+        .unwrap();
+        assert_eq!(LeaseRecord::from_lease(&no_spec), LeaseRecord::default());
+    }
+
+    #[test]
+    fn round_trip_keeps_unmanaged_fields() {
+        let mut spec = LeaseSpec { strategy: Some("Custom".into()), ..Default::default() };
+        let rec = LeaseRecord {
+            holder: Some("me".into()),
+            lease_duration: Some(Duration::from_secs(2)),
+            acquire_time: Some(now_micro()),
+            renew_time: Some(now_micro()),
+            transitions: 7,
+        };
+        rec.write_to(&mut spec, 2);
+        assert_eq!(spec.strategy.as_deref(), Some("Custom"));
+        assert_eq!(LeaseRecord::from_spec(&spec), rec);
+        // A released record writes an empty holder, as client-go does.
+        let mut released = rec.clone();
+        released.holder = None;
+        released.write_to(&mut spec, 1);
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+    }
+}

@@ -1,0 +1,159 @@
+// kube-leader-go-candidate runs client-go's Lease leader election
+// (k8s.io/client-go/tools/leaderelection with resourcelock.LeaseLock, i.e.
+// coordination.k8s.io/v1 Leases) so kube-leader's integration tests and
+// benchmarks can check interoperability with, and compare timings against, the
+// reference Go implementation.
+//
+// It is built by scripts/go-candidate.sh in GOPATH mode inside the vendored
+// Kubernetes v1.20.2 source tree; nothing here is vendored into this repository.
+//
+// Every event is one JSON line on stdout, written immediately:
+//
+//	{"event":"started_leading","identity":"a","mono_ns":123,"unix_ns":456}
+//	{"event":"new_leader","identity":"a","leader":"b","mono_ns":123,"unix_ns":456}
+//	{"event":"stopped_leading","identity":"a","mono_ns":123,"unix_ns":456}
+//	{"event":"exit","identity":"a","code":0,"mono_ns":123,"unix_ns":456}
+//
+// mono_ns is CLOCK_MONOTONIC and unix_ns is wall-clock time, both in
+// nanoseconds, read inside the client-go callback. stopped_leading is printed
+// only after started_leading. While leading the program just waits. SIGTERM or
+// SIGINT cancels the election (releasing the Lease if --release-on-cancel) and
+// exits 0; losing leadership without a signal exits 3; bad flags or
+// configuration exit 2. client-go's own logs (klog) go to stderr.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+const exitLostLeadership = 3
+
+type event struct {
+	Event    string `json:"event"`
+	Identity string `json:"identity"`
+	Leader   string `json:"leader,omitempty"`
+	Code     *int   `json:"code,omitempty"`
+	MonoNs   int64  `json:"mono_ns"`
+	UnixNs   int64  `json:"unix_ns"`
+}
+
+var stdoutMu sync.Mutex
+
+func emit(e event) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	e.MonoNs = ts.Nano()
+	e.UnixNs = time.Now().UnixNano()
+	line, _ := json.Marshal(e)
+	stdoutMu.Lock()
+	defer stdoutMu.Unlock()
+	os.Stdout.Write(append(line, '\n')) // unbuffered: one write per event
+}
+
+func fail(format string, args ...interface{}) {
+	fmt.Fprintf(os.Stderr, "kube-leader-go-candidate: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "path to a kubeconfig (empty: in-cluster config)")
+	namespace := flag.String("namespace", "default", "namespace of the Lease")
+	lease := flag.String("lease", "", "name of the Lease (required)")
+	identity := flag.String("identity", "", "holder identity of this candidate (required)")
+	leaseDuration := flag.Duration("lease-duration", 15*time.Second, "LeaseDuration")
+	renewDeadline := flag.Duration("renew-deadline", 10*time.Second, "RenewDeadline")
+	retryPeriod := flag.Duration("retry-period", 2*time.Second, "RetryPeriod")
+	releaseOnCancel := flag.Bool("release-on-cancel", true, "release the Lease when cancelled by a signal")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fail("unexpected arguments: %v", flag.Args())
+	}
+	if *lease == "" || *identity == "" {
+		fail("--lease and --identity are required")
+	}
+
+	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fail("loading kubeconfig: %v", err)
+	}
+	config.UserAgent = "kube-leader-go-candidate"
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		fail("creating client: %v", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-signals
+		cancel()
+	}()
+
+	// client-go starts OnStartedLeading in a goroutine, so it could in principle
+	// run after OnStoppedLeading; this keeps the two events paired and ordered.
+	var mu sync.Mutex
+	var leading, stopped bool
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: *namespace, Name: *lease},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: *identity},
+		},
+		LeaseDuration:   *leaseDuration,
+		RenewDeadline:   *renewDeadline,
+		RetryPeriod:     *retryPeriod,
+		ReleaseOnCancel: *releaseOnCancel,
+		Name:            *lease,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {
+				mu.Lock()
+				defer mu.Unlock()
+				if !stopped {
+					leading = true
+					emit(event{Event: "started_leading", Identity: *identity})
+				}
+			},
+			OnStoppedLeading: func() {
+				mu.Lock()
+				defer mu.Unlock()
+				stopped = true
+				if leading {
+					emit(event{Event: "stopped_leading", Identity: *identity})
+				}
+			},
+			OnNewLeader: func(leader string) {
+				emit(event{Event: "new_leader", Identity: *identity, Leader: leader})
+			},
+		},
+	})
+	if err != nil {
+		fail("%v", err)
+	}
+
+	elector.Run(ctx) // returns once cancelled or leadership is lost
+
+	code := exitLostLeadership
+	if ctx.Err() != nil { // only a signal cancels ctx
+		code = 0
+	}
+	emit(event{Event: "exit", Identity: *identity, Code: &code})
+	os.Exit(code)
+}
