@@ -1,0 +1,57 @@
+//! A kube-leader Lease candidate as a process of its own, for tests that pause or kill it.
+//!
+//! Usage: `lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS`.
+//! Prints one JSON line per event on stdout: `started_leading` (with the fencing token),
+//! `stopped_leading` (with the reason), each with CLOCK_MONOTONIC nanoseconds (`mono_ns`).
+//! Campaigns again after a loss; SIGTERM releases and exits 0.
+
+use std::{io::Write, time::Duration};
+
+use kube_leader::{LeaseElector, Recampaign};
+use tokio_util::sync::CancellationToken;
+
+fn emit(v: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [kubeconfig, namespace, lease, identity, lease_ms, renew_ms, retry_ms] = &args[..] else {
+        return Err("usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS".into());
+    };
+    let ms = |s: &String| s.parse::<u64>().map(Duration::from_millis);
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = kube::Client::try_from(config)?;
+    let elector = LeaseElector::new(client, lease)
+        .namespace(namespace)
+        .identity(identity)
+        .lease_duration(ms(lease_ms)?)
+        .renew_deadline(ms(renew_ms)?)
+        .retry_period(ms(retry_ms)?);
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        term.recv().await;
+        s.cancel();
+    });
+    let id = identity.clone();
+    elector
+        .run(&shutdown, Recampaign::Always, |term, lost| {
+            let id = id.clone();
+            async move {
+                emit(serde_json::json!({"event": "started_leading", "identity": id,
+                    "fencing_token": term.fencing_token, "mono_ns": kube_leader_e2e::mono_ns()}));
+                lost.cancelled().await;
+                emit(serde_json::json!({"event": "stopped_leading", "identity": id,
+                    "mono_ns": kube_leader_e2e::mono_ns()}));
+            }
+        })
+        .await?;
+    emit(serde_json::json!({"event": "exit", "identity": identity, "mono_ns": kube_leader_e2e::mono_ns()}));
+    Ok(())
+}

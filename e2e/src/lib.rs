@@ -1,0 +1,37 @@
+//! Helpers shared by kube-leader's end-to-end tests.
+
+use std::time::Duration;
+
+/// CLOCK_MONOTONIC now, in nanoseconds: one clock for every process on this host, so events of
+/// several candidates and of the test harness can be ordered exactly.
+pub fn mono_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Installs a test log subscriber once (RUST_LOG, default `kube_leader=debug`).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "kube_leader=debug".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
