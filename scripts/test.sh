@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The one test command (README.md names it; .ci/run calls it).
+#
+# On a fresh machine it installs and builds what is missing (cached afterwards):
+#   - the control-plane binaries (scripts/testenv-assets.sh → KUBEBUILDER_ASSETS),
+#   - the client-go candidate used by the interoperability tests (scripts/go-candidate.sh),
+# then runs formatting and lint checks, and every test: unit, doc, and control-plane tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+start=$(date +%s)
+
+step "control-plane binaries"
+KUBEBUILDER_ASSETS="$(./scripts/testenv-assets.sh)"
+export KUBEBUILDER_ASSETS
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+
+step "client-go candidate"
+KUBE_LEADER_GO_CANDIDATE="$(./scripts/go-candidate.sh)"
+export KUBE_LEADER_GO_CANDIDATE
+echo "KUBE_LEADER_GO_CANDIDATE=$KUBE_LEADER_GO_CANDIDATE"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "cargo test (unit, integration against the local control plane, examples)"
+# Test binaries run one after another; the tests inside one binary share one control plane.
+cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
+
+step "doc tests"
+cargo test --workspace --doc
+
+step "no control-plane process left behind"
+sleep 1
+left=$(pgrep -af 'kube-leader-testenv' || true)
+if [ -n "$left" ]; then
+  echo "processes started by the tests are still running:" >&2
+  echo "$left" >&2
+  exit 1
+fi
+
+echo
+echo "all checks passed in $(( $(date +%s) - start ))s"
