@@ -1,0 +1,203 @@
+//! Finding the control-plane binaries (the envtest `KUBEBUILDER_ASSETS` convention).
+
+use std::{
+    ffi::OsString,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+};
+
+use crate::{Error, Result};
+
+/// The Kubernetes version whose binaries `./scripts/testenv-assets.sh` builds and caches.
+pub const KUBERNETES_VERSION: &str = "1.20.2";
+
+/// The binaries a complete assets directory holds.
+pub const BINARIES: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"];
+
+/// A directory holding every binary in [`BINARIES`], executable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assets {
+    dir: PathBuf,
+}
+
+// === impl Assets ===
+
+impl Assets {
+    /// Finds the binaries from the process environment; see [`Assets::locate`].
+    pub fn from_env() -> Result<Self> {
+        Self::locate(
+            std::env::var_os("KUBEBUILDER_ASSETS"),
+            std::env::var_os("XDG_CACHE_HOME"),
+            std::env::var_os("HOME"),
+        )
+    }
+
+    /// Finds the binaries, with the same rules as `./scripts/testenv-assets.sh`:
+    ///
+    /// 1. `kubebuilder_assets` (the value of `KUBEBUILDER_ASSETS`), if it holds all of them;
+    /// 2. else `${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/assets/1.20.2`, if it holds all of them;
+    /// 3. else [`Error::AssetsNotFound`], whose message says to run the script.
+    ///
+    /// Empty values count as unset, as in the shell's `${VAR:-default}`. The values are
+    /// parameters so that the rules can be tested without touching the process environment.
+    pub fn locate(
+        kubebuilder_assets: Option<OsString>,
+        xdg_cache_home: Option<OsString>,
+        home: Option<OsString>,
+    ) -> Result<Self> {
+        let mut searched = Vec::new();
+
+        if let Some(dir) = non_empty(kubebuilder_assets) {
+            let dir = PathBuf::from(dir);
+            match missing(&dir) {
+                None => return Ok(Self { dir }),
+                Some(problem) => searched.push(format!("KUBEBUILDER_ASSETS={} {problem}", dir.display())),
+            }
+        }
+
+        let cache_home = non_empty(xdg_cache_home)
+            .map(PathBuf::from)
+            .or_else(|| non_empty(home).map(|home| Path::new(&home).join(".cache")));
+        match cache_home {
+            Some(cache_home) => {
+                let dir = cache_home
+                    .join("kube-leader")
+                    .join("assets")
+                    .join(KUBERNETES_VERSION);
+                match missing(&dir) {
+                    None => return Ok(Self { dir }),
+                    Some(problem) => searched.push(format!("cache {} {problem}", dir.display())),
+                }
+            }
+            None => searched.push("no cache directory (neither XDG_CACHE_HOME nor HOME is set)".into()),
+        }
+
+        Err(Error::AssetsNotFound {
+            searched: searched.join("; "),
+        })
+    }
+
+    /// The directory holding the binaries.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The path of one binary, for example `assets.binary("kubectl")`.
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn non_empty(value: Option<OsString>) -> Option<OsString> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// Describes what `dir` lacks, or `None` if it holds every binary, executable.
+fn missing(dir: &Path) -> Option<String> {
+    if !dir.is_dir() {
+        return Some("does not exist".into());
+    }
+    let lacking: Vec<&str> = BINARIES
+        .iter()
+        .copied()
+        .filter(|name| {
+            // `metadata` follows symlinks: the cached etcd and kubectl are links to system binaries.
+            !std::fs::metadata(dir.join(name))
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+        .collect();
+    if lacking.is_empty() {
+        None
+    } else {
+        Some(format!("lacks {}", lacking.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_assets(dir: &Path) {
+        for name in BINARIES {
+            let path = dir.join(name);
+            std::fs::write(&path, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+
+    #[test]
+    fn empty_kubebuilder_assets_and_no_cache_says_how_to_get_the_binaries() {
+        let assets = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+
+        let err = Assets::locate(Some(assets.path().into()), Some(cache.path().into()), None).unwrap_err();
+
+        assert!(matches!(err, Error::AssetsNotFound { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(
+                "control-plane binaries not found: run ./scripts/testenv-assets.sh (or set KUBEBUILDER_ASSETS)"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("lacks etcd, kube-apiserver, kube-controller-manager, kubectl"),
+            "{message}"
+        );
+        assert!(message.contains(&cache.path().display().to_string()), "{message}");
+    }
+
+    #[test]
+    fn complete_kubebuilder_assets_wins() {
+        let assets = tempfile::tempdir().unwrap();
+        fake_assets(assets.path());
+
+        let found = Assets::locate(Some(assets.path().into()), None, None).unwrap();
+
+        assert_eq!(found.dir(), assets.path());
+    }
+
+    #[test]
+    fn falls_back_to_the_cache_under_xdg_cache_home() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = cache.path().join("kube-leader/assets").join(KUBERNETES_VERSION);
+        std::fs::create_dir_all(&dir).unwrap();
+        fake_assets(&dir);
+
+        let found = Assets::locate(
+            Some("".into()),
+            Some(cache.path().into()),
+            Some("/nonexistent".into()),
+        )
+        .unwrap();
+
+        assert_eq!(found.dir(), dir);
+    }
+
+    #[test]
+    fn falls_back_to_the_cache_under_home() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home
+            .path()
+            .join(".cache/kube-leader/assets")
+            .join(KUBERNETES_VERSION);
+        std::fs::create_dir_all(&dir).unwrap();
+        fake_assets(&dir);
+
+        let found = Assets::locate(None, Some("".into()), Some(home.path().into())).unwrap();
+
+        assert_eq!(found.dir(), dir);
+    }
+
+    #[test]
+    fn a_binary_that_is_not_executable_does_not_count() {
+        let assets = tempfile::tempdir().unwrap();
+        fake_assets(assets.path());
+        std::fs::set_permissions(assets.path().join("etcd"), std::fs::Permissions::from_mode(0o644)).unwrap();
+
+        let err = Assets::locate(Some(assets.path().into()), None, None).unwrap_err();
+
+        assert!(err.to_string().contains("lacks etcd;"), "{err}");
+    }
+}
