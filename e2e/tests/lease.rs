@@ -10,7 +10,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     Api, Client,
 };
-use kube_leader::{lease::LeaseRecord, Error, LeaseElector, Leadership, LossReason};
+use kube_leader::{lease::LeaseRecord, Error, Leadership, LeaseElector, LossReason};
 use kube_leader_e2e::{init_tracing, wait_for};
 use kube_leader_testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -27,7 +27,10 @@ fn elector(client: &Client, ns: &str, lease: &str, id: &str) -> LeaseElector {
 }
 
 async fn record(client: &Client, ns: &str, lease: &str) -> LeaseRecord {
-    let l = Api::<Lease>::namespaced(client.clone(), ns).get(lease).await.unwrap();
+    let l = Api::<Lease>::namespaced(client.clone(), ns)
+        .get(lease)
+        .await
+        .unwrap();
     LeaseRecord::from_lease(&l)
 }
 
@@ -62,7 +65,10 @@ async fn one_leader_graceful_handover_and_crash_takeover() {
     let first = first.unwrap().unwrap();
     pending = rest;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(pending.iter().all(|h| !h.is_finished()), "a second candidate became leader");
+    assert!(
+        pending.iter().all(|h| !h.is_finished()),
+        "a second candidate became leader"
+    );
     let rec = record(&client, ns.name(), "lock").await;
     assert_eq!(rec.holder.as_deref(), Some(first.identity()));
     assert_eq!(rec.transitions, 0);
@@ -76,8 +82,15 @@ async fn one_leader_graceful_handover_and_crash_takeover() {
     let second = second.unwrap().unwrap();
     pending = rest;
     eprintln!("graceful handover took {handover:?}");
-    assert!(handover < Duration::from_secs(2), "handover after release waited for expiry: {handover:?}");
-    assert_eq!(second.fencing_token(), 1, "a takeover increments leaseTransitions once");
+    assert!(
+        handover < Duration::from_secs(2),
+        "handover after release waited for expiry: {handover:?}"
+    );
+    assert_eq!(
+        second.fencing_token(),
+        1,
+        "a takeover increments leaseTransitions once"
+    );
 
     let third_id = pending.len();
     assert_eq!(third_id, 1);
@@ -163,7 +176,11 @@ async fn records_with_null_or_missing_fields_are_handled() {
     l.release().await.unwrap();
     let rec = record(&client, ns.name(), "odd").await;
     assert_eq!(rec.holder, None, "release clears the holder");
-    assert_eq!(rec.lease_duration, Some(Duration::from_secs(1)), "as client-go's ReleaseOnCancel");
+    assert_eq!(
+        rec.lease_duration,
+        Some(Duration::from_secs(1)),
+        "as client-go's ReleaseOnCancel"
+    );
 }
 
 #[tokio::test]
@@ -173,7 +190,10 @@ async fn another_holder_written_over_the_leader_ends_leadership_at_once() {
     let ns = cp.namespace().await;
     let client = cp.client().await;
     let shutdown = CancellationToken::new();
-    let l = elector(&client, ns.name(), "stolen", "me").become_leader(&shutdown).await.unwrap();
+    let l = elector(&client, ns.name(), "stolen", "me")
+        .become_leader(&shutdown)
+        .await
+        .unwrap();
     let token = l.lost_token();
     let patch = serde_json::json!({"spec": {"holderIdentity": "intruder"}});
     let t = Instant::now();
@@ -181,12 +201,22 @@ async fn another_holder_written_over_the_leader_ends_leadership_at_once() {
         .patch("stolen", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), token.cancelled()).await.expect("loss");
+    tokio::time::timeout(Duration::from_secs(5), token.cancelled())
+        .await
+        .expect("loss");
     eprintln!("loss seen {:?} after another holder was written", t.elapsed());
-    assert_eq!(l.loss_reason(), Some(LossReason::OtherHolder { holder: "intruder".into() }));
+    assert_eq!(
+        l.loss_reason(),
+        Some(LossReason::OtherHolder {
+            holder: "intruder".into()
+        })
+    );
     // Nothing is released over the intruder.
     l.release().await.unwrap();
-    assert_eq!(record(&client, ns.name(), "stolen").await.holder.as_deref(), Some("intruder"));
+    assert_eq!(
+        record(&client, ns.name(), "stolen").await.holder.as_deref(),
+        Some("intruder")
+    );
 }
 
 #[tokio::test]
@@ -196,12 +226,17 @@ async fn lease_deleted_while_held_ends_leadership() {
     let ns = cp.namespace().await;
     let client = cp.client().await;
     let shutdown = CancellationToken::new();
-    let l = elector(&client, ns.name(), "gone", "me").become_leader(&shutdown).await.unwrap();
+    let l = elector(&client, ns.name(), "gone", "me")
+        .become_leader(&shutdown)
+        .await
+        .unwrap();
     Api::<Lease>::namespaced(client.clone(), ns.name())
         .delete("gone", &Default::default())
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), l.lost()).await.expect("loss");
+    tokio::time::timeout(Duration::from_secs(5), l.lost())
+        .await
+        .expect("loss");
     assert_eq!(l.loss_reason(), Some(LossReason::LockDeleted));
 }
 
@@ -212,7 +247,10 @@ async fn shutdown_while_waiting_returns_promptly_and_shutdown_while_leading_rele
     let ns = cp.namespace().await;
     let client = cp.client().await;
     let leader_shutdown = CancellationToken::new();
-    let leader = elector(&client, ns.name(), "sd", "leader").become_leader(&leader_shutdown).await.unwrap();
+    let leader = elector(&client, ns.name(), "sd", "leader")
+        .become_leader(&leader_shutdown)
+        .await
+        .unwrap();
 
     let follower_shutdown = CancellationToken::new();
     let f = elector(&client, ns.name(), "sd", "follower");
@@ -223,12 +261,18 @@ async fn shutdown_while_waiting_returns_promptly_and_shutdown_while_leading_rele
     follower_shutdown.cancel();
     let r = waiting.await.unwrap();
     assert!(matches!(r, Err(Error::Cancelled { .. })), "{r:?}");
-    assert!(t.elapsed() < Duration::from_secs(1), "cancel took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "cancel took {:?}",
+        t.elapsed()
+    );
 
     // Shutdown while leading: the loss token fires, the lease stays held (renewed) while the
     // work winds down, and is released only when the handle goes.
     leader_shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(2), leader.lost()).await.expect("loss on shutdown");
+    tokio::time::timeout(Duration::from_secs(2), leader.lost())
+        .await
+        .expect("loss on shutdown");
     assert_eq!(leader.loss_reason(), Some(LossReason::Cancelled));
     tokio::time::sleep(Duration::from_millis(2500)).await; // longer than the lease duration
     assert_eq!(
@@ -253,25 +297,40 @@ async fn idle_follower_sends_no_requests_and_leader_only_renews() {
             &["leases"],
             &["get", "list", "watch", "create", "update"],
         )];
-        kube_leader_testenv::bind_role(&admin, ns.name(), user, rules).await.unwrap();
+        kube_leader_testenv::bind_role(&admin, ns.name(), user, rules)
+            .await
+            .unwrap();
     }
     let lc = cp.user_client(&leader_user).await;
     let fc = cp.user_client(&follower_user).await;
     let shutdown = CancellationToken::new();
     let leader = wait_for("RBAC to allow the leader", Duration::from_secs(10), || async {
-        elector(&lc, ns.name(), "idle", "leader").become_leader(&shutdown).await.ok()
+        elector(&lc, ns.name(), "idle", "leader")
+            .become_leader(&shutdown)
+            .await
+            .ok()
     })
     .await;
     let f = elector(&fc, ns.name(), "idle", "follower");
     let s = shutdown.clone();
     let follower = tokio::spawn(async move { f.become_leader(&s).await });
     tokio::time::sleep(Duration::from_secs(1)).await; // let the follower sync its watch
-    let (l0, f0) = (cp.request_count(&leader_user).unwrap(), cp.request_count(&follower_user).unwrap());
+    let (l0, f0) = (
+        cp.request_count(&leader_user).unwrap(),
+        cp.request_count(&follower_user).unwrap(),
+    );
     let window = Duration::from_secs(4);
     tokio::time::sleep(window).await;
     let leader_events = cp.audit_events(&leader_user).unwrap();
-    let (l1, f1) = (cp.request_count(&leader_user).unwrap(), cp.request_count(&follower_user).unwrap());
-    eprintln!("over {window:?}: leader {} requests, follower {} requests", l1 - l0, f1 - f0);
+    let (l1, f1) = (
+        cp.request_count(&leader_user).unwrap(),
+        cp.request_count(&follower_user).unwrap(),
+    );
+    eprintln!(
+        "over {window:?}: leader {} requests, follower {} requests",
+        l1 - l0,
+        f1 - f0
+    );
     assert_eq!(f1 - f0, 0, "an idle follower must send no request");
     // One write per retry period (200 ms) and no reads: about 20 in 4 s.
     assert!(l1 - l0 <= 25, "leader sent {} requests in {window:?}", l1 - l0);
@@ -292,7 +351,15 @@ struct Candidate {
 impl Candidate {
     fn spawn(cp: &ControlPlane, ns: &str, lease: &str, id: &str) -> Self {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lease-candidate"))
-            .args([cp.kubeconfig_path().to_str().unwrap(), ns, lease, id, "2000", "1000", "200"])
+            .args([
+                cp.kubeconfig_path().to_str().unwrap(),
+                ns,
+                lease,
+                id,
+                "2000",
+                "1000",
+                "200",
+            ])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -328,7 +395,10 @@ async fn paused_leader_stops_at_once_when_resumed() {
     let mut b = Candidate::spawn(cp, ns.name(), "pause", "b");
     a.signal(Signal::SIGSTOP);
     let ev = b.next_event(Duration::from_secs(30)).await;
-    assert_eq!(ev["event"], "started_leading", "b takes over the paused leader's lease");
+    assert_eq!(
+        ev["event"], "started_leading",
+        "b takes over the paused leader's lease"
+    );
     let b_start = ev["mono_ns"].as_u64().unwrap();
     let resumed = kube_leader_e2e::mono_ns();
     a.signal(Signal::SIGCONT);
@@ -351,7 +421,10 @@ async fn killed_leader_is_taken_over_after_expiry() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let mut a = Candidate::spawn(cp, ns.name(), "crash", "a");
-    assert_eq!(a.next_event(Duration::from_secs(30)).await["event"], "started_leading");
+    assert_eq!(
+        a.next_event(Duration::from_secs(30)).await["event"],
+        "started_leading"
+    );
     let mut b = Candidate::spawn(cp, ns.name(), "crash", "b");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed = kube_leader_e2e::mono_ns();
@@ -361,7 +434,10 @@ async fn killed_leader_is_taken_over_after_expiry() {
     assert_eq!(ev["fencing_token"], 1);
     let takeover = Duration::from_nanos(ev["mono_ns"].as_u64().unwrap() - killed);
     eprintln!("SIGKILL to new leader: {takeover:?} (lease duration 2 s)");
-    assert!(takeover >= Duration::from_millis(1000), "took over before expiry: {takeover:?}");
+    assert!(
+        takeover >= Duration::from_millis(1000),
+        "took over before expiry: {takeover:?}"
+    );
     let _ = a.child.wait().await;
     b.signal(Signal::SIGTERM);
     let _ = b.child.wait().await;
@@ -374,7 +450,10 @@ async fn sigterm_releases_and_the_follower_takes_over_at_once() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let mut a = Candidate::spawn(cp, ns.name(), "term", "a");
-    assert_eq!(a.next_event(Duration::from_secs(30)).await["event"], "started_leading");
+    assert_eq!(
+        a.next_event(Duration::from_secs(30)).await["event"],
+        "started_leading"
+    );
     let mut b = Candidate::spawn(cp, ns.name(), "term", "b");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let sent = kube_leader_e2e::mono_ns();
@@ -403,6 +482,10 @@ async fn invalid_config_is_a_typed_error() {
         .await
         .unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
-    let e = LeaseElector::new(client, "Not_A_Name").namespace("default").identity("me").become_leader(&shutdown).await;
+    let e = LeaseElector::new(client, "Not_A_Name")
+        .namespace("default")
+        .identity("me")
+        .become_leader(&shutdown)
+        .await;
     assert!(matches!(e, Err(Error::InvalidLockName { .. })));
 }

@@ -50,7 +50,11 @@ pub(crate) async fn call<T>(
 ) -> Result<T, Failure> {
     match tokio::time::timeout(timeout, fut).await {
         Err(_elapsed) => Err(Failure::Transient(kube::Error::Service(
-            format!("{} {} {}/{} timed out after {timeout:?}", op.verb, op.resource, op.namespace, op.name).into(),
+            format!(
+                "{} {} {}/{} timed out after {timeout:?}",
+                op.verb, op.resource, op.namespace, op.name
+            )
+            .into(),
         ))),
         Ok(Ok(v)) => Ok(v),
         Ok(Err(err)) => Err(classify(op, err)),
@@ -112,7 +116,13 @@ mod tests {
     use super::*;
 
     fn op() -> Op<'static> {
-        Op { verb: "create", resource: "configmaps", namespace: "ns", name: "lock", hint: "deploy/x.yaml" }
+        Op {
+            verb: "create",
+            resource: "configmaps",
+            namespace: "ns",
+            name: "lock",
+            hint: "deploy/x.yaml",
+        }
     }
 
     fn api(code: u16) -> kube::Error {
@@ -125,9 +135,14 @@ mod tests {
 
     #[test]
     fn forbidden_names_the_permission() {
-        let Failure::Fatal(e) = classify(op(), api(403)) else { panic!("403 must be fatal") };
+        let Failure::Fatal(e) = classify(op(), api(403)) else {
+            panic!("403 must be fatal")
+        };
         let msg = e.to_string();
-        assert!(msg.contains("missing permission: create configmaps in namespace ns"), "{msg}");
+        assert!(
+            msg.contains("missing permission: create configmaps in namespace ns"),
+            "{msg}"
+        );
         assert!(msg.contains("deploy/x.yaml"), "{msg}");
     }
 
@@ -138,13 +153,15 @@ mod tests {
         assert!(classify(op(), api(500)).is_transient());
         assert!(classify(op(), api(429)).is_transient());
         assert!(classify(op(), api(503)).is_transient());
-        assert!(matches!(classify(op(), api(422)), Failure::Fatal(Error::Rejected { .. })));
+        assert!(matches!(
+            classify(op(), api(422)),
+            Failure::Fatal(Error::Rejected { .. })
+        ));
     }
 
     #[tokio::test(start_paused = true)]
     async fn timeout_is_transient() {
-        let r: Result<(), Failure> =
-            call(op(), Duration::from_secs(1), std::future::pending()).await;
+        let r: Result<(), Failure> = call(op(), Duration::from_secs(1), std::future::pending()).await;
         assert!(r.unwrap_err().is_transient());
     }
 }

@@ -30,7 +30,11 @@ impl Backoff {
     #[must_use]
     pub fn new(initial: Duration, cap: Duration) -> Self {
         let cap = cap.max(initial);
-        Self { initial, cap, current: initial }
+        Self {
+            initial,
+            cap,
+            current: initial,
+        }
     }
 
     /// The base delay of the next sleep, before jitter.
@@ -89,7 +93,10 @@ mod tests {
         let (mut min, mut max) = (Duration::MAX, Duration::ZERO);
         for _ in 0..10_000 {
             let d = b.next_delay();
-            assert!(d >= Duration::from_millis(3200) && d <= Duration::from_secs(4), "{d:?}");
+            assert!(
+                d >= Duration::from_millis(3200) && d <= Duration::from_secs(4),
+                "{d:?}"
+            );
             min = min.min(d);
             max = max.max(d);
         }

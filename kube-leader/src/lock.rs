@@ -5,8 +5,7 @@ use std::{fmt, path::Path};
 use crate::error::{Error, Result};
 
 /// The in-cluster service-account namespace file (the seed's `k8sutil.GetOperatorNamespace`).
-pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
-    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 /// The lock object: its namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -24,7 +23,10 @@ impl LockRef {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         validate_name(&name)?;
-        Ok(Self { namespace: namespace.into(), name })
+        Ok(Self {
+            namespace: namespace.into(),
+            name,
+        })
     }
 }
 
@@ -39,7 +41,10 @@ impl fmt::Display for LockRef {
 /// starting and ending with an alphanumeric.
 pub fn validate_name(name: &str) -> Result<()> {
     let reject = |reason: &str| {
-        Err(Error::InvalidLockName { name: name.to_string(), reason: reason.to_string() })
+        Err(Error::InvalidLockName {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
     };
     if name.is_empty() {
         return reject("must not be empty");
@@ -51,7 +56,10 @@ pub fn validate_name(name: &str) -> Result<()> {
         if part.is_empty() {
             return reject("must not contain empty dot-separated parts");
         }
-        if !part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        if !part
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
             return reject("must consist of lower-case letters, digits, '-' and '.'");
         }
         let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
@@ -102,7 +110,10 @@ pub(crate) fn discover_namespace_from(
 
 /// The Pod name from `POD_NAME` (set with the Downward API), if any.
 pub fn pod_name_from_env() -> Option<String> {
-    std::env::var("POD_NAME").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    std::env::var("POD_NAME")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]
@@ -111,10 +122,30 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["a", "lock", "my-operator-lock", "a.b.c", "x1", "1x", &"a".repeat(253)] {
+        for ok in [
+            "a",
+            "lock",
+            "my-operator-lock",
+            "a.b.c",
+            "x1",
+            "1x",
+            &"a".repeat(253),
+        ] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Lock", "-a", "a-", "a..b", ".a", "a_b", "a/b", "ä", " a", &"a".repeat(254)] {
+        for bad in [
+            "",
+            "Lock",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a_b",
+            "a/b",
+            "ä",
+            " a",
+            &"a".repeat(254),
+        ] {
             let err = validate_name(bad).unwrap_err();
             assert!(matches!(err, Error::InvalidLockName { .. }), "{bad}");
             assert!(err.to_string().contains("invalid lock name"), "{err}");

@@ -49,7 +49,9 @@ impl OwnedOp {
 
 impl<K> Debug for ObjectWatch<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectWatch").field("synced", &self.synced).finish()
+        f.debug_struct("ObjectWatch")
+            .field("synced", &self.synced)
+            .finish()
     }
 }
 
@@ -72,7 +74,13 @@ where
             .fields(&format!("metadata.name={name}"))
             .timeout(WATCH_TIMEOUT_SECS);
         let stream = watcher(api, config).default_backoff().boxed();
-        Self { stream, current: None, init: None, synced: false, op }
+        Self {
+            stream,
+            current: None,
+            init: None,
+            synced: false,
+            op,
+        }
     }
 
     /// The object as last seen (`None`: absent, or not yet synced).
@@ -96,7 +104,9 @@ where
         loop {
             let Some(event) = self.stream.next().await else {
                 // The watcher stream never ends; treat an end as a transient failure.
-                return Err(Failure::Transient(kube::Error::Service("watch stream ended".into())));
+                return Err(Failure::Transient(kube::Error::Service(
+                    "watch stream ended".into(),
+                )));
             };
             match event.map_err(|e| classify_watch(self.op.op(), e))? {
                 watcher::Event::Init => self.init = Some(None),

@@ -20,7 +20,9 @@ fn emit(v: serde_json::Value) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [kubeconfig, namespace, lease, identity, lease_ms, renew_ms, retry_ms] = &args[..] else {
-        return Err("usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS".into());
+        return Err(
+            "usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS".into(),
+        );
     };
     let ms = |s: &String| s.parse::<u64>().map(Duration::from_millis);
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
@@ -35,7 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
         term.recv().await;
         s.cancel();
     });

@@ -21,12 +21,21 @@ impl Observed {
     /// Folds a newly seen record into the observation: the observation time moves only when the
     /// record itself changed (client-go compares the raw record), not when only the
     /// resourceVersion did (a label edit does not renew a lease).
-    pub(crate) fn update(prev: Option<&Observed>, record: LeaseRecord, rv: Option<String>, now: Instant) -> Observed {
+    pub(crate) fn update(
+        prev: Option<&Observed>,
+        record: LeaseRecord,
+        rv: Option<String>,
+        now: Instant,
+    ) -> Observed {
         let observed_at = match prev {
             Some(p) if p.record == record => p.observed_at,
             _ => now,
         };
-        Observed { record, resource_version: rv, observed_at }
+        Observed {
+            record,
+            resource_version: rv,
+            observed_at,
+        }
     }
 
     /// When the observed holder's lease expires for this candidate: the holder's advertised
@@ -53,7 +62,12 @@ pub(crate) enum Decision {
 /// Decides what a candidate named `identity` does at `now`, having observed `observed`
 /// (`None`: the Lease does not exist). `fallback` is this candidate's own lease duration, used
 /// when the holder advertised none.
-pub(crate) fn decide(observed: Option<&Observed>, identity: &str, now: Instant, fallback: Duration) -> Decision {
+pub(crate) fn decide(
+    observed: Option<&Observed>,
+    identity: &str,
+    now: Instant,
+    fallback: Duration,
+) -> Decision {
     let Some(obs) = observed else {
         return Decision::Create;
     };
@@ -84,11 +98,15 @@ pub(crate) fn record_for(
         Decision::Create => (Some(wall_now), 0),
         Decision::Takeover => {
             // client-go increments on every change of holder, including taking a released lease.
-            (Some(wall_now), prev.map_or(0, |p| p.transitions.saturating_add(1)))
+            (
+                Some(wall_now),
+                prev.map_or(0, |p| p.transitions.saturating_add(1)),
+            )
         }
-        Decision::Renew | Decision::WaitUntil(_) => {
-            (prev.and_then(|p| p.acquire_time).or(Some(wall_now)), prev.map_or(0, |p| p.transitions))
-        }
+        Decision::Renew | Decision::WaitUntil(_) => (
+            prev.and_then(|p| p.acquire_time).or(Some(wall_now)),
+            prev.map_or(0, |p| p.transitions),
+        ),
     };
     LeaseRecord {
         holder: Some(identity.to_string()),
@@ -123,9 +141,15 @@ mod tests {
     async fn expiry_uses_the_local_observation_and_the_advertised_duration() {
         let t0 = Instant::now();
         let obs = Observed::update(None, rec(Some("other"), Some(2), 3), Some("1".into()), t0);
-        assert_eq!(decide(Some(&obs), "me", t0, D), Decision::WaitUntil(t0 + Duration::from_secs(2)));
+        assert_eq!(
+            decide(Some(&obs), "me", t0, D),
+            Decision::WaitUntil(t0 + Duration::from_secs(2))
+        );
         tokio::time::advance(Duration::from_millis(1999)).await;
-        assert!(matches!(decide(Some(&obs), "me", Instant::now(), D), Decision::WaitUntil(_)));
+        assert!(matches!(
+            decide(Some(&obs), "me", Instant::now(), D),
+            Decision::WaitUntil(_)
+        ));
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(decide(Some(&obs), "me", Instant::now(), D), Decision::Takeover);
     }

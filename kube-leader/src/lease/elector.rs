@@ -2,7 +2,7 @@
 
 use std::{
     future::Future,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -10,10 +10,7 @@ use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use kube::{
-    api::{PostParams},
-    Api, Client,
-};
+use kube::{api::PostParams, Api, Client};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument};
@@ -59,23 +56,32 @@ pub struct Unhealthy {
     pub tolerance: Duration,
 }
 
-#[derive(Debug, Default)]
-struct Health {
-    leading: bool,
-    last_renewal: Option<Instant>,
+/// What a candidate's renewals look like, published on [`LeaseElector::renewals`]: a
+/// heartbeat for supervisors, and the figures for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// Whether this candidate currently leads.
+    pub leading: bool,
+    /// When the last successful renewal (or the acquisition) was sent.
+    pub last_success: Option<Instant>,
+    /// How long the last successful renewal took.
+    pub last_latency: Option<Duration>,
+    /// Successful renewals since this elector was created.
+    pub successes: u64,
+    /// Failed renewal attempts since this elector was created.
+    pub failures: u64,
 }
 
 /// State shared by the elector and its background tasks.
 #[derive(Debug)]
 struct Shared {
     leader: watch::Sender<Option<LeaderInfo>>,
-    health: Mutex<Health>,
+    renewals: watch::Sender<Renewals>,
 }
 
 impl Shared {
-    fn set_health(&self, f: impl FnOnce(&mut Health)) {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut h);
+    fn set_health(&self, f: impl FnOnce(&mut Renewals)) {
+        self.renewals.send_modify(f);
     }
 }
 
@@ -130,7 +136,10 @@ impl LeaseElector {
             namespace: None,
             identity: None,
             config: LeaseConfig::default(),
-            shared: Arc::new(Shared { leader: watch::channel(None).0, health: Mutex::default() }),
+            shared: Arc::new(Shared {
+                leader: watch::channel(None).0,
+                renewals: watch::channel(Renewals::default()).0,
+            }),
         }
     }
 
@@ -215,11 +224,17 @@ impl LeaseElector {
         self.shared.leader.subscribe()
     }
 
+    /// Renewal figures of this candidate, updated on every renewal attempt: a heartbeat for
+    /// supervisors and the source of renewal metrics.
+    pub fn renewals(&self) -> watch::Receiver<Renewals> {
+        self.shared.renewals.subscribe()
+    }
+
     /// The election watchdog (client-go's `HealthzAdaptor`): unhealthy if this candidate believes
     /// it leads but has not renewed for longer than the lease duration plus `tolerance`.
     pub fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
-        let h = self.shared.health.lock().unwrap_or_else(|p| p.into_inner());
-        match (h.leading, h.last_renewal) {
+        let h = self.shared.renewals.borrow();
+        match (h.leading, h.last_success) {
             (true, Some(last)) if last.elapsed() > self.config.lease_duration + tolerance => Err(Unhealthy {
                 lock: self.name.clone(),
                 since: last.elapsed(),
@@ -252,7 +267,9 @@ impl LeaseElector {
         let lock = self.lock()?;
         let identity = self.resolved_identity()?;
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
-        self.campaign(lock, identity, shutdown.clone()).instrument(span).await
+        self.campaign(lock, identity, shutdown.clone())
+            .instrument(span)
+            .await
     }
 
     /// Runs `work` whenever this candidate leads, until `shutdown`.
@@ -264,7 +281,12 @@ impl LeaseElector {
     ///
     /// # Cancellation safety
     /// Not cancel-safe: use `shutdown` to stop it.
-    pub async fn run<F, Fut>(&self, shutdown: &CancellationToken, recampaign: Recampaign, mut work: F) -> Result<()>
+    pub async fn run<F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        recampaign: Recampaign,
+        mut work: F,
+    ) -> Result<()>
     where
         F: FnMut(Term, CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
@@ -283,13 +305,26 @@ impl LeaseElector {
         }
     }
 
-    async fn campaign(&self, lock: LockRef, identity: String, shutdown: CancellationToken) -> Result<Leadership> {
+    async fn campaign(
+        &self,
+        lock: LockRef,
+        identity: String,
+        shutdown: CancellationToken,
+    ) -> Result<Leadership> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &lock.namespace);
-        let op = |verb| Op { verb, resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+        let op = |verb| Op {
+            verb,
+            resource: RESOURCE,
+            namespace: &lock.namespace,
+            name: &lock.name,
+            hint: RBAC_HINT,
+        };
         let mut watch = ObjectWatch::new(api.clone(), &lock.name, op("watch"));
         let mut observed: Option<Observed> = None;
         let cfg = &self.config;
-        let cancelled = || Error::Cancelled { lock: lock.to_string() };
+        let cancelled = || Error::Cancelled {
+            lock: lock.to_string(),
+        };
         info!("campaigning");
 
         loop {
@@ -303,22 +338,49 @@ impl LeaseElector {
             }
             let decision = decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration);
             let Decision::WaitUntil(expiry) = decision else {
-                let record = record_for(&decision, observed.as_ref(), &identity, cfg.lease_duration, now_micro());
+                let record = record_for(
+                    &decision,
+                    observed.as_ref(),
+                    &identity,
+                    cfg.lease_duration,
+                    now_micro(),
+                );
                 let sent = Instant::now();
                 let result = match decision {
                     Decision::Create => {
                         let lease = new_lease(&lock, &record, cfg.lease_duration_seconds());
-                        call(op("create"), cfg.api_timeout(), api.create(&PostParams::default(), &lease)).await
+                        call(
+                            op("create"),
+                            cfg.api_timeout(),
+                            api.create(&PostParams::default(), &lease),
+                        )
+                        .await
                     }
                     _ => {
-                        let mut lease = watch.current().cloned().unwrap_or_else(|| new_lease(&lock, &record, 0));
-                        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), cfg.lease_duration_seconds());
-                        call(op("update"), cfg.api_timeout(), api.replace(&lock.name, &PostParams::default(), &lease)).await
+                        let mut lease = watch
+                            .current()
+                            .cloned()
+                            .unwrap_or_else(|| new_lease(&lock, &record, 0));
+                        record.write_to(
+                            lease.spec.get_or_insert_with(LeaseSpec::default),
+                            cfg.lease_duration_seconds(),
+                        );
+                        call(
+                            op("update"),
+                            cfg.api_timeout(),
+                            api.replace(&lock.name, &PostParams::default(), &lease),
+                        )
+                        .await
                     }
                 };
                 match result {
                     Ok(lease) => {
-                        let obs = Observed::update(None, record.clone(), lease.metadata.resource_version.clone(), sent);
+                        let obs = Observed::update(
+                            None,
+                            record.clone(),
+                            lease.metadata.resource_version.clone(),
+                            sent,
+                        );
                         return Ok(self.lead(lock, identity, lease, obs, sent, watch, shutdown));
                     }
                     Err(Failure::Conflict) | Err(Failure::NotFound) => {
@@ -368,7 +430,12 @@ impl LeaseElector {
         match ev {
             Ok(Some(lease)) => {
                 let record = LeaseRecord::from_lease(lease);
-                let next = Observed::update(observed.as_ref(), record, lease.metadata.resource_version.clone(), Instant::now());
+                let next = Observed::update(
+                    observed.as_ref(),
+                    record,
+                    lease.metadata.resource_version.clone(),
+                    Instant::now(),
+                );
                 self.publish(lock, Some(&next.record));
                 *observed = Some(next);
             }
@@ -421,7 +488,9 @@ impl LeaseElector {
         self.publish(&lock, Some(&observed.record));
         self.shared.set_health(|h| {
             h.leading = true;
-            h.last_renewal = Some(sent);
+            h.last_success = Some(sent);
+            h.last_latency = Some(sent.elapsed());
+            h.successes += 1;
         });
         let (leadership, keeper, done) = Leadership::new(term);
         let renewer = Renewer {
@@ -456,14 +525,25 @@ struct Renewer {
 
 impl Renewer {
     fn op(&self, verb: &'static str) -> Op<'_> {
-        Op { verb, resource: RESOURCE, namespace: &self.lock.namespace, name: &self.lock.name, hint: RBAC_HINT }
+        Op {
+            verb,
+            resource: RESOURCE,
+            namespace: &self.lock.namespace,
+            name: &self.lock.name,
+            hint: RBAC_HINT,
+        }
     }
 
     fn cfg(&self) -> &LeaseConfig {
         &self.elector.config
     }
 
-    async fn run(mut self, mut watch: ObjectWatch<Lease>, done: CancellationToken, shutdown: CancellationToken) -> Result<()> {
+    async fn run(
+        mut self,
+        mut watch: ObjectWatch<Lease>,
+        done: CancellationToken,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
         let mut next_renewal = self.last_sent + self.cfg().retry_period;
         let mut grace_until: Option<Instant> = None;
         let result = loop {
@@ -492,7 +572,9 @@ impl Renewer {
                 ev = watch.changed() => match ev {
                     Ok(Some(lease)) => {
                         let record = LeaseRecord::from_lease(lease);
-                        if !record.is_held_by(&self.identity) {
+                        // Events older than our last write cannot be current (our write carried
+                        // the version we decided on); only a newer record can depose us.
+                        if !record.is_held_by(&self.identity) && newer(lease, &self.lease) {
                             let holder = record.holder.clone().unwrap_or_default();
                             self.elector.publish(&self.lock, Some(&record));
                             info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
@@ -520,7 +602,10 @@ impl Renewer {
                             self.keeper.lose(reason);
                             break Ok(());
                         }
-                        Err(None) => next_renewal = Instant::now() + self.cfg().retry_period,
+                        Err(None) => {
+                            self.elector.shared.set_health(|h| h.failures += 1);
+                            next_renewal = Instant::now() + self.cfg().retry_period;
+                        }
                     }
                 }
             }
@@ -537,16 +622,32 @@ impl Renewer {
         let mut record = self.record.clone();
         record.renew_time = Some(now_micro());
         let mut lease = self.lease.clone();
-        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), self.cfg().lease_duration_seconds());
-        let timeout = self.cfg().api_timeout().min(deadline.saturating_duration_since(Instant::now()));
+        record.write_to(
+            lease.spec.get_or_insert_with(LeaseSpec::default),
+            self.cfg().lease_duration_seconds(),
+        );
+        let timeout = self
+            .cfg()
+            .api_timeout()
+            .min(deadline.saturating_duration_since(Instant::now()));
         let sent = Instant::now();
         let op = self.op("update");
-        match call(op, timeout.max(Duration::from_millis(1)), self.api.replace(&self.lock.name, &PostParams::default(), &lease)).await {
+        match call(
+            op,
+            timeout.max(Duration::from_millis(1)),
+            self.api.replace(&self.lock.name, &PostParams::default(), &lease),
+        )
+        .await
+        {
             Ok(written) => {
                 self.lease = written;
                 self.record = record;
                 self.last_sent = sent;
-                self.elector.shared.set_health(|h| h.last_renewal = Some(sent));
+                self.elector.shared.set_health(|h| {
+                    h.last_success = Some(sent);
+                    h.last_latency = Some(sent.elapsed());
+                    h.successes += 1;
+                });
                 Ok(())
             }
             Err(Failure::Conflict) => {
@@ -559,7 +660,9 @@ impl Renewer {
                             self.lease = current;
                             Err(None)
                         } else {
-                            Err(Some(LossReason::OtherHolder { holder: rec.holder.unwrap_or_default() }))
+                            Err(Some(LossReason::OtherHolder {
+                                holder: rec.holder.unwrap_or_default(),
+                            }))
                         }
                     }
                     Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
@@ -598,7 +701,13 @@ impl Renewer {
             let mut lease = self.lease.clone();
             record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
             let op = self.op("update");
-            match call(op, self.cfg().api_timeout(), self.api.replace(&self.lock.name, &PostParams::default(), &lease)).await {
+            match call(
+                op,
+                self.cfg().api_timeout(),
+                self.api.replace(&self.lock.name, &PostParams::default(), &lease),
+            )
+            .await
+            {
                 Ok(_) => {
                     info!(lock = %self.lock, identity = %self.identity, "released the lease");
                     self.keeper.lose(LossReason::Released);
@@ -607,7 +716,9 @@ impl Renewer {
                 Err(Failure::Conflict) => {
                     let op = self.op("get");
                     match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
-                        Ok(current) if LeaseRecord::from_lease(&current).is_held_by(&self.identity) => self.lease = current,
+                        Ok(current) if LeaseRecord::from_lease(&current).is_held_by(&self.identity) => {
+                            self.lease = current
+                        }
                         _ => return Ok(()), // not ours any more: nothing to release
                     }
                 }
@@ -631,8 +742,14 @@ impl Renewer {
 /// unparsable versions count as newer, so the cache follows the watch).
 fn newer(a: &Lease, b: &Lease) -> bool {
     match (
-        a.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()),
-        b.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()),
+        a.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok()),
+        b.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok()),
     ) {
         (Some(a), Some(b)) => a > b,
         _ => a.metadata.resource_version != b.metadata.resource_version,
@@ -655,7 +772,11 @@ fn new_lease(lock: &LockRef, record: &LeaseRecord, duration_secs: i32) -> Lease 
     let mut spec = LeaseSpec::default();
     record.write_to(&mut spec, duration_secs);
     Lease {
-        metadata: ObjectMeta { name: Some(lock.name.clone()), namespace: Some(lock.namespace.clone()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(lock.name.clone()),
+            namespace: Some(lock.namespace.clone()),
+            ..Default::default()
+        },
         spec: Some(spec),
     }
 }
@@ -678,7 +799,13 @@ fn leader_info(lock: &LockRef, r: &LeaseRecord) -> LeaderInfo {
 /// Cancel-safe.
 pub async fn current_leader(client: Client, lock: &LockRef) -> Result<Option<LeaderInfo>> {
     let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
-    let op = Op { verb: "get", resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+    let op = Op {
+        verb: "get",
+        resource: RESOURCE,
+        namespace: &lock.namespace,
+        name: &lock.name,
+        hint: RBAC_HINT,
+    };
     match call(op, Duration::from_secs(30), api.get(&lock.name)).await {
         Ok(lease) => Ok(Some(leader_info(lock, &LeaseRecord::from_lease(&lease)))),
         Err(Failure::NotFound) => Ok(None),
@@ -694,7 +821,13 @@ pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<Lea
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
-        let op = Op { verb: "watch", resource: RESOURCE, namespace: &lock.namespace, name: &lock.name, hint: RBAC_HINT };
+        let op = Op {
+            verb: "watch",
+            resource: RESOURCE,
+            namespace: &lock.namespace,
+            name: &lock.name,
+            hint: RBAC_HINT,
+        };
         let mut w = ObjectWatch::new(api, &lock.name, op);
         loop {
             tokio::select! {

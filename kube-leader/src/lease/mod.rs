@@ -6,5 +6,5 @@ mod elector;
 mod record;
 
 pub use config::{LeaseConfig, JITTER_FACTOR};
-pub use elector::{current_leader, watch_leader, LeaseElector, Recampaign, Unhealthy};
+pub use elector::{current_leader, watch_leader, LeaseElector, Recampaign, Renewals, Unhealthy};
 pub use record::LeaseRecord;

@@ -45,7 +45,10 @@ impl LeaseRecord {
                 .map(|s| Duration::from_secs(s.unsigned_abs().into())),
             acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
             renew_time: spec.renew_time.as_ref().map(|t| t.0),
-            transitions: spec.lease_transitions.and_then(|t| u32::try_from(t).ok()).unwrap_or(0),
+            transitions: spec
+                .lease_transitions
+                .and_then(|t| u32::try_from(t).ok())
+                .unwrap_or(0),
         }
     }
 
@@ -129,7 +132,10 @@ mod tests {
 
     #[test]
     fn round_trip_keeps_unmanaged_fields() {
-        let mut spec = LeaseSpec { strategy: Some("Custom".into()), ..Default::default() };
+        let mut spec = LeaseSpec {
+            strategy: Some("Custom".into()),
+            ..Default::default()
+        };
         let rec = LeaseRecord {
             holder: Some("me".into()),
             lease_duration: Some(Duration::from_secs(2)),
