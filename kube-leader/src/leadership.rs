@@ -2,7 +2,10 @@
 
 use std::{
     fmt,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, SystemTime},
 };
 
@@ -114,6 +117,7 @@ pub struct LeaderInfo {
 pub(crate) struct Keeper {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
+    release_requested: Arc<AtomicBool>,
 }
 
 impl Keeper {
@@ -134,6 +138,12 @@ impl Keeper {
     /// Why leadership ended, if it has.
     pub(crate) fn reason(&self) -> Option<LossReason> {
         self.reason.borrow().clone()
+    }
+
+    /// Whether `done` fired because of [`Leadership::release`] (an explicit step-down) rather
+    /// than because the handle was dropped. Leader for life deletes its lock only on release.
+    pub(crate) fn release_requested(&self) -> bool {
+        self.release_requested.load(Ordering::Acquire)
     }
 
     /// Whether leadership has already ended.
@@ -160,6 +170,8 @@ pub struct Leadership {
     reason: watch::Receiver<Option<LossReason>>,
     /// Tells the background task that the user's work is over: stop and release.
     done: CancellationToken,
+    /// Set before `done` fires when the step-down is explicit ([`Leadership::release`]).
+    release_requested: Arc<AtomicBool>,
     task: Option<JoinHandle<Result<()>>>,
 }
 
@@ -181,15 +193,25 @@ impl Leadership {
         let lost = CancellationToken::new();
         let (tx, rx) = watch::channel(None);
         let done = CancellationToken::new();
+        let release_requested = Arc::new(AtomicBool::new(false));
         let this = Self {
             term: Arc::new(term),
             skipped: false,
             lost: lost.clone(),
             reason: rx,
             done: done.clone(),
+            release_requested: release_requested.clone(),
             task: None,
         };
-        (this, Keeper { lost, reason: tx }, done)
+        (
+            this,
+            Keeper {
+                lost,
+                reason: tx,
+                release_requested,
+            },
+            done,
+        )
     }
 
     /// Attaches the background task that keeps (renews or watches) the lock.
@@ -296,6 +318,7 @@ impl Leadership {
     /// Not cancel-safe in the sense that, once called, stepping down goes on in the background
     /// even if the future is dropped.
     pub async fn release(mut self) -> Result<()> {
+        self.release_requested.store(true, Ordering::Release);
         self.done.cancel();
         match self.task.take() {
             Some(task) => match task.await {
@@ -351,10 +374,19 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_signals_done() {
-        let (l, _keeper, done) = Leadership::new(term());
+        let (l, keeper, done) = Leadership::new(term());
         assert!(!done.is_cancelled());
         drop(l);
         assert!(done.is_cancelled());
+        assert!(!keeper.release_requested(), "a drop is not an explicit release");
+    }
+
+    #[tokio::test]
+    async fn release_is_told_apart_from_drop() {
+        let (l, keeper, done) = Leadership::new(term());
+        l.release().await.unwrap();
+        assert!(done.is_cancelled());
+        assert!(keeper.release_requested());
     }
 
     #[tokio::test(start_paused = true)]

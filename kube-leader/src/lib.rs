@@ -22,12 +22,14 @@
 mod api;
 pub mod backoff;
 pub mod error;
+pub mod for_life;
 pub mod lease;
 pub mod leadership;
 pub mod lock;
 mod object_watch;
 
 pub use error::{Error, Result};
+pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lock::LockRef;

@@ -1,0 +1,221 @@
+//! Options of a leader-for-life election and their validation.
+
+use std::{path::PathBuf, time::Duration};
+
+use crate::{
+    error::{Error, Result},
+    lock,
+};
+
+/// The first retry delay of the fallback backoff: the seed's `backoff := time.Second`.
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What [`ForLife::become_leader`](crate::ForLife::become_leader) does when no namespace can be
+/// found, which means that the process does not run in a cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutsideCluster {
+    /// Skip the election and return a [`Leadership`](crate::Leadership) that
+    /// [is skipped](crate::Leadership::is_skipped) and never lost, logging why at `info`: the
+    /// seed's "Skipping leader election; not running in a cluster." The default.
+    #[default]
+    Skip,
+    /// Fail with [`Error::NoNamespace`].
+    Fail,
+}
+
+/// What a waiting candidate does with the Pod of a dead leader (phase `Failed` or
+/// `Succeeded`), after deleting that leader's stale lock.
+///
+/// The lock is deleted in every case, so failover never waits for the Pod to go; this only
+/// decides whether the dead Pod object is cleaned up as well (with a UID precondition, so a
+/// new Pod of the same name is never deleted). Deleting needs the `delete pods` permission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLeaderPod {
+    /// Leave the Pod alone.
+    Keep,
+    /// Delete the Pod only if it was evicted (phase `Failed`, reason `Evicted`) and is not
+    /// already being deleted: what the seed does. The default.
+    #[default]
+    DeleteEvicted,
+    /// Delete the Pod in any terminal phase (`Failed` for any reason, `Succeeded`) unless it is
+    /// already being deleted.
+    DeleteTerminal,
+}
+
+/// Where the namespace and the Pod name come from when they are not set explicitly.
+///
+/// [`Environment::from_process`] (the default) reads `POD_NAMESPACE`, `POD_NAME` and the
+/// in-cluster service-account namespace file of this process when
+/// [`become_leader`](crate::ForLife::become_leader) is called. Set another one to embed the
+/// elector somewhere else, or to test the outside-a-cluster path without touching the process
+/// environment ([`Environment::default`] has nothing: "not in a cluster").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// The value of `POD_NAMESPACE`.
+    pub pod_namespace: Option<String>,
+    /// The value of `POD_NAME`.
+    pub pod_name: Option<String>,
+    /// The service-account namespace file to read.
+    pub service_account_namespace_file: Option<PathBuf>,
+}
+
+// === impl Environment ===
+
+impl Environment {
+    /// This process's `POD_NAMESPACE`, `POD_NAME` and
+    /// [`SERVICE_ACCOUNT_NAMESPACE_FILE`](crate::lock::SERVICE_ACCOUNT_NAMESPACE_FILE).
+    #[must_use]
+    pub fn from_process() -> Self {
+        Self {
+            pod_namespace: std::env::var("POD_NAMESPACE").ok(),
+            pod_name: lock::pod_name_from_env(),
+            service_account_namespace_file: Some(PathBuf::from(lock::SERVICE_ACCOUNT_NAMESPACE_FILE)),
+        }
+    }
+}
+
+/// Options of a leader-for-life election; see [`ForLife`](crate::ForLife) for the builder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ForLifeConfig {
+    /// The namespace of the lock and of this candidate's Pod. Default: none, which means
+    /// `POD_NAMESPACE`, else the service-account namespace file.
+    pub namespace: Option<String>,
+    /// This candidate's Pod name. Default: none, which means `POD_NAME`.
+    pub pod_name: Option<String>,
+    /// The longest delay of the fallback backoff, which starts at 1 s and doubles up to exactly
+    /// this cap, with 20% jitter. Default 16 s: the seed's `maxBackoffInterval`. The backoff
+    /// only paces retries after transient API errors, re-reads while a watch is failing, and
+    /// re-reads of a malformed lock (as the seed did); a healthy watch wakes a waiting
+    /// candidate at once.
+    pub backoff_cap: Duration,
+    /// What to do outside a cluster. Default [`OutsideCluster::Skip`] (the seed).
+    pub outside_cluster: OutsideCluster,
+    /// What to do with a dead leader's Pod. Default [`DeadLeaderPod::DeleteEvicted`] (the seed).
+    pub dead_leader_pod: DeadLeaderPod,
+    /// Opt-in takeover from a leader whose Node has not been `Ready` for this long, as observed
+    /// by this candidate's own monotonic clock. Default `None`: never.
+    ///
+    /// **Risk: two leaders.** A Node that is not `Ready` is one the control plane cannot hear
+    /// from; its processes may well still be running, cut off or merely slow, and the old
+    /// leader goes on working until it notices that its lock is gone (which needs the API
+    /// server it may not reach). Enable this only if the work tolerates a second leader for a
+    /// while, for example because every write carries the
+    /// [fencing token](crate::Leadership::fencing_token) and the store rejects stale ones.
+    /// Needs `get nodes` (a ClusterRole); without it the policy is disabled with one warning.
+    pub not_ready_takeover: Option<Duration>,
+    /// Bound on each API call. Default 10 s: far below kube's 295 s read timeout, so a hung
+    /// connection costs one retry, not five minutes, and far above a healthy API server's
+    /// latency.
+    pub api_timeout: Duration,
+    /// Where the namespace and Pod name come from when not set. Default: this process.
+    pub environment: Option<Environment>,
+}
+
+impl Default for ForLifeConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            pod_name: None,
+            // The seed's maxBackoffInterval.
+            backoff_cap: Duration::from_secs(16),
+            outside_cluster: OutsideCluster::Skip,
+            dead_leader_pod: DeadLeaderPod::DeleteEvicted,
+            not_ready_takeover: None,
+            api_timeout: Duration::from_secs(10),
+            environment: None,
+        }
+    }
+}
+
+// === impl ForLifeConfig ===
+
+impl ForLifeConfig {
+    /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
+    /// and takeover grace.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.backoff_cap < INITIAL_BACKOFF {
+            return bad(format!(
+                "backoff cap must be at least the initial delay of {INITIAL_BACKOFF:?}, got {:?}",
+                self.backoff_cap
+            ));
+        }
+        if self.api_timeout.is_zero() {
+            return bad("API timeout must be greater than zero".into());
+        }
+        if self.not_ready_takeover.is_some_and(|g| g.is_zero()) {
+            return bad("the NotReady takeover grace must be greater than zero".into());
+        }
+        if self.namespace.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return bad("namespace must not be empty".into());
+        }
+        if self.pod_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return bad("Pod name must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_seeds_and_valid() {
+        let c = ForLifeConfig::default();
+        assert_eq!(c.backoff_cap, Duration::from_secs(16));
+        assert_eq!(c.outside_cluster, OutsideCluster::Skip);
+        assert_eq!(c.dead_leader_pod, DeadLeaderPod::DeleteEvicted);
+        assert_eq!(c.not_ready_takeover, None);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        let cases = [
+            (
+                ForLifeConfig {
+                    backoff_cap: Duration::from_millis(500),
+                    ..Default::default()
+                },
+                "backoff cap",
+            ),
+            (
+                ForLifeConfig {
+                    api_timeout: Duration::ZERO,
+                    ..Default::default()
+                },
+                "API timeout",
+            ),
+            (
+                ForLifeConfig {
+                    not_ready_takeover: Some(Duration::ZERO),
+                    ..Default::default()
+                },
+                "grace",
+            ),
+            (
+                ForLifeConfig {
+                    namespace: Some(" ".into()),
+                    ..Default::default()
+                },
+                "namespace",
+            ),
+            (
+                ForLifeConfig {
+                    pod_name: Some(String::new()),
+                    ..Default::default()
+                },
+                "Pod name",
+            ),
+        ];
+        for (c, want) in cases {
+            let err = c.validate().unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(_)));
+            assert!(err.to_string().contains(want), "{err} should contain {want}");
+        }
+    }
+}

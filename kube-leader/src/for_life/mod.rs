@@ -1,0 +1,62 @@
+//! Leader for life: operator-sdk's `leader.Become`, watch-driven, with its flaws fixed.
+//!
+//! The lock is a ConfigMap whose single owner reference is the leader's Pod; see [`ForLife`].
+//!
+//! # The lock
+//!
+//! ```yaml
+//! apiVersion: v1
+//! kind: ConfigMap
+//! metadata:
+//!   name: my-operator-lock
+//!   labels:
+//!     app.kubernetes.io/managed-by: kube-leader
+//!     kube-leader.io/strategy: for-life
+//!   annotations:
+//!     kube-leader.io/holder: my-operator-7d9f-abcde        # the leader Pod
+//!     kube-leader.io/acquired-at: "2024-05-06T07:08:09Z"   # its wall clock, RFC 3339
+//!     kube-leader.io/fencing-token: "48213"                # resourceVersion at creation
+//!   ownerReferences:
+//!   - apiVersion: v1
+//!     kind: Pod
+//!     name: my-operator-7d9f-abcde
+//!     uid: 0b1c...
+//! ```
+//!
+//! # Fencing token
+//!
+//! The `resourceVersion` returned by the create of the lock. With etcd3 storage it is etcd's
+//! global revision at that write, and every later lock of the same name is created at a later
+//! revision, so every later leader gets a greater token. It is written into the lock
+//! (`kube-leader.io/fencing-token`, by an update conditional on the `resourceVersion`) so that a
+//! restarted leader and [`current_leader`] read the same number; a lock found without it (the
+//! leader crashed between the create and that update) gets its current `resourceVersion`, which
+//! still lies between the tokens of the previous and the next leader. Limits: Kubernetes calls
+//! resource versions opaque, so this holds for etcd-backed API servers (and those that mimic
+//! its revisions), not across an etcd restore from backup, and not between different locks.
+//!
+//! # Compared with the seed
+//!
+//! - A Pod is recognised by UID, not name: a Pod recreated under the same name (a StatefulSet)
+//!   does not "continue" on its predecessor's lock, which would make two leaders.
+//! - Waiting candidates watch the lock and the leader Pod; the backoff (1 s doubling to exactly
+//!   16 s, 20% jitter) only paces retries after errors, re-reads while a watch fails, and
+//!   re-reads of a malformed lock.
+//! - A leader Pod that is gone, replaced, `Failed` (any reason) or `Succeeded` makes its lock
+//!   stale; the lock is deleted with a UID precondition, so a newer lock is never deleted.
+//! - A leader on a NotReady Node is never replaced, unless the opt-in
+//!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
+//! - The leader keeps watching its lock and learns when it is deleted or replaced.
+
+mod config;
+mod decide;
+mod elector;
+mod leader;
+mod record;
+
+pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
+pub use elector::ForLife;
+pub use leader::{current_leader, watch_leader};
+pub use record::{
+    ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL, STRATEGY_LABEL,
+};
