@@ -1,5 +1,7 @@
 //! Helpers shared by kube-leader's end-to-end tests.
 
+pub mod checker;
+
 use std::time::Duration;
 
 /// CLOCK_MONOTONIC now, in nanoseconds: one clock for every process on this host, so events of

@@ -32,6 +32,7 @@ mod error;
 mod fixtures;
 mod namespace;
 mod process;
+mod proxy;
 
 pub use assets::{Assets, BINARIES, KUBERNETES_VERSION};
 pub use audit::AuditEvent;
@@ -39,3 +40,4 @@ pub use control_plane::{ControlPlane, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};
 pub use fixtures::{bind_role, create_pod, pod, rule, set_pod_phase};
 pub use namespace::TestNamespace;
+pub use proxy::{Fault, FaultProxy};

@@ -7,6 +7,20 @@ use crate::error::{Error, Result};
 /// client-go's `JitterFactor`: the renew deadline must exceed `1.2 × retry period`.
 pub const JITTER_FACTOR: f64 = 1.2;
 
+/// The longest duration client-go can express: `time.Duration` is an `int64` of nanoseconds.
+const MAX_DURATION: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// The longest lease duration a Lease can advertise: `leaseDurationSeconds` is an `int32`.
+const MAX_LEASE_DURATION: Duration = Duration::from_secs(i32::MAX as u64);
+
+/// client-go's `time.Duration(JitterFactor * float64(retryPeriod))`: the product in floating
+/// point, truncated to whole nanoseconds. `retry_period` is at most [`MAX_DURATION`], so the
+/// result fits.
+fn jittered_retry_period(retry_period: Duration) -> Duration {
+    let nanos = (JITTER_FACTOR * retry_period.as_nanos() as f64) as u64;
+    Duration::from_nanos(nanos)
+}
+
 /// Timings of a Lease election.
 ///
 /// The defaults are client-go's and controller-runtime's: 15 s / 10 s / 2 s.
@@ -61,8 +75,12 @@ impl Default for LeaseConfig {
 
 impl LeaseConfig {
     /// Checks the timings with client-go's rules: all positive, `lease_duration >
-    /// renew_deadline > 1.2 × retry_period`. Also requires a lease duration of at least one
-    /// second, since `leaseDurationSeconds` is a whole number of seconds.
+    /// renew_deadline > 1.2 × retry_period` (computed as client-go does, in nanoseconds:
+    /// `time.Duration(JitterFactor * float64(RetryPeriod))`). Also requires a lease duration of
+    /// at least one second and at most `i32::MAX` seconds, since `leaseDurationSeconds` is a
+    /// whole number of seconds in an `int32`, and every duration to be at most client-go's
+    /// longest (`time.Duration` is an `int64` of nanoseconds, about 292 years), so that no
+    /// deadline arithmetic can overflow.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidConfig(m));
         if self.lease_duration.is_zero() {
@@ -74,9 +92,29 @@ impl LeaseConfig {
         if self.retry_period.is_zero() {
             return bad("retry period must be greater than zero".into());
         }
+        let durations = [
+            ("lease duration", Some(self.lease_duration)),
+            ("renew deadline", Some(self.renew_deadline)),
+            ("retry period", Some(self.retry_period)),
+            ("shutdown grace", Some(self.shutdown_grace)),
+            ("API timeout", self.api_timeout),
+        ];
+        for (name, d) in durations {
+            if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
+                return bad(format!(
+                    "{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"
+                ));
+            }
+        }
         if self.lease_duration < Duration::from_secs(1) {
             return bad(format!(
                 "lease duration must be at least 1s (leaseDurationSeconds is whole seconds), got {:?}",
+                self.lease_duration
+            ));
+        }
+        if self.lease_duration > MAX_LEASE_DURATION {
+            return bad(format!(
+                "lease duration must be at most {MAX_LEASE_DURATION:?} (leaseDurationSeconds is a 32-bit integer), got {:?}",
                 self.lease_duration
             ));
         }
@@ -86,11 +124,11 @@ impl LeaseConfig {
                 self.lease_duration, self.renew_deadline
             ));
         }
-        if self.renew_deadline <= self.retry_period.mul_f64(JITTER_FACTOR) {
+        let jittered = jittered_retry_period(self.retry_period);
+        if self.renew_deadline <= jittered {
             return bad(format!(
-                "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({:?})",
-                self.renew_deadline,
-                self.retry_period.mul_f64(JITTER_FACTOR)
+                "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({jittered:?})",
+                self.renew_deadline
             ));
         }
         if matches!(self.api_timeout, Some(t) if t.is_zero()) {
@@ -101,7 +139,10 @@ impl LeaseConfig {
 
     /// `leaseDurationSeconds` as written to the Lease: the duration rounded up to whole seconds.
     pub fn lease_duration_seconds(&self) -> i32 {
-        let secs = self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        let secs = self
+            .lease_duration
+            .as_secs()
+            .saturating_add(u64::from(self.lease_duration.subsec_nanos() > 0));
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
@@ -149,6 +190,84 @@ mod tests {
             assert!(matches!(err, Error::InvalidConfig(_)));
             assert!(err.to_string().contains(want), "{err} should contain {want}");
         }
+    }
+
+    /// Found by the properties in `tests/props.rs`: `Duration::mul_f64` panics when the product
+    /// does not fit a `Duration`, so a huge retry period made `validate` panic; huge durations
+    /// also overflowed the deadline arithmetic of the elector (`Instant + Duration` panics).
+    #[test]
+    fn huge_durations_are_typed_errors_not_panics() {
+        let max = u64::MAX; // milliseconds: far beyond what client-go can express
+        for (c, want) in [
+            (cfg(15_000, 10_000, max), "retry period must be at most"),
+            (cfg(max, 10_000, 2000), "lease duration must be at most"),
+            (cfg(max, max - 1, 2000), "lease duration must be at most"),
+            (cfg(15_000, max, 2000), "renew deadline must be at most"),
+            (
+                LeaseConfig {
+                    shutdown_grace: Duration::MAX,
+                    ..cfg(2000, 1000, 200)
+                },
+                "shutdown grace must be at most",
+            ),
+            (
+                LeaseConfig {
+                    api_timeout: Some(Duration::MAX),
+                    ..cfg(2000, 1000, 200)
+                },
+                "API timeout must be at most",
+            ),
+            // leaseDurationSeconds is an int32.
+            (
+                cfg((i32::MAX as u64 + 1) * 1000, 10_000, 2000),
+                "leaseDurationSeconds is a 32-bit integer",
+            ),
+        ] {
+            let err = c.validate().unwrap_err();
+            assert!(err.to_string().contains(want), "{err} should contain {want}");
+        }
+        cfg(i32::MAX as u64 * 1000, 10_000, 2000).validate().unwrap();
+        let longest = LeaseConfig {
+            lease_duration: Duration::from_secs(i32::MAX as u64),
+            renew_deadline: Duration::from_secs(i32::MAX as u64 - 1),
+            retry_period: Duration::from_secs(1),
+            shutdown_grace: MAX_DURATION,
+            api_timeout: Some(MAX_DURATION),
+            ..Default::default()
+        };
+        longest.validate().unwrap();
+        assert_eq!(cfg(max, 1, 1).lease_duration_seconds(), i32::MAX);
+    }
+
+    /// client-go truncates `1.2 × retryPeriod` to whole nanoseconds.
+    #[test]
+    fn jitter_rule_is_client_go_arithmetic() {
+        let c = |renew: Duration, retry: Duration| LeaseConfig {
+            lease_duration: Duration::from_secs(10),
+            renew_deadline: renew,
+            retry_period: retry,
+            ..Default::default()
+        };
+        // 1.2 × 1 ns = 1 ns in client-go: a 2 ns renew deadline is enough.
+        c(Duration::from_nanos(2), Duration::from_nanos(1))
+            .validate()
+            .unwrap();
+        c(Duration::from_nanos(1), Duration::from_nanos(1))
+            .validate()
+            .unwrap_err();
+        // 1.2 × 1_000_000_007 ns = 1_200_000_008.4 ns, truncated.
+        c(
+            Duration::from_nanos(1_200_000_008),
+            Duration::from_nanos(1_000_000_007),
+        )
+        .validate()
+        .unwrap_err();
+        c(
+            Duration::from_nanos(1_200_000_009),
+            Duration::from_nanos(1_000_000_007),
+        )
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -213,4 +213,168 @@ mod tests {
     fn now() -> k8s_openapi::jiff::Timestamp {
         k8s_openapi::jiff::Timestamp::now()
     }
+
+    /// Properties of the pure decision (issue 5, item 4), over arbitrary records and instants.
+    mod props {
+        use k8s_openapi::jiff::Timestamp;
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn ms(n: u64) -> Duration {
+            Duration::from_millis(n)
+        }
+
+        fn holder() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                Just(None),
+                Just(Some("me".to_string())),
+                Just(Some("other".to_string())),
+                "[a-z]{1,3}".prop_map(Some)
+            ]
+        }
+
+        fn advertised() -> impl Strategy<Value = Option<Duration>> {
+            prop_oneof![
+                Just(None),
+                (1u64..=3600).prop_map(|s| Some(Duration::from_secs(s))),
+                Just(Some(Duration::from_secs(i32::MAX as u64))),
+            ]
+        }
+
+        fn time() -> impl Strategy<Value = Option<Timestamp>> {
+            prop::option::of((0i64..4_000_000_000).prop_map(|s| Timestamp::from_second(s).unwrap()))
+        }
+
+        fn transitions() -> impl Strategy<Value = u32> {
+            // Parsed from an int32: never above i32::MAX.
+            prop_oneof![
+                Just(0),
+                Just(i32::MAX as u32 - 1),
+                0u32..1000,
+                0..=i32::MAX as u32
+            ]
+        }
+
+        prop_compose! {
+            fn record()(holder in holder(), lease_duration in advertised(), transitions in transitions(),
+                        acquire_time in time(), renew_time in time()) -> LeaseRecord {
+                LeaseRecord { holder, lease_duration, acquire_time, renew_time, transitions }
+            }
+        }
+
+        fn stored_transitions(r: &LeaseRecord) -> Option<i32> {
+            let mut spec = k8s_openapi::api::coordination::v1::LeaseSpec::default();
+            r.write_to(&mut spec, 1);
+            spec.lease_transitions
+        }
+
+        /// 3000 cases, or `PROPTEST_CASES` if set (a long fuzzing run).
+        fn config() -> ProptestConfig {
+            let cases = std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3000);
+            ProptestConfig {
+                cases,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// A foreign holder is never taken over before the observation plus its advertised
+            /// duration (ours if it advertised none); a free lease is taken, our own renewed.
+            #[test]
+            fn never_takes_over_a_valid_foreign_lease(
+                rec in record(), observed in 0u64..100_000, now in 0u64..200_000, fallback in 1000u64..100_000,
+            ) {
+                let base = Instant::now();
+                let obs = Observed::update(None, rec.clone(), Some("1".into()), base + ms(observed));
+                let now = base + ms(now);
+                let decision = decide(Some(&obs), "me", now, ms(fallback));
+                let expiry = base + ms(observed) + rec.lease_duration.unwrap_or(ms(fallback));
+                match rec.holder.as_deref() {
+                    None => prop_assert_eq!(decision, Decision::Takeover),
+                    Some("me") => prop_assert_eq!(decision, Decision::Renew),
+                    Some(_) if now < expiry => prop_assert_eq!(decision, Decision::WaitUntil(expiry)),
+                    Some(_) => prop_assert_eq!(decision, Decision::Takeover),
+                }
+                prop_assert_eq!(decide(None, "me", now, ms(fallback)), Decision::Create);
+            }
+
+            /// Over any sequence of watch events, the observation time is when the record last
+            /// changed (a new resourceVersion alone does not renew), so no takeover happens
+            /// within the advertised duration after the last change this candidate saw.
+            #[test]
+            fn expiry_counts_from_the_last_change_seen(
+                pool in prop::collection::vec(record(), 1..4),
+                steps in prop::collection::vec((0usize..4, 0u64..3000), 1..30),
+                after in 0u64..10_000,
+            ) {
+                let base = Instant::now();
+                let mut t = base;
+                let mut obs: Option<Observed> = None;
+                let mut last_change = base;
+                for (i, (pick, dt)) in steps.iter().enumerate() {
+                    t += ms(*dt);
+                    let rec = pool[pick % pool.len()].clone();
+                    if obs.as_ref().is_none_or(|o| o.record != rec) {
+                        last_change = t;
+                    }
+                    let next = Observed::update(obs.as_ref(), rec.clone(), Some(i.to_string()), t);
+                    prop_assert_eq!(next.resource_version.clone(), Some(i.to_string()));
+                    prop_assert_eq!(next.observed_at, last_change);
+                    obs = Some(next);
+                }
+                let obs = obs.unwrap();
+                let now = t + ms(after);
+                let fallback = ms(15_000);
+                let decision = decide(Some(&obs), "me", now, fallback);
+                let foreign = obs.record.holder.as_deref().is_some_and(|h| h != "me");
+                if foreign && now < last_change + obs.record.lease_duration.unwrap_or(fallback) {
+                    prop_assert!(matches!(decision, Decision::WaitUntil(_)), "{:?}", decision);
+                }
+            }
+
+            /// What each decision writes: a renewal keeps acquireTime and leaseTransitions; a
+            /// takeover counts exactly one transition; every write names us, our duration and now.
+            #[test]
+            fn records_written(rec in record(), ours in 1u64..3600, wall in 0i64..4_000_000_000) {
+                let obs = Observed::update(None, rec.clone(), None, Instant::now());
+                let wall = Timestamp::from_second(wall).unwrap();
+                let ours = Duration::from_secs(ours);
+                for decision in [Decision::Create, Decision::Takeover, Decision::Renew] {
+                    let observed = (decision != Decision::Create).then_some(&obs);
+                    let w = record_for(&decision, observed, "me", ours, wall);
+                    prop_assert_eq!(w.holder.as_deref(), Some("me"));
+                    prop_assert_eq!(w.lease_duration, Some(ours));
+                    prop_assert_eq!(w.renew_time, Some(wall));
+                    match decision {
+                        Decision::Create => {
+                            prop_assert_eq!(w.transitions, 0);
+                            prop_assert_eq!(w.acquire_time, Some(wall));
+                        }
+                        Decision::Takeover => {
+                            prop_assert_eq!(w.transitions, rec.transitions + 1);
+                            prop_assert_eq!(w.acquire_time, Some(wall));
+                            // As stored: leaseTransitions is an int32, so the count cannot go
+                            // past i32::MAX (see the report of issue 5: fencing tokens stop
+                            // growing there).
+                            if rec.transitions < i32::MAX as u32 {
+                                prop_assert_eq!(stored_transitions(&w), Some(rec.transitions as i32 + 1));
+                            }
+                        }
+                        _ => {
+                            prop_assert_eq!(w.transitions, rec.transitions);
+                            prop_assert_eq!(stored_transitions(&w), Some(rec.transitions as i32));
+                            prop_assert_eq!(w.acquire_time, rec.acquire_time.or(Some(wall)));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

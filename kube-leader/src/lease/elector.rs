@@ -651,9 +651,21 @@ impl Renewer {
                 Ok(())
             }
             Err(Failure::Conflict) => {
-                // Re-read and decide again: still ours (somebody edited metadata) or lost.
+                // Re-read and decide again: still ours (somebody edited metadata) or lost. The
+                // read is bounded by the renew deadline too: while it runs, nothing else can
+                // end leadership, and fail-stop must hold if the API server stops answering.
                 let op = self.op("get");
-                match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
+                let timeout = self
+                    .cfg()
+                    .api_timeout()
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                match call(
+                    op,
+                    timeout.max(Duration::from_millis(1)),
+                    self.api.get(&self.lock.name),
+                )
+                .await
+                {
                     Ok(current) => {
                         let rec = LeaseRecord::from_lease(&current);
                         if rec.is_held_by(&self.identity) {

@@ -43,8 +43,8 @@ impl LeaseRecord {
                 .lease_duration_seconds
                 .filter(|s| *s > 0)
                 .map(|s| Duration::from_secs(s.unsigned_abs().into())),
-            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
-            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            acquire_time: spec.acquire_time.as_ref().and_then(kubernetes_time),
+            renew_time: spec.renew_time.as_ref().and_then(kubernetes_time),
             transitions: spec
                 .lease_transitions
                 .and_then(|t| u32::try_from(t).ok())
@@ -75,6 +75,16 @@ impl LeaseRecord {
     pub fn renewed_at(&self) -> Option<SystemTime> {
         self.renew_time.map(SystemTime::from)
     }
+}
+
+/// A time as Kubernetes can hold it, or `None`. RFC 3339 has four-digit years, so the earliest
+/// is 0000-01-01T00:00:00Z; `MicroTime` also parses earlier ones (signed six-digit years, which
+/// no API server writes) but would write them back in a form nobody can read: they count as
+/// missing. (Later ones than year 9999 do not parse at all.)
+fn kubernetes_time(t: &MicroTime) -> Option<Timestamp> {
+    /// 0000-01-01T00:00:00Z in Unix seconds.
+    const EARLIEST: i64 = -62_167_219_200;
+    (t.0.as_second() >= EARLIEST).then_some(t.0)
 }
 
 /// The wall-clock time now, at the microsecond precision of a `MicroTime`.
@@ -128,6 +138,40 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(LeaseRecord::from_lease(&no_spec), LeaseRecord::default());
+    }
+
+    /// Found by `tests/props.rs`: a year before 0000 parses, but was written back as
+    /// `-001-01-01T00:00:00.000000Z`, which neither an API server nor this crate can read.
+    #[test]
+    fn times_kubernetes_cannot_hold_count_as_missing() {
+        let r = LeaseRecord::from_lease(&lease(serde_json::json!({
+            "holderIdentity": "x", "acquireTime": "-000001-01-01T00:00:00Z", "renewTime": "0000-01-01T00:00:00Z"
+        })));
+        assert_eq!(r.acquire_time, None);
+        assert_eq!(r.renew_time.unwrap().to_string(), "0000-01-01T00:00:00Z");
+        let mut spec = LeaseSpec::default();
+        r.write_to(&mut spec, 0);
+        let text = serde_json::to_string(&spec).unwrap();
+        let back: LeaseSpec = serde_json::from_str(&text).unwrap();
+        assert_eq!(LeaseRecord::from_spec(&back), r);
+        assert!(r.renewed_at().is_some());
+    }
+
+    /// Other odd values an API server may hold: out-of-range numbers and leap seconds.
+    #[test]
+    fn odd_numbers_and_times() {
+        let r = LeaseRecord::from_lease(&lease(serde_json::json!({
+            "leaseDurationSeconds": i32::MAX, "leaseTransitions": i32::MAX,
+            "renewTime": "2016-12-31T23:59:60Z", "acquireTime": "2026-01-01T00:00:00+14:00"
+        })));
+        assert_eq!(r.lease_duration, Some(Duration::from_secs(i32::MAX as u64)));
+        assert_eq!(r.transitions, i32::MAX as u32);
+        assert_eq!(r.renew_time.unwrap().to_string(), "2016-12-31T23:59:59Z");
+        assert_eq!(r.acquire_time.unwrap().to_string(), "2025-12-31T10:00:00Z");
+        // Outside int32: the Lease itself does not deserialise (a typed serde error).
+        let too_big =
+            serde_json::json!({"metadata": {"name": "l"}, "spec": {"leaseDurationSeconds": 1u64 << 40}});
+        assert!(serde_json::from_value::<Lease>(too_big).is_err());
     }
 
     #[test]

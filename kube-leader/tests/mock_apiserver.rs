@@ -1,0 +1,208 @@
+//! The Lease elector against a scripted in-process API server, on tokio's paused clock: faults
+//! that a real API server produces only by chance (a conflict, then silence) made exact.
+
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::stream;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use kube_leader::{LeaseConfig, LeaseElector, LossReason};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+
+/// What the scripted API server does.
+#[derive(Debug, Default)]
+struct State {
+    lease: Option<Value>,
+    revision: u64,
+    /// Every update answers 409 and every read of the Lease hangs, from now on.
+    conflict_then_silence: bool,
+    /// When each successful update was answered (paused clock: when it was sent, too).
+    updated_at: Vec<Instant>,
+    reads_after_conflict: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Mock(Arc<Mutex<State>>);
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Response<Body> {
+    let v = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": reason, "reason": reason, "code": code});
+    json_response(StatusCode::from_u16(code).unwrap(), &v)
+}
+
+impl Mock {
+    fn client(&self) -> kube::Client {
+        let mock = self.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let mock = mock.clone();
+            async move { Ok::<_, Infallible>(mock.handle(req).await) }
+        });
+        kube::Client::new(service, "ns")
+    }
+
+    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect_bytes().await.unwrap_or_default();
+        let path = parts.uri.path().to_string();
+        let query = parts.uri.query().unwrap_or_default().to_string();
+        let hang = {
+            let mut s = self.0.lock().unwrap();
+            match (&parts.method, path.as_str()) {
+                (&Method::GET, LEASES) if query.contains("watch=true") => None,
+                (&Method::GET, LEASES) => {
+                    let rv = s.revision.to_string();
+                    let items: Vec<Value> = s.lease.iter().cloned().collect();
+                    return json_response(
+                        StatusCode::OK,
+                        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                            "metadata": {"resourceVersion": rv}, "items": items}),
+                    );
+                }
+                (&Method::POST, LEASES) => {
+                    if s.lease.is_some() {
+                        return status(409, "AlreadyExists");
+                    }
+                    let mut lease: Value = serde_json::from_slice(&body).unwrap();
+                    s.revision += 1;
+                    lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
+                    s.lease = Some(lease.clone());
+                    s.updated_at.push(Instant::now());
+                    return json_response(StatusCode::CREATED, &lease);
+                }
+                (&Method::PUT, p) if p == format!("{LEASES}/lock") => {
+                    let mut lease: Value = serde_json::from_slice(&body).unwrap();
+                    let current_rv = s.lease.as_ref().map(|l| l["metadata"]["resourceVersion"].clone());
+                    if s.conflict_then_silence
+                        || current_rv != Some(lease["metadata"]["resourceVersion"].clone())
+                    {
+                        return status(409, "Conflict");
+                    }
+                    s.revision += 1;
+                    lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
+                    s.lease = Some(lease.clone());
+                    s.updated_at.push(Instant::now());
+                    return json_response(StatusCode::OK, &lease);
+                }
+                (&Method::GET, p) if p == format!("{LEASES}/lock") => {
+                    if s.conflict_then_silence {
+                        s.reads_after_conflict += 1;
+                        Some(())
+                    } else {
+                        return match &s.lease {
+                            Some(l) => json_response(StatusCode::OK, l),
+                            None => status(404, "NotFound"),
+                        };
+                    }
+                }
+                (m, p) => panic!("unexpected request {m} {p}?{query}"),
+            }
+        };
+        if hang.is_some() {
+            // An API server that stopped answering.
+            std::future::pending::<()>().await;
+        }
+        // A watch that stays open without events.
+        let events = stream::pending::<Result<http_body::Frame<Bytes>, Infallible>>();
+        Response::builder()
+            .status(200)
+            .body(StreamBody::new(events).boxed())
+            .unwrap()
+    }
+}
+
+/// A renewal answered 409, then a re-read that never returns: the leader must still stop by its
+/// renew deadline, before its lease can expire for anybody who saw its last renewal. The re-read
+/// used to run under the API timeout alone (here 3 s, longer than the 2 s lease).
+#[tokio::test(start_paused = true)]
+async fn a_hanging_reread_after_a_conflict_cannot_outlive_the_renew_deadline() {
+    let mock = Mock::default();
+    let config = LeaseConfig {
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_secs(1),
+        retry_period: Duration::from_millis(200),
+        api_timeout: Some(Duration::from_secs(3)),
+        ..Default::default()
+    };
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .config(config);
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(mock.0.lock().unwrap().updated_at.len() >= 4, "the leader renews");
+
+    mock.0.lock().unwrap().conflict_then_silence = true;
+    let reason = leadership.lost().await;
+    let lost_at = Instant::now();
+    let state = mock.0.lock().unwrap();
+    let last_renewal = *state.updated_at.last().unwrap();
+    assert!(
+        state.reads_after_conflict >= 1,
+        "the 409 was followed by a re-read"
+    );
+    let held = lost_at - last_renewal;
+    assert!(
+        matches!(reason, LossReason::RenewDeadline { since_last_renewal } if since_last_renewal <= Duration::from_millis(1010)),
+        "{reason:?}"
+    );
+    assert!(
+        held <= Duration::from_millis(1010),
+        "led {held:?} after its last renewal (renew deadline 1 s, lease 2 s)"
+    );
+}
+
+/// A 409 whose re-read shows another holder ends leadership at once, with that holder named.
+#[tokio::test(start_paused = true)]
+async fn a_conflict_with_another_holder_ends_leadership_at_once() {
+    let mock = Mock::default();
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200));
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    let stolen_at = {
+        // Another candidate writes over the lease; the watch (silent here) does not tell.
+        let mut s = mock.0.lock().unwrap();
+        s.revision += 1;
+        let rv = s.revision.to_string();
+        let lease = s.lease.as_mut().unwrap();
+        lease["spec"]["holderIdentity"] = json!("other");
+        lease["metadata"]["resourceVersion"] = json!(rv);
+        Instant::now()
+    };
+    let reason = leadership.lost().await;
+    assert_eq!(
+        reason,
+        LossReason::OtherHolder {
+            holder: "other".into()
+        }
+    );
+    assert!(
+        stolen_at.elapsed() <= Duration::from_millis(200),
+        "{:?}",
+        stolen_at.elapsed()
+    );
+}
