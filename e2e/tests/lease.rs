@@ -489,3 +489,58 @@ async fn invalid_config_is_a_typed_error() {
         .await;
     assert!(matches!(e, Err(Error::InvalidLockName { .. })));
 }
+
+#[tokio::test]
+async fn exhausted_fencing_tokens_and_undecodable_records_are_clear_errors() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let api = Api::<Lease>::namespaced(client.clone(), ns.name());
+    let full: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "full"}, "spec": {"holderIdentity": "", "leaseTransitions": i32::MAX}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &full).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        elector(&client, ns.name(), "full", "me").become_leader(&shutdown),
+    )
+    .await
+    .expect("a prompt error")
+    .unwrap_err();
+    assert!(matches!(e, Error::FencingTokenExhausted { .. }), "{e}");
+    assert!(e.to_string().contains("delete the Lease"), "{e}");
+
+    // A time the Kubernetes client types cannot represent (written raw with kubectl): a typed
+    // error naming the Lease, not a silent hang.
+    let mut kubectl = cp
+        .kubectl()
+        .args(["-n", ns.name(), "apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        kubectl
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(
+                b"apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: far-future}\n\
+                  spec: {holderIdentity: \"\", renewTime: \"9999-12-31T23:00:00.000000Z\"}\n",
+            )
+            .unwrap();
+    }
+    assert!(kubectl.wait().unwrap().success());
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        elector(&client, ns.name(), "far-future", "me").become_leader(&shutdown),
+    )
+    .await
+    .expect("a prompt error, not a hang")
+    .unwrap_err();
+    assert!(matches!(e, Error::Undecodable { .. }), "{e}");
+    assert!(e.to_string().contains("far-future"), "{e}");
+}

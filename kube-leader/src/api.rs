@@ -63,6 +63,16 @@ pub(crate) async fn call<T>(
 
 /// Sorts a `kube::Error` into a [`Failure`].
 pub(crate) fn classify(op: Op<'_>, err: kube::Error) -> Failure {
+    if let kube::Error::SerdeError(e) = &err {
+        // The object cannot be decoded: reading it again gives the same answer.
+        return Failure::Fatal(Error::Undecodable {
+            verb: op.verb.to_string(),
+            resource: op.resource.to_string(),
+            namespace: op.namespace.to_string(),
+            name: op.name.to_string(),
+            message: e.to_string(),
+        });
+    }
     let kube::Error::Api(status) = &err else {
         return Failure::Transient(err);
     };

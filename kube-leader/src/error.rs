@@ -85,6 +85,38 @@ pub enum Error {
         message: String,
     },
 
+    /// The API server returned an object that cannot be decoded (for example a time outside
+    /// the range the Kubernetes client types support); reading it again cannot help.
+    #[error(
+        "cannot decode the answer to {verb} {resource} {namespace}/{name}: {message}; \
+         fix or delete the object"
+    )]
+    Undecodable {
+        /// The verb of the request.
+        verb: String,
+        /// The resource of the request.
+        resource: String,
+        /// The object's namespace.
+        namespace: String,
+        /// The object's name.
+        name: String,
+        /// The decoder's message.
+        message: String,
+    },
+
+    /// The Lease's `leaseTransitions` reached the largest value it can hold, so a takeover
+    /// could not give the new leader a greater fencing token.
+    #[error(
+        "the Lease {lock} has leaseTransitions = {transitions}, the largest an int32 holds: a new \
+         leader could not get a greater fencing token; delete the Lease to start counting again"
+    )]
+    FencingTokenExhausted {
+        /// The lock (`namespace/name`).
+        lock: String,
+        /// The transitions counter found.
+        transitions: u32,
+    },
+
     /// The wait for leadership was cancelled by the caller's token.
     #[error("cancelled while waiting for leadership of {lock}")]
     Cancelled {

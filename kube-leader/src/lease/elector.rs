@@ -338,6 +338,16 @@ impl LeaseElector {
             }
             let decision = decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration);
             let Decision::WaitUntil(expiry) = decision else {
+                if let (Decision::Takeover, Some(obs)) = (&decision, observed.as_ref()) {
+                    if obs.record.transitions >= i32::MAX.unsigned_abs() {
+                        let e = Error::FencingTokenExhausted {
+                            lock: lock.to_string(),
+                            transitions: obs.record.transitions,
+                        };
+                        warn!(error = %e, "cannot take over");
+                        return Err(e);
+                    }
+                }
                 let record = record_for(
                     &decision,
                     observed.as_ref(),
@@ -395,9 +405,11 @@ impl LeaseElector {
                     }
                     Err(Failure::Transient(e)) => {
                         debug!(error = %e, "transient error while acquiring; retrying after the retry period");
+                        // Keep following the watch meanwhile, so the retry decides on fresh state.
                         tokio::select! {
                             biased;
                             _ = shutdown.cancelled() => return Err(cancelled()),
+                            ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
                             _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
                         }
                     }
