@@ -1,0 +1,481 @@
+//! Command-line flags, their parsing, and the usage errors they give.
+
+use std::{ffi::OsString, net::SocketAddr, time::Duration};
+
+use clap::{error::ErrorKind, Args, Parser, Subcommand, ValueEnum};
+use kube_leader::LeaseConfig;
+
+use crate::exit;
+
+/// Run any program only while it leads, on a Kubernetes lock.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-leader",
+    version,
+    about = "Run any program only while it leads a Kubernetes leader election.",
+    long_about = "Run any program only while it leads a Kubernetes leader election: leader for life \
+                  (a ConfigMap owned by the leader's Pod, operator-sdk's leader.Become) or a \
+                  client-go compatible coordination.k8s.io/v1 Lease.\n\n\
+                  Cluster access: in-cluster configuration, or KUBECONFIG / ~/.kube/config. \
+                  Durations are written like 500ms, 2s, 1m. Logs go to stderr; RUST_LOG overrides \
+                  the log filter.",
+    after_help = exit::CODES_HELP,
+    after_long_help = exit::CODES_HELP,
+    propagate_version = true,
+    disable_help_subcommand = true
+)]
+pub(crate) struct Cli {
+    /// Log format on stderr: human-readable text, or one JSON object per line.
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    pub(crate) log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Wait until this candidate leads, then run COMMAND; stop it when leadership is lost.
+    #[command(after_help = exit::CODES_HELP, after_long_help = exit::CODES_HELP)]
+    Run(RunArgs),
+    /// Print the current leader of a lock, without being a candidate.
+    #[command(after_help = exit::CODES_HELP)]
+    Status(StatusArgs),
+    /// Print the least-privilege Role and RoleBinding for `run` with these options.
+    Rbac(RbacArgs),
+    /// Internal: the process between `kube-leader run` and COMMAND that stops COMMAND when
+    /// kube-leader's heartbeats stop.
+    #[command(name = "__supervise", hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+/// The election strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StrategyArg {
+    /// Leader for life: a ConfigMap owned by the leader's Pod, deleted with that Pod.
+    ForLife,
+    /// A coordination.k8s.io/v1 Lease renewed by the leader (client-go compatible).
+    Lease,
+}
+
+impl StrategyArg {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StrategyArg::ForLife => "for-life",
+            StrategyArg::Lease => "lease",
+        }
+    }
+}
+
+/// The log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// What to do outside a cluster (leader for life).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutsideClusterArg {
+    /// Skip the election and run COMMAND at once, with fencing token 0 (operator-sdk's behaviour).
+    Skip,
+    /// Exit with a configuration error.
+    Fail,
+}
+
+/// Output format of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    /// Aligned `key: value` lines.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// The lock: shared by every subcommand.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LockArgs {
+    /// Name of the lock object (a ConfigMap for for-life, a Lease for lease); a DNS-1123
+    /// subdomain.
+    #[arg(long, value_name = "NAME", value_parser = parse_lock_name)]
+    pub(crate) lock: String,
+
+    /// Namespace of the lock [default: POD_NAMESPACE, else the in-cluster service-account
+    /// namespace, else (lease, status, rbac) the kubeconfig context's]
+    #[arg(long, short = 'n', value_name = "NS", value_parser = parse_namespace)]
+    pub(crate) namespace: Option<String>,
+
+    /// Election strategy.
+    #[arg(long, value_enum, default_value_t = StrategyArg::ForLife, value_name = "STRATEGY")]
+    pub(crate) strategy: StrategyArg,
+}
+
+/// `kube-leader run`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+
+    /// This candidate's identity, unique among candidates [default: POD_NAME, else the host
+    /// name]. Leader for life needs the name of this candidate's Pod.
+    #[arg(long, value_name = "ID", value_parser = parse_identity)]
+    pub(crate) identity: Option<String>,
+
+    /// How long a lease is valid after its last renewal was observed (lease).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
+    pub(crate) lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it stops leading (lease). Also the
+    /// supervisor's deadline: COMMAND is stopped when kube-leader has not confirmed its
+    /// leadership for this long (both strategies).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub(crate) renew_deadline: Duration,
+
+    /// How often the leader renews, and how long candidates wait after a transient error.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
+    pub(crate) retry_period: Duration,
+
+    /// After SIGTERM to COMMAND on loss of leadership, how long to wait before SIGKILL. Choose at
+    /// most lease-duration − renew-deadline if COMMAND must be gone before another candidate can
+    /// take over an expired lease.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub(crate) grace: Duration,
+
+    /// Serve status, health and metrics over HTTP on this address (IP:PORT, or :PORT for
+    /// 127.0.0.1:PORT). Off by default.
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub(crate) status_addr: Option<SocketAddr>,
+
+    /// Make /readyz answer 200 only while this candidate leads (default: once the first
+    /// election result is known). Beware: readiness tied to leadership can stall rolling
+    /// updates.
+    #[arg(long)]
+    pub(crate) ready_only_when_leader: bool,
+
+    /// Label this candidate's Pod (POD_NAME, else the identity) kube-leader.io/leader=true while
+    /// it leads and =false otherwise, so that a Service can select the leader.
+    #[arg(long)]
+    pub(crate) label_pod: bool,
+
+    /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
+    /// namespace file): skip the election and run COMMAND, or fail.
+    #[arg(long, value_enum, default_value_t = OutsideClusterArg::Skip, value_name = "POLICY")]
+    pub(crate) on_outside_cluster: OutsideClusterArg,
+
+    /// How long to retry reaching the API server at start before giving up (exit code 4).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    pub(crate) connect_timeout: Duration,
+
+    /// The program to run while leading, and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// `kube-leader status`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, value_name = "FORMAT")]
+    pub(crate) output: OutputFormat,
+
+    /// How long to retry reaching the API server before giving up (exit code 4).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub(crate) connect_timeout: Duration,
+}
+
+/// `kube-leader rbac`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RbacArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+
+    /// The ServiceAccount the RoleBinding grants the Role to.
+    #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_lock_name)]
+    pub(crate) service_account: String,
+
+    /// Also grant what `run --label-pod` needs (patch pods).
+    #[arg(long)]
+    pub(crate) label_pod: bool,
+}
+
+/// `kube-leader __supervise` (internal).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SuperviseArgs {
+    /// SIGTERM → SIGKILL grace when stopping the child.
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+
+    /// The child and its arguments.
+    #[arg(last = true, required = true)]
+    pub(crate) command: Vec<OsString>,
+}
+
+// === parsing ===
+
+/// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration; write it like 500ms, 2s or 1m".into());
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("missing unit; write it like {s}s or {s}ms"));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write it like 500ms, 2s or 1m"))
+}
+
+fn parse_lock_name(s: &str) -> Result<String, String> {
+    kube_leader::lock::validate_name(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    // A namespace is a DNS-1123 label: a subdomain without dots, at most 63 characters.
+    if s.contains('.') || s.len() > 63 {
+        return Err("a namespace is at most 63 lower-case letters, digits and '-'".into());
+    }
+    kube_leader::lock::validate_name(s)
+        .map_err(|_| "a namespace is at most 63 lower-case letters, digits and '-'".to_string())?;
+    Ok(s.to_string())
+}
+
+fn parse_identity(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_string())
+}
+
+/// `IP:PORT`, or `:PORT` for `127.0.0.1:PORT`.
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|_| "expected IP:PORT (for example 127.0.0.1:4040) or :PORT".to_string())
+}
+
+// === validation across flags ===
+
+impl RunArgs {
+    /// Checks the timings together, naming the flags: client-go's rules for a lease, and for
+    /// both strategies a heartbeat period shorter than the supervisor's deadline.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        for (flag, d) in [
+            ("--lease-duration", self.lease_duration),
+            ("--renew-deadline", self.renew_deadline),
+            ("--retry-period", self.retry_period),
+            ("--connect-timeout", self.connect_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("invalid value for '{flag}': must be greater than zero"));
+            }
+        }
+        let ms = |d: Duration| humantime::format_duration(d).to_string();
+        if self.lock.strategy == StrategyArg::Lease {
+            if self.lease_duration < Duration::from_secs(1) {
+                return Err(format!(
+                    "invalid value for '--lease-duration': must be at least 1s (a Lease holds whole seconds), got {}",
+                    ms(self.lease_duration)
+                ));
+            }
+            if self.lease_duration <= self.renew_deadline {
+                return Err(format!(
+                    "invalid value for '--renew-deadline': must be less than --lease-duration ({} ≥ {})",
+                    ms(self.renew_deadline),
+                    ms(self.lease_duration)
+                ));
+            }
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(kube_leader::lease::JITTER_FACTOR) {
+            return Err(format!(
+                "invalid value for '--retry-period': --renew-deadline ({}) must be greater than {} × --retry-period ({})",
+                ms(self.renew_deadline),
+                kube_leader::lease::JITTER_FACTOR,
+                ms(self.retry_period)
+            ));
+        }
+        if self.lock.strategy == StrategyArg::Lease {
+            self.lease_config().validate().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The Lease timings.
+    pub(crate) fn lease_config(&self) -> LeaseConfig {
+        LeaseConfig {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+            ..LeaseConfig::default()
+        }
+    }
+}
+
+/// Parses the command line; on a usage error prints one line naming the flag and exits with
+/// [`exit::USAGE`].
+pub(crate) fn parse() -> Cli {
+    parse_from(std::env::args_os())
+}
+
+fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
+        Err(e) => usage_error(&one_line(&e)),
+    };
+    if let Command::Run(run) = &cli.command {
+        if let Err(msg) = run.validate() {
+            usage_error(&msg);
+        }
+    }
+    cli
+}
+
+fn usage_error(msg: &str) -> ! {
+    eprintln!("kube-leader: error: {msg} (see kube-leader --help)");
+    std::process::exit(i32::from(exit::USAGE));
+}
+
+/// Clap's error on one line: the message without "error:", the usage block or tips.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line).to_string());
+    }
+    let mut msg = parts.join(" ");
+    if e.kind() == ErrorKind::MissingRequiredArgument && msg.contains("<COMMAND>") {
+        msg = "missing COMMAND: give the program to run after `--`, as in \
+               `kube-leader run --lock NAME -- COMMAND [ARGS...]`"
+            .into();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    fn err(s: &str) -> String {
+        let e = Cli::try_parse_from(args(s)).unwrap_err();
+        one_line(&e)
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("5").unwrap_err().contains("missing unit"));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_addr(":4040").unwrap(), "127.0.0.1:4040".parse().unwrap());
+        assert_eq!(parse_addr("0.0.0.0:80").unwrap(), "0.0.0.0:80".parse().unwrap());
+        assert_eq!(parse_addr("[::1]:80").unwrap(), "[::1]:80".parse().unwrap());
+        assert!(parse_addr("localhost").is_err());
+        assert!(parse_addr(":http").is_err());
+    }
+
+    #[test]
+    fn run_parses() {
+        let cli = Cli::try_parse_from(args(
+            "kube-leader run --lock l --strategy lease --lease-duration 2s --renew-deadline 1s \
+             --retry-period 200ms --status-addr :0 -- sh -c true",
+        ))
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.lock.strategy, StrategyArg::Lease);
+        assert_eq!(run.retry_period, Duration::from_millis(200));
+        assert_eq!(run.command, args("sh -c true"));
+        run.validate().unwrap();
+    }
+
+    #[test]
+    fn defaults_are_for_life_and_client_go_timings() {
+        let cli = Cli::try_parse_from(args("kube-leader run --lock l -- true")).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.lock.strategy, StrategyArg::ForLife);
+        assert_eq!(run.lease_config(), LeaseConfig::default());
+        assert_eq!(run.grace, Duration::from_secs(10));
+        assert!(run.status_addr.is_none());
+        run.validate().unwrap();
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_and_name_the_flag() {
+        let cases = [
+            ("kube-leader run --lock l --strategy raft -- true", "--strategy"),
+            ("kube-leader run --lock Bad_Name -- true", "--lock"),
+            (
+                "kube-leader run --lock l --lease-duration 5x -- true",
+                "--lease-duration",
+            ),
+            ("kube-leader run --lock l --bogus -- true", "--bogus"),
+            ("kube-leader run --lock l", "COMMAND"),
+            ("kube-leader run -- true", "--lock"),
+            ("kube-leader status --lock l -o yaml", "--output"),
+        ];
+        for (cmd, flag) in cases {
+            let msg = err(cmd);
+            assert!(!msg.contains('\n'), "{cmd}: {msg}");
+            assert!(msg.contains(flag), "{cmd}: {msg} should name {flag}");
+        }
+    }
+
+    #[test]
+    fn timings_are_checked_together() {
+        let check = |s: &str| {
+            let cli = Cli::try_parse_from(args(s)).unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            run.validate()
+        };
+        let e = check(
+            "kube-leader run --lock l --strategy lease --lease-duration 1s --renew-deadline 2s -- true",
+        )
+        .unwrap_err();
+        assert!(e.contains("--renew-deadline"), "{e}");
+        let e = check("kube-leader run --lock l --renew-deadline 1s --retry-period 1s -- true").unwrap_err();
+        assert!(e.contains("--retry-period"), "{e}");
+        let e = check("kube-leader run --lock l --strategy lease --lease-duration 0s -- true").unwrap_err();
+        assert!(e.contains("--lease-duration"), "{e}");
+        check("kube-leader run --lock l --strategy lease --lease-duration 2s --renew-deadline 1s --retry-period 200ms -- true")
+            .unwrap();
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,111 @@
+//! Exit codes: each one means something, and `--help` and the README list them.
+
+use std::fmt;
+
+/// A usage or configuration error: bad flag, invalid lock name, bad duration, missing COMMAND,
+/// no namespace or Pod name to be found. (Clap's own code for usage errors.)
+pub(crate) const USAGE: u8 = 2;
+/// Leadership was lost while COMMAND ran; COMMAND was stopped.
+pub(crate) const LOST: u8 = 3;
+/// The cluster could not be used: no configuration, unreachable, unauthenticated, or a missing
+/// permission (the log names it).
+pub(crate) const CLUSTER: u8 = 4;
+/// COMMAND was found but could not be executed (shell convention).
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// COMMAND was not found (shell convention).
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// The exit codes, for `--help`.
+pub(crate) const CODES_HELP: &str = "\
+Exit codes:
+  0        COMMAND exited with 0, or kube-leader was stopped (SIGTERM/SIGINT) before it led
+  1-255    COMMAND's own exit code once it exited by itself or after a forwarded signal
+           (128+N if it died of signal N); the lease is released first
+  2        usage or configuration error (bad flag, invalid lock name, bad duration, missing COMMAND)
+  3        leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace
+  4        the cluster could not be used: no configuration, unreachable, or a missing permission
+  126/127  COMMAND could not be executed / was not found";
+
+/// A failure that ends the process with `code`.
+#[derive(Debug)]
+pub(crate) struct Fail {
+    pub(crate) code: u8,
+    pub(crate) error: anyhow::Error,
+}
+
+impl Fail {
+    pub(crate) fn new(code: u8, error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            code,
+            error: error.into(),
+        }
+    }
+}
+
+impl fmt::Display for Fail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+/// The exit code for an error of the library.
+pub(crate) fn for_error(e: &kube_leader::Error) -> u8 {
+    use kube_leader::Error as E;
+    match e {
+        E::InvalidConfig(_) | E::InvalidLockName { .. } | E::NoNamespace { .. } | E::NoPodName => USAGE,
+        E::OwnPodNotFound { .. } => USAGE,
+        _ => CLUSTER,
+    }
+}
+
+/// The exit code that stands for a child's exit status, as a shell reports it.
+pub(crate) fn for_status(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return u8::try_from(code & 0xff).unwrap_or(1);
+    }
+    match status.signal() {
+        Some(sig) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(255),
+        None => 1,
+    }
+}
+
+/// Attaches an exit code to errors.
+pub(crate) trait OrExit<T> {
+    /// Fails with `code` on error.
+    fn or_exit(self, code: u8) -> Result<T, Fail>;
+}
+
+impl<T, E: Into<anyhow::Error>> OrExit<T> for Result<T, E> {
+    fn or_exit(self, code: u8) -> Result<T, Fail> {
+        self.map_err(|e| Fail::new(code, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn statuses_map_like_a_shell() {
+        assert_eq!(for_status(std::process::ExitStatus::from_raw(0)), 0);
+        assert_eq!(for_status(std::process::ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(for_status(std::process::ExitStatus::from_raw(15)), 143);
+        assert_eq!(for_status(std::process::ExitStatus::from_raw(9)), 137);
+    }
+
+    #[test]
+    fn library_errors() {
+        assert_eq!(for_error(&kube_leader::Error::NoPodName), USAGE);
+        assert_eq!(for_error(&kube_leader::Error::InvalidConfig("x".into())), USAGE);
+        let forbidden = kube_leader::Error::Forbidden {
+            verb: "get".into(),
+            resource: "leases".into(),
+            namespace: "ns".into(),
+            message: "no".into(),
+            hint: "deploy/rbac-lease.yaml",
+        };
+        assert_eq!(for_error(&forbidden), CLUSTER);
+    }
+}

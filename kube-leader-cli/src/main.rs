@@ -1,0 +1,95 @@
+//! `kube-leader`: run any program only while it leads a Kubernetes leader election.
+//!
+//! ```text
+//! kube-leader run --lock NAME [--namespace NS] [--strategy for-life|lease] [--identity ID]
+//!                 [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s]
+//!                 [--status-addr 127.0.0.1:PORT] [--on-outside-cluster skip|fail]
+//!                 -- COMMAND [ARGS...]
+//! kube-leader status --lock NAME [--namespace NS] [--strategy for-life|lease] [-o text|json]
+//! kube-leader rbac   --lock NAME [--namespace NS] [--strategy for-life|lease]
+//! ```
+//!
+//! `run` starts COMMAND through a supervisor process ([`supervisor`]) that stops it even when
+//! kube-leader itself is frozen. The runtime is single-threaded: the sidecar does little work,
+//! and its memory matters.
+
+mod cli;
+mod elector;
+mod exit;
+mod metrics;
+mod rbac;
+mod run;
+mod server;
+mod state;
+mod status;
+mod supervisor;
+
+use std::{io::IsTerminal as _, process::ExitCode, time::Duration};
+
+use tracing::{error, level_filters::LevelFilter};
+use tracing_subscriber::{
+    filter::Targets, layer::SubscriberExt as _, util::SubscriberInitExt as _, Layer as _,
+};
+
+use crate::cli::{Command, LogFormat};
+
+/// The default log filter: this binary's lines at `info`; the library's own `info` lines are
+/// replaced by the binary's one line per leadership change, its warnings stay. (Targets match
+/// by string prefix: `kube` would match `kube_leader` too.)
+const DEFAULT_FILTER: &str =
+    "info,kube_leader::lease=warn,kube_leader::for_life=warn,kube_client=warn,kube_runtime=warn";
+
+fn main() -> ExitCode {
+    let cli = cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::from(1);
+        }
+    };
+    let log_format = cli.log_format;
+    let code = runtime.block_on(async move {
+        let result = match cli.command {
+            Command::Run(args) => run::run(args, log_format).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Rbac(args) => Ok(rbac::rbac(&args)),
+            Command::Supervise(args) => Ok(supervisor::supervise(args).await),
+        };
+        result.unwrap_or_else(|fail| {
+            error!(error = %fail, code = fail.code, "kube-leader failed");
+            fail.code
+        })
+    });
+    // Background watches may still run; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    ExitCode::from(code)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| {
+            DEFAULT_FILTER
+                .parse()
+                .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO))
+        });
+    let layer = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
+        .init();
+}

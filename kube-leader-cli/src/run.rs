@@ -1,0 +1,502 @@
+//! `kube-leader run`: campaign, run COMMAND while leading, stop it when leadership ends.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::anyhow;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    api::{Patch, PatchParams},
+    Api, Client,
+};
+use kube_leader::{lock, LeaderInfo, Leadership, LockRef};
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::{mpsc, watch},
+    time::{Instant, MissedTickBehavior},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    cli::{LogFormat, RunArgs, StrategyArg},
+    elector::{self, Elector},
+    exit::{self, Fail, OrExit},
+    metrics::secs,
+    server,
+    state::Status,
+    supervisor::{self, Report, Supervisor},
+};
+
+/// The label `--label-pod` sets on this candidate's Pod.
+pub(crate) const LEADER_LABEL: &str = "kube-leader.io/leader";
+
+/// `kube-leader run`: returns the exit code.
+pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
+    // Before anything else, so that a signal during start-up is not lost.
+    let mut signals = Signals::new().or_exit(1)?;
+    let client = connect(args.connect_timeout).await?;
+    let namespace = resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
+    let identity = resolve_identity(args.identity.as_deref()).ok_or_else(|| {
+        Fail::new(
+            exit::USAGE,
+            anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
+        )
+    })?;
+    let elector = Elector::new(client.clone(), &args, &lock, &identity);
+    // The watchdog flags a leader that has not renewed for twice the lease duration.
+    let status = Arc::new(Status::new(
+        lock.clone(),
+        identity.clone(),
+        args.lock.strategy,
+        args.ready_only_when_leader,
+        elector.clone(),
+        args.lease_duration,
+    ));
+    if let Some(addr) = args.status_addr {
+        let (listener, _) = server::bind(addr).await.map_err(|e| {
+            Fail::new(
+                exit::USAGE,
+                anyhow!(e).context(format!("cannot listen on --status-addr {addr}")),
+            )
+        })?;
+        tokio::spawn(server::serve(listener, status.clone()));
+    }
+    let leader = elector::watch_leader(client.clone(), args.lock.strategy, lock.clone());
+    tokio::spawn(observe(leader.clone(), status.clone()));
+    let label = args.label_pod.then(|| {
+        PodLabel::new(
+            client.clone(),
+            &lock.namespace,
+            lock::pod_name_from_env().unwrap_or(identity.clone()),
+        )
+    });
+    if let Some(label) = &label {
+        label.set(false);
+    }
+
+    info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(), "campaigning");
+    let started = Instant::now();
+    let cancel = CancellationToken::new();
+    let campaign = elector.become_leader(&cancel);
+    tokio::pin!(campaign);
+    let mut stop_requested = false;
+    let result = loop {
+        tokio::select! {
+            biased;
+            r = &mut campaign => break r,
+            kind = signals.recv(), if !stop_requested => {
+                if is_stop(kind) {
+                    info!(lock = %lock, identity = %identity, signal = kind.as_raw_value(), "stopping before leading");
+                    stop_requested = true;
+                    cancel.cancel();
+                }
+            }
+        }
+    };
+    let leadership = match result {
+        Ok(l) => l,
+        Err(kube_leader::Error::Cancelled { .. }) => return Ok(0),
+        Err(e) => return Err(Fail::new(exit::for_error(&e), e)),
+    };
+    if stop_requested {
+        // Won the race with the signal: step down at once.
+        let _ = tokio::time::timeout(args.renew_deadline, leadership.release()).await;
+        return Ok(0);
+    }
+    status.metrics.acquire.observe(secs(started.elapsed()));
+    if leadership.is_skipped() {
+        info!(lock = %lock, identity = %identity,
+            "not running in a cluster: skipping the election and running COMMAND (--on-outside-cluster skip)");
+    }
+    status.lead(leadership.fencing_token(), leadership.acquired_at());
+    if let Some(label) = &label {
+        label.set(true);
+    }
+
+    let leading = Leading {
+        args: &args,
+        log_format,
+        status: &status,
+        client,
+        label: label.as_ref(),
+    };
+    let code = leading.run(leadership, leader, &mut signals).await;
+    if let Some(label) = &label {
+        let _ = label.set(false).await;
+    }
+    Ok(code)
+}
+
+/// The leader's loop, from starting COMMAND until it has exited.
+struct Leading<'a> {
+    args: &'a RunArgs,
+    log_format: LogFormat,
+    status: &'a Status,
+    client: Client,
+    label: Option<&'a PodLabel>,
+}
+
+impl Leading<'_> {
+    async fn run(
+        self,
+        leadership: Leadership,
+        mut leader: watch::Receiver<Option<LeaderInfo>>,
+        signals: &mut Signals,
+    ) -> u8 {
+        let lock = &self.status.lock;
+        let token = leadership.fencing_token();
+        let env = [
+            ("KUBE_LEADER_IDENTITY", self.status.identity.clone()),
+            ("KUBE_LEADER_LOCK", lock.name.clone()),
+            ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
+            ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
+        ];
+        let Supervisor {
+            mut process,
+            control: mut sup,
+        } = match Supervisor::spawn(&self.args.command, self.args.grace, self.log_format, &env) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
+                self.step_down(leadership, false).await;
+                return 1;
+            }
+        };
+        let deadline = self.args.renew_deadline;
+        let mut renewals = Renewals::new(self.status.identity.clone(), deadline, self.args.retry_period);
+        // The term was won by a write that has just succeeded.
+        sup.beat(deadline).await;
+        let lease = self.status.strategy == StrategyArg::Lease && !leadership.is_skipped();
+        let mut ping = tokio::time::interval(self.args.retry_period);
+        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let (read_tx, mut read_rx) = mpsc::channel::<Option<LeaderInfo>>(1);
+        let mut watching = true;
+        let mut lost = false;
+        let mut stop_signal = false;
+
+        let code = loop {
+            tokio::select! {
+                biased;
+                code = process.wait() => break code,
+                reason = leadership.lost(), if !lost => {
+                    lost = true;
+                    self.status.lose(token, &reason.to_string(), false);
+                    sup.stop().await;
+                    if let Some(label) = self.label {
+                        label.set(false);
+                    }
+                }
+                report = sup.report() => match report {
+                    Report::Started(pid) => info!(lock = %lock, pid, "started COMMAND"),
+                    Report::Expired(since) => {
+                        if !lost {
+                            lost = true;
+                            self.status.lose(token, &format!(
+                                "the supervisor stopped COMMAND: leadership not confirmed for {}",
+                                humantime::format_duration(Duration::from_millis(u64::try_from(since.as_millis()).unwrap_or(u64::MAX)))
+                            ), false);
+                        }
+                    }
+                    Report::Failed(code) => debug!(code, "COMMAND could not be started"),
+                },
+                kind = signals.recv() => {
+                    info!(lock = %lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
+                    stop_signal |= is_stop(kind);
+                    sup.signal(kind.as_raw_value()).await;
+                }
+                changed = leader.changed(), if lease && watching => {
+                    if changed.is_err() {
+                        watching = false;
+                        continue;
+                    }
+                    let info = leader.borrow_and_update().clone();
+                    if let Some(valid) = renewals.seen(info.as_ref(), &self.status.metrics) {
+                        sup.beat(valid).await;
+                    }
+                }
+                Some(info) = read_rx.recv() => {
+                    if let Some(valid) = renewals.seen(info.as_ref(), &self.status.metrics) {
+                        sup.beat(valid).await;
+                    }
+                }
+                _ = ping.tick() => {
+                    if !lease {
+                        // No renewals to wait for: heartbeats say that kube-leader's loop runs and
+                        // the strategy has not reported a loss.
+                        if !lost {
+                            sup.beat(deadline).await;
+                        }
+                    } else if !lost && renewals.overdue() {
+                        // The watch shows no renewal: read the Lease (bounded fallback).
+                        renewals.read_started();
+                        let (client, lock, tx) = (self.client.clone(), lock.clone(), read_tx.clone());
+                        let bound = self.args.retry_period;
+                        tokio::spawn(async move {
+                            let read = elector::current_leader(client, StrategyArg::Lease, &lock);
+                            if let Ok(Ok(info)) = tokio::time::timeout(bound, read).await {
+                                let _ = tx.try_send(info);
+                            }
+                        });
+                    }
+                }
+            }
+        };
+
+        // A loss that came together with the exit (kube-leader was frozen while the supervisor
+        // stopped COMMAND) still counts: read what the supervisor said last, and the handle.
+        while let Ok(report) = tokio::time::timeout(Duration::from_millis(50), sup.report()).await {
+            if let (Report::Expired(_), false) = (report, lost) {
+                lost = true;
+                self.status.lose(
+                    token,
+                    "the supervisor stopped COMMAND: leadership not confirmed in time",
+                    false,
+                );
+            }
+        }
+        if let (Some(reason), false) = (leadership.loss_reason(), lost) {
+            lost = true;
+            self.status.lose(token, &reason.to_string(), false);
+        }
+        if lost {
+            info!(lock = %lock, code, "COMMAND stopped after the loss of leadership");
+            self.step_down(leadership, false).await;
+            return exit::LOST;
+        }
+        info!(lock = %lock, code, "COMMAND exited");
+        self.status.lose(token, "COMMAND exited", true);
+        // A lease is always released; a leader-for-life lock only when asked to stop (the Pod is
+        // going away), since a restarted kube-leader in the same Pod continues on it.
+        let release = self.status.strategy == StrategyArg::Lease || stop_signal;
+        self.step_down(leadership, release).await;
+        code
+    }
+
+    async fn step_down(&self, leadership: Leadership, release: bool) {
+        if let Some(label) = self.label {
+            label.set(false);
+        }
+        if !release || leadership.is_skipped() || !leadership.is_leader() {
+            return;
+        }
+        let lock = &self.status.lock;
+        match tokio::time::timeout(self.args.renew_deadline, leadership.release()).await {
+            Ok(Ok(())) => info!(lock = %lock, identity = %self.status.identity, "released the lock"),
+            Ok(Err(e)) => warn!(lock = %lock, error = %e, "could not release the lock"),
+            Err(_) => warn!(lock = %lock, "releasing the lock timed out"),
+        }
+    }
+}
+
+/// A lease leader's renewals, as seen on the Lease: they drive the supervisor's heartbeats.
+///
+/// A heartbeat says how long leadership is confirmed: the renew deadline counted from the
+/// renewal's `renewTime`, which this process wrote from its own clock just before sending the
+/// renewal, so it errs early, never late.
+#[derive(Debug)]
+struct Renewals {
+    identity: String,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    last: Option<SystemTime>,
+    last_seen: Instant,
+    read_at: Option<Instant>,
+}
+
+impl Renewals {
+    fn new(identity: String, renew_deadline: Duration, retry_period: Duration) -> Self {
+        Self {
+            identity,
+            renew_deadline,
+            retry_period,
+            last: None,
+            last_seen: Instant::now(),
+            read_at: None,
+        }
+    }
+
+    /// A record seen on the Lease: if it is a renewal of ours, for how long leadership is
+    /// confirmed from now.
+    fn seen(&mut self, info: Option<&LeaderInfo>, metrics: &crate::metrics::Metrics) -> Option<Duration> {
+        let info = info?;
+        if info.holder.as_deref() != Some(self.identity.as_str()) {
+            return None;
+        }
+        let renewed = info.renewed_at?;
+        let age = SystemTime::now().duration_since(renewed).unwrap_or_default();
+        if self.last.is_none_or(|last| renewed > last) {
+            if let Some(last) = self.last {
+                metrics.renew.observe(secs(age));
+                let gap = renewed.duration_since(last).unwrap_or_default();
+                let missed = (gap.as_secs_f64() / self.retry_period.as_secs_f64() - 0.5).floor();
+                if missed >= 1.0 {
+                    metrics.renew_failures.inc_by(missed as u64);
+                }
+            }
+            self.last = Some(renewed);
+            self.last_seen = Instant::now();
+        }
+        Some(self.renew_deadline.saturating_sub(age))
+    }
+
+    /// Whether no renewal has been seen for two retry periods (and no read is in flight).
+    fn overdue(&self) -> bool {
+        let quiet = self.last_seen.elapsed() > self.retry_period * 2;
+        let reading = self.read_at.is_some_and(|t| t.elapsed() < self.retry_period);
+        quiet && !reading
+    }
+
+    fn read_started(&mut self) {
+        self.read_at = Some(Instant::now());
+    }
+}
+
+/// Feeds the watched leader into the status.
+async fn observe(mut leader: watch::Receiver<Option<LeaderInfo>>, status: Arc<Status>) {
+    loop {
+        let info = leader.borrow_and_update().clone();
+        status.observe(info.as_ref());
+        if leader.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+// === the cluster ===
+
+/// A client, once the API server answers (or `timeout` has passed: exit code 4).
+pub(crate) async fn connect(timeout: Duration) -> Result<Client, Fail> {
+    let config = kube::Config::infer().await.map_err(|e| {
+        Fail::new(
+            exit::CLUSTER,
+            anyhow!(e).context("no cluster configuration (in-cluster, or KUBECONFIG)"),
+        )
+    })?;
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).or_exit(exit::CLUSTER)?;
+    let deadline = Instant::now() + timeout;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let err =
+            match tokio::time::timeout(left.min(Duration::from_secs(5)), client.apiserver_version()).await {
+                Ok(Ok(_)) => return Ok(client),
+                Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => {
+                    return Err(Fail::new(
+                        exit::CLUSTER,
+                        anyhow!("the API server at {url} refused our credentials: {}", s.message),
+                    ));
+                }
+                Ok(Err(e)) => anyhow!(e),
+                Err(_) => anyhow!("no answer"),
+            };
+        if Instant::now() >= deadline {
+            return Err(Fail::new(
+                exit::CLUSTER,
+                err.context(format!(
+                    "cannot reach the API server at {url} (tried for {})",
+                    humantime::format_duration(timeout)
+                )),
+            ));
+        }
+        debug!(error = %format!("{err:#}"), "API server not reachable yet");
+        tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// `--namespace`, else `POD_NAMESPACE`, else the service-account namespace, else the client's
+/// (kubeconfig context).
+pub(crate) fn resolve_namespace(explicit: Option<&str>, client: &Client) -> String {
+    lock::discover_namespace(explicit).map_or_else(|| client.default_namespace().to_string(), |(ns, _)| ns)
+}
+
+/// `--identity`, else `POD_NAME`, else the host name.
+fn resolve_identity(explicit: Option<&str>) -> Option<String> {
+    explicit
+        .map(str::to_string)
+        .or_else(lock::pod_name_from_env)
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// `--label-pod`: the leader label on this candidate's Pod, best effort.
+#[derive(Debug)]
+struct PodLabel {
+    api: Api<Pod>,
+    pod: String,
+}
+
+impl PodLabel {
+    fn new(client: Client, namespace: &str, pod: String) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            pod,
+        }
+    }
+
+    /// Sets the label in the background; await the handle to wait for it.
+    fn set(&self, leader: bool) -> tokio::task::JoinHandle<()> {
+        let (api, pod) = (self.api.clone(), self.pod.clone());
+        let patch = serde_json::json!({ "metadata": { "labels": { LEADER_LABEL: leader.to_string() } } });
+        tokio::spawn(async move {
+            let params = PatchParams::default();
+            let patch = Patch::Merge(&patch);
+            let call = api.patch(&pod, &params, &patch);
+            match tokio::time::timeout(Duration::from_secs(10), call).await {
+                Ok(Ok(_)) => debug!(pod = %pod, leader, "labelled the Pod"),
+                Ok(Err(e)) => warn!(pod = %pod, leader, error = %e,
+                    "cannot label the Pod (needs patch pods: kube-leader rbac --label-pod)"),
+                Err(_) => warn!(pod = %pod, leader, "labelling the Pod timed out"),
+            }
+        })
+    }
+}
+
+// === signals ===
+
+/// SIGTERM, SIGINT and SIGQUIT stop kube-leader (after COMMAND, if it runs).
+fn is_stop(kind: SignalKind) -> bool {
+    [
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::quit(),
+    ]
+    .contains(&kind)
+}
+
+/// The signals kube-leader forwards to COMMAND.
+struct Signals {
+    streams: Vec<(SignalKind, Signal)>,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        let streams = supervisor::FORWARDED
+            .iter()
+            .map(|k| Ok((*k, signal(*k)?)))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Self { streams })
+    }
+
+    /// The next signal received.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: tokio's `Signal::recv` is.
+    async fn recv(&mut self) -> SignalKind {
+        let recvs = self.streams.iter_mut().map(|(kind, s)| {
+            let kind = *kind;
+            Box::pin(async move {
+                s.recv().await;
+                kind
+            })
+        });
+        futures::future::select_all(recvs).await.0
+    }
+}

@@ -1,0 +1,179 @@
+//! The read-only status server (`--status-addr`).
+//!
+//! | path       | answer                                                                   |
+//! |------------|--------------------------------------------------------------------------|
+//! | `/`        | `{"name": "<leader>"}`, as the retired `leader-elector` sidecar answered |
+//! | `/leader`  | holder, is_leader, since, fencing_token, strategy, lock, identity        |
+//! | `/events`  | Server-Sent Events: the current state, then one event per change         |
+//! | `/healthz` | the election watchdog: 503 if it believes it leads but stopped renewing  |
+//! | `/readyz`  | 200 once the first election result is known (or only while leading)      |
+//! | `/metrics` | Prometheus / OpenMetrics text                                            |
+//!
+//! Only `GET` and `HEAD`; nothing changes state.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::{
+    body::{Frame, Incoming},
+    header, Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use tokio::{net::TcpListener, sync::broadcast};
+use tracing::{debug, info};
+
+use crate::state::Status;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// How often an idle event stream gets a comment, so proxies keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Binds `addr`; returns the listener and the address it got (port 0 picks one).
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
+/// Serves until the process ends.
+pub(crate) async fn serve(listener: TcpListener, status: Arc<Status>) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "status server listening");
+    }
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                debug!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let status = status.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let status = status.clone();
+                async move { Ok::<_, Infallible>(handle(&req, &status)) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                debug!(error = %e, "status connection ended");
+            }
+        });
+    }
+}
+
+fn handle(req: &Request<Incoming>, status: &Status) -> Response<Body> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut res = text(StatusCode::METHOD_NOT_ALLOWED, "read-only: only GET and HEAD\n");
+        res.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return res;
+    }
+    match req.uri().path() {
+        "/" => {
+            let name = status.snapshot().holder.unwrap_or_default();
+            json(StatusCode::OK, &serde_json::json!({ "name": name }))
+        }
+        "/leader" => json(StatusCode::OK, &status.view()),
+        "/events" => events(status),
+        "/healthz" => match status.health() {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, &format!("unhealthy: {why}\n")),
+        },
+        "/readyz" => {
+            if status.ready() {
+                text(StatusCode::OK, "ok\n")
+            } else if status.ready_only_when_leader {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready: not the leader\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: no election result yet\n",
+                )
+            }
+        }
+        "/metrics" => {
+            let mut res = full(StatusCode::OK, status.metrics.encode());
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            res
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /, /leader, /events, /healthz, /readyz, /metrics\n",
+        ),
+    }
+}
+
+/// `text/event-stream`: the current state, then one `leader` event per change.
+fn events(status: &Status) -> Response<Body> {
+    let rx = status.subscribe();
+    let first = serde_json::to_string(&status.view()).unwrap_or_default();
+    let state = (Some(first), rx);
+    let stream = futures::stream::unfold(state, |(first, mut rx)| async move {
+        if let Some(first) = first {
+            return Some((sse(&first), (None, rx)));
+        }
+        loop {
+            match tokio::time::timeout(KEEP_ALIVE, rx.recv()).await {
+                Ok(Ok(json)) => return Some((sse(&json), (None, rx))),
+                // Too slow a reader: skip to what is current.
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => continue,
+                Ok(Err(broadcast::error::RecvError::Closed)) => return None,
+                Err(_) => return Some((Bytes::from_static(b": keep-alive\n\n"), (None, rx))),
+            }
+        }
+    });
+    let body = StreamBody::new(stream.map(|b| Ok::<_, Infallible>(Frame::data(b))));
+    let mut res = Response::new(BodyExt::boxed(body));
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    res
+}
+
+fn sse(json: &str) -> Bytes {
+    Bytes::from(format!("event: leader\ndata: {json}\n\n"))
+}
+
+fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let mut body = serde_json::to_string(value).unwrap_or_default();
+    body.push('\n');
+    let mut res = full(code, body);
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn text(code: StatusCode, body: &str) -> Response<Body> {
+    let mut res = full(code, body.to_string());
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+fn full(code: StatusCode, body: String) -> Response<Body> {
+    let mut res = Response::new(Full::new(Bytes::from(body)).boxed());
+    *res.status_mut() = code;
+    res
+}

@@ -1,0 +1,198 @@
+//! What this candidate knows about the election: the source of the log lines, the status
+//! server's answers, its events and its metrics.
+
+use std::{sync::Arc, time::SystemTime};
+
+use kube_leader::{LeaderInfo, LockRef};
+use serde::Serialize;
+use tokio::sync::{broadcast, watch};
+use tracing::info;
+
+use crate::{cli::StrategyArg, elector::Elector, metrics::Metrics};
+
+/// The election as this candidate sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    /// Whether the first election result is known (a holder seen, or this candidate leads).
+    pub(crate) known: bool,
+    /// The current holder, if any.
+    pub(crate) holder: Option<String>,
+    /// Whether this candidate leads.
+    pub(crate) is_leader: bool,
+    /// When the holder acquired the lock (by its clock).
+    pub(crate) since: Option<SystemTime>,
+    /// The holder's fencing token.
+    pub(crate) fencing_token: Option<u64>,
+}
+
+/// `GET /leader`, and each event of `GET /events`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LeaderView {
+    lock: String,
+    namespace: String,
+    strategy: &'static str,
+    identity: String,
+    holder: Option<String>,
+    is_leader: bool,
+    since: Option<String>,
+    fencing_token: Option<u64>,
+}
+
+/// Shared by the election loop, the leader watch and the status server.
+#[derive(Debug)]
+pub(crate) struct Status {
+    pub(crate) lock: LockRef,
+    pub(crate) identity: String,
+    pub(crate) strategy: StrategyArg,
+    pub(crate) ready_only_when_leader: bool,
+    pub(crate) metrics: Metrics,
+    elector: Elector,
+    health_tolerance: std::time::Duration,
+    snapshot: watch::Sender<Snapshot>,
+    events: broadcast::Sender<Arc<str>>,
+}
+
+// === impl Status ===
+
+impl Status {
+    pub(crate) fn new(
+        lock: LockRef,
+        identity: String,
+        strategy: StrategyArg,
+        ready_only_when_leader: bool,
+        elector: Elector,
+        health_tolerance: std::time::Duration,
+    ) -> Self {
+        let metrics = Metrics::new(&lock.namespace, &lock.name, strategy.as_str());
+        Self {
+            lock,
+            identity,
+            strategy,
+            ready_only_when_leader,
+            metrics,
+            elector,
+            health_tolerance,
+            snapshot: watch::channel(Snapshot::default()).0,
+            events: broadcast::channel(64).0,
+        }
+    }
+
+    /// The current snapshot.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.snapshot.borrow().clone()
+    }
+
+    /// Leadership events as JSON, one per change.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
+        self.events.subscribe()
+    }
+
+    /// What `GET /leader` answers.
+    pub(crate) fn view(&self) -> LeaderView {
+        let s = self.snapshot();
+        LeaderView {
+            lock: self.lock.name.clone(),
+            namespace: self.lock.namespace.clone(),
+            strategy: self.strategy.as_str(),
+            identity: self.identity.clone(),
+            holder: s.holder,
+            is_leader: s.is_leader,
+            since: s.since.map(rfc3339),
+            fencing_token: s.fencing_token,
+        }
+    }
+
+    /// The election watchdog.
+    pub(crate) fn health(&self) -> Result<(), String> {
+        self.elector.check_health(self.health_tolerance)
+    }
+
+    /// Whether `/readyz` passes.
+    pub(crate) fn ready(&self) -> bool {
+        let s = self.snapshot.borrow();
+        if self.ready_only_when_leader {
+            s.is_leader
+        } else {
+            s.known
+        }
+    }
+
+    /// The lock's holder as watched: logs a change of leader seen by this candidate.
+    pub(crate) fn observe(&self, info: Option<&LeaderInfo>) {
+        let holder = info.and_then(|i| i.holder.clone());
+        let token = info.map(|i| i.fencing_token);
+        self.update(|s| {
+            let changed = s.holder != holder || (holder.is_some() && s.fencing_token != token);
+            if !changed {
+                return;
+            }
+            if s.known && holder.is_some() {
+                self.metrics.transitions.inc();
+            }
+            // This candidate's own rise and fall are logged by `lead` and `lose`.
+            if holder.as_deref() != Some(self.identity.as_str()) && !s.is_leader {
+                match &holder {
+                    Some(h) => info!(lock = %self.lock, identity = %self.identity, leader = %h,
+                        fencing_token = token.unwrap_or_default(), "leader is {h}"),
+                    None => info!(lock = %self.lock, identity = %self.identity,
+                        fencing_token = token.unwrap_or_default(), "no leader"),
+                }
+            }
+            s.known |= holder.is_some();
+            s.holder = holder;
+            s.fencing_token = token;
+            s.since = info.and_then(|i| i.acquired_at);
+        });
+    }
+
+    /// This candidate leads.
+    pub(crate) fn lead(&self, fencing_token: u64, since: SystemTime) {
+        info!(lock = %self.lock, identity = %self.identity, fencing_token, "became leader");
+        self.metrics.is_leader.set(1);
+        self.update(|s| {
+            if s.holder.as_deref() != Some(self.identity.as_str()) && s.known {
+                self.metrics.transitions.inc();
+            }
+            s.known = true;
+            s.is_leader = true;
+            s.holder = Some(self.identity.clone());
+            s.fencing_token = Some(fencing_token);
+            s.since = Some(since);
+        });
+    }
+
+    /// This candidate no longer leads: it lost leadership, or steps down (`stepping_down`).
+    pub(crate) fn lose(&self, fencing_token: u64, reason: &str, stepping_down: bool) {
+        if !self.snapshot.borrow().is_leader {
+            return;
+        }
+        if stepping_down {
+            info!(lock = %self.lock, identity = %self.identity, fencing_token, %reason, "stepping down");
+        } else {
+            info!(lock = %self.lock, identity = %self.identity, fencing_token, %reason, "lost leadership");
+        }
+        self.metrics.is_leader.set(0);
+        self.update(|s| s.is_leader = false);
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        let changed = self.snapshot.send_if_modified(|s| {
+            let before = s.clone();
+            f(s);
+            *s != before
+        });
+        if changed {
+            if let Ok(json) = serde_json::to_string(&self.view()) {
+                // No subscriber is fine.
+                let _ = self.events.send(json.into());
+            }
+        }
+    }
+}
+
+/// RFC 3339 in UTC, as Kubernetes writes times.
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|ts| ts.to_string())
+        .unwrap_or_else(|_| "invalid".into())
+}

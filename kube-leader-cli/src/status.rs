@@ -1,0 +1,148 @@
+//! `kube-leader status`: who leads a lock, read once, without being a candidate.
+
+use std::time::{Duration, SystemTime};
+
+use kube_leader::{LeaderInfo, LockRef};
+use serde::Serialize;
+
+use crate::{
+    cli::{OutputFormat, StatusArgs},
+    elector,
+    exit::{self, Fail, OrExit},
+    run,
+    state::rfc3339,
+};
+
+/// What `status -o json` prints.
+#[derive(Debug, Serialize)]
+struct StatusOut {
+    lock: String,
+    namespace: String,
+    strategy: &'static str,
+    /// Whether the lock object exists.
+    exists: bool,
+    holder: Option<String>,
+    since: Option<String>,
+    fencing_token: Option<u64>,
+    /// Lease: the last renewal, by the holder's clock.
+    renewed_at: Option<String>,
+    /// Lease: the holder's advertised lease duration.
+    lease_duration_seconds: Option<u64>,
+    /// Lease: renewal + duration, by the holder's clock (informational: candidates judge expiry
+    /// on their own clocks from when they saw the renewal).
+    expires_at: Option<String>,
+}
+
+/// `kube-leader status`: returns the exit code.
+pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
+    let client = run::connect(args.connect_timeout).await?;
+    let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
+    let info = elector::current_leader(client, args.lock.strategy, &lock)
+        .await
+        .map_err(|e| Fail::new(exit::for_error(&e), e))?;
+    let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&out).or_exit(1)?),
+        OutputFormat::Text => print!("{}", out.text(SystemTime::now())),
+    }
+    Ok(0)
+}
+
+impl StatusOut {
+    fn new(lock: &LockRef, strategy: &'static str, info: Option<&LeaderInfo>) -> Self {
+        let expires = info.and_then(|i| Some(i.renewed_at? + i.lease_duration?));
+        Self {
+            lock: lock.name.clone(),
+            namespace: lock.namespace.clone(),
+            strategy,
+            exists: info.is_some(),
+            holder: info.and_then(|i| i.holder.clone()),
+            since: info.and_then(|i| i.acquired_at).map(rfc3339),
+            fencing_token: info.map(|i| i.fencing_token),
+            renewed_at: info.and_then(|i| i.renewed_at).map(rfc3339),
+            lease_duration_seconds: info.and_then(|i| i.lease_duration).map(|d| d.as_secs()),
+            expires_at: expires.map(rfc3339),
+        }
+    }
+
+    fn text(&self, now: SystemTime) -> String {
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| out.push_str(&format!("{k:<16}{v}\n"));
+        line("lock:", format!("{}/{}", self.namespace, self.lock));
+        line("strategy:", self.strategy.to_string());
+        let holder = match (&self.holder, self.exists) {
+            (Some(h), _) => h.clone(),
+            (None, true) => "none (released, or not held)".into(),
+            (None, false) => "none (no lock)".into(),
+        };
+        line("holder:", holder);
+        if let Some(since) = &self.since {
+            line("since:", format!("{since}{}", relative(since, now)));
+        }
+        if let Some(t) = self.fencing_token {
+            line("fencing token:", t.to_string());
+        }
+        if let Some(r) = &self.renewed_at {
+            line("renewed:", format!("{r}{}", relative(r, now)));
+        }
+        if let Some(d) = self.lease_duration_seconds {
+            line("lease duration:", format!("{d}s"));
+        }
+        if let Some(e) = &self.expires_at {
+            line("expires:", format!("{e}{}", relative(e, now)));
+        }
+        out
+    }
+}
+
+/// " (3s ago)" or " (in 12s)", to the second.
+fn relative(rfc: &str, now: SystemTime) -> String {
+    let Ok(ts) = rfc.parse::<k8s_openapi::jiff::Timestamp>() else {
+        return String::new();
+    };
+    let t = SystemTime::from(ts);
+    let round = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string();
+    match now.duration_since(t) {
+        Ok(ago) => format!(" ({} ago)", round(ago)),
+        Err(e) => format!(" (in {})", round(e.duration())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_leader::Strategy;
+
+    #[test]
+    fn lease_status() {
+        let lock = LockRef::new("ns", "l").unwrap();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let info = LeaderInfo {
+            strategy: Strategy::Lease,
+            lock: lock.clone(),
+            holder: Some("pod-a".into()),
+            fencing_token: 3,
+            acquired_at: Some(t0),
+            renewed_at: Some(t0 + Duration::from_secs(10)),
+            lease_duration: Some(Duration::from_secs(15)),
+        };
+        let out = StatusOut::new(&lock, "lease", Some(&info));
+        assert_eq!(out.expires_at.as_deref(), Some("2027-01-15T08:00:25Z"));
+        let text = out.text(t0 + Duration::from_secs(20));
+        assert!(text.contains("holder:         pod-a\n"), "{text}");
+        assert!(text.contains("(20s ago)"), "{text}");
+        assert!(text.contains("(in 5s)"), "{text}");
+        let json = serde_json::to_value(&out).unwrap();
+        assert_eq!(json["fencing_token"], 3);
+        assert_eq!(json["holder"], "pod-a");
+    }
+
+    #[test]
+    fn no_lock() {
+        let lock = LockRef::new("ns", "l").unwrap();
+        let out = StatusOut::new(&lock, "for-life", None);
+        assert!(!out.exists);
+        assert!(out.text(SystemTime::now()).contains("none (no lock)"));
+    }
+}

@@ -1,0 +1,1166 @@
+//! End-to-end tests of the `kube-leader` binary against a real local control plane.
+//!
+//! Each test spawns the real binary (`CARGO_BIN_EXE_kube-leader`) in a namespace of its own.
+//! COMMAND is a small shell script that records its pid, environment and signals in files, so
+//! the tests see exactly when it runs. Lease timings are short (2 s / 1 s / 200 ms) unless a
+//! test needs to tell a release from an expiry; waits are generous (2-core shared machine) and
+//! timing checks are sanity bounds only.
+
+use std::{
+    fs,
+    io::{BufRead as _, Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Pod},
+    rbac::v1::{RoleBinding, RoleRef, Subject},
+};
+use kube::{
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    Api, Client,
+};
+use kube_leader_testenv::{create_pod, ControlPlane};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-leader");
+/// 2 s / 1 s / 200 ms.
+const FAST: [&str; 6] = [
+    "--lease-duration",
+    "2s",
+    "--renew-deadline",
+    "1s",
+    "--retry-period",
+    "200ms",
+];
+const WAIT: Duration = Duration::from_secs(60);
+
+// === helpers ===
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout`.
+fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(started.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kube-leader-cli-{}-{name}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is dead for our purposes.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// COMMAND: records its pid, environment and SIGTERM in `dir`, then works until stopped.
+/// `on_term` is the shell run on SIGTERM.
+fn work_script(dir: &Path, id: &str, on_term: &str) -> Vec<String> {
+    let d = dir.display();
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo \"$KUBE_LEADER_IDENTITY $KUBE_LEADER_LOCK $KUBE_LEADER_FENCING_TOKEN\" > {d}/{id}.env; \
+             echo $$ > {d}/{id}.pid.tmp && mv {d}/{id}.pid.tmp {d}/{id}.pid; \
+             trap '{on_term}' TERM; while true; do sleep 0.05; done"
+        ),
+    ]
+}
+
+/// A running `kube-leader run`.
+struct Candidate {
+    id: String,
+    child: Child,
+    dir: PathBuf,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Candidate {
+    /// `kube-leader run --lock <lock> --identity <id> <flags> -- <command>` as admin, logs in JSON.
+    fn spawn(cp: &ControlPlane, dir: &Path, id: &str, flags: &[&str], command: &[String]) -> Self {
+        Self::spawn_with(cp.kubeconfig_path(), dir, id, flags, command, &[])
+    }
+
+    fn spawn_with(
+        kubeconfig: &Path,
+        dir: &Path,
+        id: &str,
+        flags: &[&str],
+        command: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let log = dir.join(format!("{id}.log"));
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--log-format", "json", "--identity", id])
+            .args(flags)
+            .arg("--")
+            .args(command)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube_leader::supervisor=debug")
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        Self {
+            id: id.into(),
+            child,
+            dir: dir.to_path_buf(),
+            log,
+            status: None,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// COMMAND's pid, once it has started.
+    fn command_pid(&self) -> Option<i32> {
+        fs::read_to_string(self.dir.join(format!("{}.pid", self.id)))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Whether COMMAND runs now.
+    fn leading(&self) -> bool {
+        self.command_pid().is_some_and(alive)
+    }
+
+    /// COMMAND's view: identity, lock, fencing token.
+    fn command_env(&self) -> Option<(String, String, u64)> {
+        let env = fs::read_to_string(self.dir.join(format!("{}.env", self.id))).ok()?;
+        let mut w = env.split_whitespace();
+        Some((w.next()?.into(), w.next()?.into(), w.next()?.parse().ok()?))
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().unwrap();
+        }
+        self.status
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let id = self.id.clone();
+        wait_for(&format!("{id} exits"), timeout, || self.exited())
+    }
+
+    fn logs(&self) -> Vec<Value> {
+        fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The status server's address, from the log line announcing it.
+    fn status_addr(&self) -> SocketAddr {
+        wait_for(&format!("{} status server", self.id), WAIT, || {
+            self.logs()
+                .iter()
+                .find(|l| l["message"] == "status server listening")
+                .and_then(|l| l["addr"].as_str()?.parse().ok())
+        })
+    }
+}
+
+impl Drop for Candidate {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.pid().to_string())
+                .status();
+            let started = Instant::now();
+            while self.exited().is_none() && started.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if let Some(pid) = self.command_pid() {
+            if alive(pid) {
+                let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            }
+        }
+    }
+}
+
+/// Waits until exactly one of `candidates` runs COMMAND; returns its index.
+fn one_leader(candidates: &[&Candidate]) -> usize {
+    wait_for("one leader", WAIT, || {
+        let leading: Vec<usize> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.leading())
+            .map(|(i, _)| i)
+            .collect();
+        match leading.as_slice() {
+            [one] => Some(*one),
+            [] => None,
+            many => panic!("several commands run at once: {many:?}"),
+        }
+    })
+}
+
+fn kube_leader(args: &[&str], kubeconfig: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("POD_NAMESPACE")
+        .env_remove("POD_NAME")
+        .output()
+        .unwrap()
+}
+
+fn status_json(cp: &ControlPlane, ns: &str, lock: &str, strategy: &str) -> Value {
+    let out = kube_leader(
+        &[
+            "status",
+            "--lock",
+            lock,
+            "--namespace",
+            ns,
+            "--strategy",
+            strategy,
+            "-o",
+            "json",
+        ],
+        cp.kubeconfig_path(),
+    );
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn lease_flags<'a>(lock: &'a str, ns: &'a str) -> Vec<&'a str> {
+    let mut f = vec!["--strategy", "lease", "--lock", lock, "--namespace", ns];
+    f.extend(FAST);
+    f
+}
+
+/// A minimal HTTP/1.1 GET (or other method): status code and body.
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.into()
+    };
+    (code, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let (code, body) = http(addr, "GET", path);
+    assert_eq!(code, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+// === tests that need no cluster ===
+
+fn usage_error(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line: {stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn bad_flags_give_one_line_naming_the_flag_and_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "--lock", "l", "--strategy", "raft", "--", "true"],
+            "--strategy",
+        ),
+        (&["run", "--lock", "Not_A_Name", "--", "true"], "--lock"),
+        (
+            &["run", "--lock", "l", "--lease-duration", "fast", "--", "true"],
+            "--lease-duration",
+        ),
+        (
+            &["run", "--lock", "l", "--renew-deadline", "10", "--", "true"],
+            "--renew-deadline",
+        ),
+        (&["run", "--lock", "l"], "COMMAND"),
+        (&["run", "--lock", "l", "--bogus", "--", "true"], "--bogus"),
+        (
+            &[
+                "run",
+                "--lock",
+                "l",
+                "--strategy",
+                "lease",
+                "--lease-duration",
+                "1s",
+                "--",
+                "true",
+            ],
+            "--renew-deadline",
+        ),
+        (
+            &["run", "--lock", "l", "--status-addr", "localhost", "--", "true"],
+            "--status-addr",
+        ),
+        (&["status", "--lock", "l", "-o", "yaml"], "--output"),
+        (&["rbac", "--lock", "l", "--strategy", "etcd"], "--strategy"),
+    ];
+    for (args, flag) in cases {
+        let line = usage_error(args);
+        assert!(line.contains(flag), "{args:?}: {line} should name {flag}");
+        assert!(line.starts_with("kube-leader: error: "), "{line}");
+    }
+}
+
+#[test]
+fn help_and_version() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for s in [
+        "run",
+        "status",
+        "rbac",
+        "Exit codes:",
+        "leadership was lost",
+        "--log-format",
+    ] {
+        assert!(help.contains(s), "--help lacks {s}:\n{help}");
+    }
+    assert!(!help.contains("__supervise"), "{help}");
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for s in [
+        "--lock",
+        "--namespace",
+        "--strategy",
+        "--identity",
+        "--lease-duration",
+        "--renew-deadline",
+        "--retry-period",
+        "--status-addr",
+        "--on-outside-cluster",
+        "--grace",
+        "--label-pod",
+        "--ready-only-when-leader",
+        "Exit codes:",
+    ] {
+        assert!(help.contains(s), "run --help lacks {s}:\n{help}");
+    }
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("kube-leader {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn unreachable_cluster_exits_4() {
+    let dir = scratch_dir("unreachable");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}'}}\n\
+             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = kube_leader(
+        &[
+            "run",
+            "--lock",
+            "l",
+            "--strategy",
+            "lease",
+            "--connect-timeout",
+            "1s",
+            "--",
+            "true",
+        ],
+        &kubeconfig,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the API server"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let out = kube_leader(
+        &["status", "--lock", "l", "--connect-timeout", "500ms"],
+        &kubeconfig,
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let _ = fs::remove_dir_all(dir);
+}
+
+// === the Lease strategy ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn child_runs_only_while_leading_and_a_crashed_leaders_child_is_stopped() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("only-leader");
+    let flags = lease_flags("only", ns.name());
+    let cands: Vec<Candidate> = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            Candidate::spawn(
+                cp,
+                &dir,
+                id,
+                &[&flags[..], &["--grace", "2s"]].concat(),
+                &work_script(&dir, id, "exit 0"),
+            )
+        })
+        .collect();
+    let refs: Vec<&Candidate> = cands.iter().collect();
+    let first = one_leader(&refs);
+    let (id, lock, token) = cands[first].command_env().unwrap();
+    assert_eq!((id.as_str(), lock.as_str()), (cands[first].id.as_str(), "only"));
+    let status = status_json(cp, ns.name(), "only", "lease");
+    assert_eq!(status["holder"], cands[first].id.as_str());
+    assert_eq!(status["fencing_token"], token);
+    // The followers run nothing, for a while.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(one_leader(&refs), first);
+
+    // Crash the leader's kube-leader: its supervisor stops COMMAND, and another takes over.
+    let old_command = cands[first].command_pid().unwrap();
+    signal(cands[first].pid(), "KILL");
+    wait_for("the crashed leader's COMMAND stops", WAIT, || {
+        (!alive(old_command)).then_some(())
+    });
+    let rest: Vec<&Candidate> = cands
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != first)
+        .map(|(_, c)| c)
+        .collect();
+    let second = one_leader(&rest);
+    let (_, _, token2) = rest[second].command_env().unwrap();
+    assert!(token2 > token, "fencing token {token2} after {token}");
+    assert!(rest[second].log_text().contains("became leader"));
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_code_is_the_childs_and_the_lease_is_released() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("exit-code");
+    let flags = lease_flags("exit", ns.name());
+    let mut c = Candidate::spawn(
+        cp,
+        &dir,
+        "a",
+        &flags,
+        &["sh".into(), "-c".into(), "sleep 0.5; exit 42".into()],
+    );
+    assert_eq!(c.wait_exit(WAIT).code(), Some(42), "{}", c.log_text());
+    let status = status_json(cp, ns.name(), "exit", "lease");
+    assert_eq!(status["holder"], Value::Null, "released: {status}");
+    assert!(c.log_text().contains("released the lock"), "{}", c.log_text());
+
+    // A child killed by a signal: 128 + N, as a shell reports it.
+    let mut c = Candidate::spawn(
+        cp,
+        &dir,
+        "b",
+        &flags,
+        &["sh".into(), "-c".into(), "kill -KILL $$".into()],
+    );
+    assert_eq!(c.wait_exit(WAIT).code(), Some(137), "{}", c.log_text());
+    // COMMAND not found: 127.
+    let mut c = Candidate::spawn(cp, &dir, "c", &flags, &["/nonexistent/program".into()]);
+    assert_eq!(c.wait_exit(WAIT).code(), Some(127), "{}", c.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_is_forwarded_then_the_lease_is_released_and_taken_over_at_once() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("sigterm");
+    // A long lease: a takeover well within it can only come from a release.
+    let flags = [
+        "--strategy",
+        "lease",
+        "--lock",
+        "term",
+        "--namespace",
+        ns.name(),
+        "--lease-duration",
+        "20s",
+        "--renew-deadline",
+        "10s",
+        "--retry-period",
+        "1s",
+    ];
+    let d = dir.display();
+    let mut a = Candidate::spawn(
+        cp,
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", &format!("echo term > {d}/a.term; exit 7")),
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let b = Candidate::spawn(cp, &dir, "b", &flags, &work_script(&dir, "b", "exit 0"));
+    wait_for("b follows", WAIT, || {
+        b.log_text().contains("leader is a").then_some(())
+    });
+
+    let term = Instant::now();
+    signal(a.pid(), "TERM");
+    wait_for("b takes over", WAIT, || b.leading().then_some(()));
+    let handover = term.elapsed();
+    let code = a.wait_exit(WAIT);
+    assert_eq!(
+        code.code(),
+        Some(7),
+        "kube-leader exits with COMMAND's code: {}",
+        a.log_text()
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("a.term")).unwrap().trim(),
+        "term",
+        "SIGTERM reached COMMAND"
+    );
+    eprintln!("from SIGTERM to the next leader's COMMAND: {handover:?} (lease duration 20s)");
+    assert!(
+        handover < Duration::from_secs(10),
+        "took {handover:?}: not a release"
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_leadership_stops_the_child_within_the_grace_and_exits_3() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("lost");
+    let flags = [&lease_flags("lost", ns.name())[..], &["--grace", "1s"]].concat();
+    // COMMAND ignores SIGTERM: only SIGKILL after the grace stops it.
+    let mut a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", ""));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+
+    // An administrator hands the Lease to somebody else.
+    let leases: Api<Lease> = Api::namespaced(client, ns.name());
+    let patch = serde_json::json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600}});
+    leases
+        .patch("lost", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let lost = Instant::now();
+    let code = a.wait_exit(WAIT);
+    let stopped = lost.elapsed();
+    assert_eq!(code.code(), Some(3), "{}", a.log_text());
+    assert!(!alive(command), "COMMAND still runs");
+    eprintln!("COMMAND (ignoring SIGTERM) stopped {stopped:?} after the loss, grace 1s");
+    assert!(
+        stopped >= Duration::from_millis(900),
+        "SIGKILL before the grace: {stopped:?}"
+    );
+    assert!(a.log_text().contains("lost leadership"), "{}", a.log_text());
+    assert!(
+        a.log_text().contains("did not stop within the grace period"),
+        "{}",
+        a.log_text()
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_kube_leader_has_its_child_stopped_by_the_supervisor() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("frozen");
+    let flags = [&lease_flags("frozen", ns.name())[..], &["--grace", "1s"]].concat();
+    let d = dir.display();
+    let mut a = Candidate::spawn(
+        cp,
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", &format!("date +%s%N > {d}/a.term; exit 0")),
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    // Let a few renewals pass.
+    std::thread::sleep(Duration::from_millis(600));
+
+    // Freeze kube-leader only (not its supervisor, not COMMAND).
+    let frozen = Instant::now();
+    signal(a.pid(), "STOP");
+    wait_for("COMMAND stops", Duration::from_secs(30), || {
+        (!alive(command)).then_some(())
+    });
+    let delay = frozen.elapsed();
+    eprintln!("COMMAND stopped {delay:?} after kube-leader was frozen (renew deadline 1s)");
+    signal(a.pid(), "CONT");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert!(dir.join("a.term").exists(), "COMMAND got SIGTERM first");
+    // Sanity: about the renew deadline, well before lease duration + grace (3 s) for sure.
+    assert!(delay < Duration::from_secs(3), "{delay:?}");
+    assert!(
+        a.log_text().contains("has not confirmed leadership in time"),
+        "{}",
+        a.log_text()
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_reports_holder_token_and_expiry() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("status");
+    let none = status_json(cp, ns.name(), "st", "lease");
+    assert_eq!(none["exists"], false);
+    assert_eq!(none["holder"], Value::Null);
+
+    let flags = lease_flags("st", ns.name());
+    let a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let s = status_json(cp, ns.name(), "st", "lease");
+    assert_eq!(s["exists"], true);
+    assert_eq!(s["holder"], "a");
+    assert_eq!(s["strategy"], "lease");
+    assert_eq!(s["namespace"], ns.name());
+    assert_eq!(s["lease_duration_seconds"], 2);
+    assert_eq!(s["fencing_token"], a.command_env().unwrap().2);
+    for key in ["since", "renewed_at", "expires_at"] {
+        assert!(s[key].is_string(), "{key} in {s}");
+    }
+    let text = kube_leader(
+        &["status", "--lock", "st", "-n", ns.name(), "--strategy", "lease"],
+        cp.kubeconfig_path(),
+    );
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("holder:") && text.contains(" a\n") && text.contains("expires:"),
+        "{text}"
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_server_endpoints_and_an_event_on_failover() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("server");
+    let flags = [
+        &lease_flags("srv", ns.name())[..],
+        &["--status-addr", "127.0.0.1:0"],
+    ]
+    .concat();
+    let a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let b = Candidate::spawn(cp, &dir, "b", &flags, &work_script(&dir, "b", "exit 0"));
+    let strict = [&flags[..], &["--ready-only-when-leader"]].concat();
+    let c = Candidate::spawn(cp, &dir, "c", &strict, &work_script(&dir, "c", "exit 0"));
+    let (a_addr, b_addr, c_addr) = (a.status_addr(), b.status_addr(), c.status_addr());
+    assert!(a_addr.ip().is_loopback());
+
+    // GET / : the old leader-elector's answer, from the leader and from a follower.
+    wait_for("b sees a", WAIT, || {
+        (get_json(b_addr, "/")["name"] == "a").then_some(())
+    });
+    assert_eq!(get_json(a_addr, "/"), serde_json::json!({"name": "a"}));
+    let leader = get_json(a_addr, "/leader");
+    assert_eq!(leader["holder"], "a");
+    assert_eq!(leader["is_leader"], true);
+    assert_eq!(leader["strategy"], "lease");
+    assert_eq!(leader["lock"], "srv");
+    assert!(
+        leader["since"].is_string() && leader["fencing_token"].is_u64(),
+        "{leader}"
+    );
+    assert_eq!(get_json(b_addr, "/leader")["is_leader"], false);
+    assert_eq!(http(a_addr, "GET", "/healthz").0, 200);
+    assert_eq!(http(b_addr, "GET", "/healthz").0, 200);
+    // Ready once the result is known, leader or not; unless only the leader is to be ready.
+    assert_eq!(http(a_addr, "GET", "/readyz").0, 200);
+    assert_eq!(http(b_addr, "GET", "/readyz").0, 200);
+    wait_for("c sees a", WAIT, || {
+        (get_json(c_addr, "/")["name"] == "a").then_some(())
+    });
+    assert_eq!(http(c_addr, "GET", "/readyz").0, 503);
+    // Read-only.
+    assert_eq!(http(a_addr, "POST", "/leader").0, 405);
+    assert_eq!(http(a_addr, "DELETE", "/").0, 405);
+    assert_eq!(http(a_addr, "GET", "/nope").0, 404);
+    // Metrics.
+    let (code, metrics) = http(a_addr, "GET", "/metrics");
+    assert_eq!(code, 200);
+    for name in [
+        "kube_leader_is_leader",
+        "kube_leader_transitions_total",
+        "kube_leader_acquire_duration_seconds",
+        "kube_leader_renew_duration_seconds",
+        "kube_leader_renew_failures_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
+    let labels = format!(r#"namespace="{}",lock="srv",strategy="lease""#, ns.name());
+    assert!(
+        metrics.contains(&format!("kube_leader_is_leader{{{labels}}} 1")),
+        "{metrics}"
+    );
+    wait_for("a renewal is measured", WAIT, || {
+        http(a_addr, "GET", "/metrics")
+            .1
+            .contains(&format!("kube_leader_renew_duration_seconds_count{{{labels}}} "))
+            .then_some(())
+    });
+    let (_, bm) = http(b_addr, "GET", "/metrics");
+    assert!(
+        bm.contains(&format!("kube_leader_is_leader{{{labels}}} 0")),
+        "{bm}"
+    );
+
+    // Events: the current state first, then one per change.
+    let mut events = TcpStream::connect(b_addr).unwrap();
+    events.set_read_timeout(Some(WAIT)).unwrap();
+    write!(events, "GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut reader = std::io::BufReader::new(events);
+    let mut next_event = || -> Value {
+        loop {
+            let mut line = String::new();
+            assert!(reader.read_line(&mut line).unwrap() > 0, "event stream closed");
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                return serde_json::from_str(data).unwrap();
+            }
+        }
+    };
+    let first = next_event();
+    assert_eq!(
+        (first["holder"].as_str(), first["is_leader"].as_bool()),
+        (Some("a"), Some(false)),
+        "{first}"
+    );
+    signal(a.pid(), "TERM");
+    let takeover = wait_for("an event naming a new leader", WAIT, || {
+        let e = next_event();
+        (e["holder"] != "a" && e["holder"].is_string()).then_some(e)
+    });
+    eprintln!("event after failover: {takeover}");
+    let _ = fs::remove_dir_all(dir);
+}
+
+// === RBAC and manifests ===
+
+/// `kubectl <args>` with stdin; panics on failure; returns stdout.
+fn kubectl(cp: &ControlPlane, args: &[&str], stdin: &str) -> String {
+    let mut cmd = cp.kubectl();
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn rbac(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("rbac")
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Binds Role `role` in `ns` to `user`.
+async fn bind(client: &Client, ns: &str, role: &str, user: &str) {
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("{role}-{user}")),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            namespace: None,
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// The user that a test of RBAC uses (the brief reserves user-21 .. user-30 for these tests).
+fn user(n: usize) -> String {
+    format!("user-{}", 20 + n)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rbac_lease_role_is_accepted_and_sufficient_for_a_restricted_user() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("rbac-lease");
+    let yaml = rbac(&[
+        "--strategy",
+        "lease",
+        "--lock",
+        "guarded",
+        "--namespace",
+        ns.name(),
+        "--label-pod",
+    ]);
+    kubectl(cp, &["apply", "-f", "-"], &yaml);
+    let user = user(1);
+    bind(&client, ns.name(), "kube-leader-lease-guarded", &user).await;
+    create_pod(&client, ns.name(), "guarded-pod").await.unwrap();
+    let kubeconfig = cp.user_kubeconfig_path(&user).unwrap();
+    let flags = [&lease_flags("guarded", ns.name())[..], &["--label-pod"]].concat();
+    let a = Candidate::spawn_with(
+        kubeconfig,
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", "exit 0"),
+        &[("POD_NAME", "guarded-pod")],
+    );
+    wait_for("a leads with only the printed Role", WAIT, || {
+        a.leading().then_some(())
+    });
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    wait_for("the leader's Pod is labelled", WAIT, || {
+        let pod = futures_block(pods.get("guarded-pod"));
+        (pod.metadata
+            .labels
+            .unwrap_or_default()
+            .get("kube-leader.io/leader")
+            .map(String::as_str)
+            == Some("true"))
+        .then_some(())
+    });
+    // Renewals go on: still leading after several lease durations.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(a.leading(), "{}", a.log_text());
+    assert!(!a.log_text().contains("missing permission"), "{}", a.log_text());
+    let out = kube_leader(
+        &[
+            "status",
+            "--lock",
+            "guarded",
+            "-n",
+            ns.name(),
+            "--strategy",
+            "lease",
+            "-o",
+            "json",
+        ],
+        kubeconfig,
+    );
+    assert!(out.status.success(), "{out:?}");
+
+    // Without the Role, the error names the permission and the exit code is 4.
+    let other = self::user(2);
+    let mut b = Candidate::spawn_with(
+        cp.user_kubeconfig_path(&other).unwrap(),
+        &dir,
+        "b",
+        &lease_flags("guarded", ns.name()),
+        &work_script(&dir, "b", "exit 0"),
+        &[],
+    );
+    assert_eq!(b.wait_exit(WAIT).code(), Some(4), "{}", b.log_text());
+    assert!(b.log_text().contains("missing permission"), "{}", b.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rbac_for_life_role_is_accepted_and_sufficient_for_a_restricted_user() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("rbac-for-life");
+    let yaml = rbac(&[
+        "--strategy",
+        "for-life",
+        "--lock",
+        "fl",
+        "--namespace",
+        ns.name(),
+        "--label-pod",
+    ]);
+    kubectl(cp, &["apply", "-f", "-"], &yaml);
+    let (u1, u2) = (user(3), user(4));
+    for u in [&u1, &u2] {
+        bind(&client, ns.name(), "kube-leader-for-life-fl", u).await;
+    }
+    create_pod(&client, ns.name(), "p1").await.unwrap();
+    create_pod(&client, ns.name(), "p2").await.unwrap();
+    let flags = [
+        "--lock",
+        "fl",
+        "--namespace",
+        ns.name(),
+        "--label-pod",
+        "--grace",
+        "2s",
+    ];
+    let spawn = |u: &str, pod: &str| {
+        Candidate::spawn_with(
+            cp.user_kubeconfig_path(u).unwrap(),
+            &dir,
+            pod,
+            &flags,
+            &work_script(&dir, pod, "exit 0"),
+            &[("POD_NAME", pod)],
+        )
+    };
+    let mut p1 = spawn(&u1, "p1");
+    wait_for("p1 leads", WAIT, || p1.leading().then_some(()));
+    let p2 = spawn(&u2, "p2");
+    wait_for("p2 follows", WAIT, || {
+        p2.log_text().contains("leader is p1").then_some(())
+    });
+    assert!(!p2.leading());
+    let s = status_json(cp, ns.name(), "fl", "for-life");
+    assert_eq!(s["holder"], "p1");
+    assert_eq!(s["strategy"], "for-life");
+
+    // The leader's Pod is deleted: its lock goes with it, p1 loses (exit 3), p2 takes over.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    pods.delete("p1", &DeleteParams::default()).await.unwrap();
+    wait_for("p2 takes over", WAIT, || p2.leading().then_some(()));
+    assert_eq!(p1.wait_exit(WAIT).code(), Some(3), "{}", p1.log_text());
+    let label = wait_for("p2 is labelled", WAIT, || {
+        let pod = futures_block(pods.get("p2"));
+        pod.metadata
+            .labels
+            .unwrap_or_default()
+            .get("kube-leader.io/leader")
+            .cloned()
+            .filter(|v| v == "true")
+    });
+    assert_eq!(label, "true");
+    let cms: Api<ConfigMap> = Api::namespaced(client, ns.name());
+    let lock = cms.get("fl").await.unwrap();
+    assert_eq!(lock.metadata.owner_references.unwrap()[0].name, "p2");
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Runs a future to completion from synchronous test code inside a multi-thread runtime.
+fn futures_block<T>(f: impl std::future::Future<Output = kube::Result<T>>) -> T {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f)).unwrap()
+}
+
+/// The rules of the Role in `yaml`, normalized by the API server (dry run).
+fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
+    let out = kubectl(
+        cp,
+        &["apply", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-"],
+        yaml,
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let items = v["items"].as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
+    let role = items.iter().find(|i| i["kind"] == "Role").expect("a Role");
+    let mut rules: Vec<Value> = role["rules"].as_array().unwrap().clone();
+    rules.sort_by_key(|r| r.to_string());
+    rules
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_manifests_are_accepted_and_match_kube_leader_rbac() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("deploy");
+    for (strategy, file) in [("lease", "rbac-lease.yaml"), ("for-life", "rbac-for-life.yaml")] {
+        let deployed = fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let printed = rbac(&[
+            "--strategy",
+            strategy,
+            "--lock",
+            "kube-leader-demo",
+            "--namespace",
+            ns.name(),
+        ]);
+        assert_eq!(
+            server_rules(cp, ns.name(), &deployed),
+            server_rules(cp, ns.name(), &printed),
+            "deploy/{file} and `kube-leader rbac --strategy {strategy}` disagree"
+        );
+    }
+    let deployment = fs::read_to_string(root.join("deployment.yaml")).unwrap();
+    let out = kubectl(
+        cp,
+        &[
+            "apply",
+            "--dry-run=server",
+            "-n",
+            ns.name(),
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        &deployment,
+    );
+    assert!(out.contains("\"Deployment\""), "{out}");
+    for s in [
+        "--lock",
+        "kube-leader-demo",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "metadata.name",
+        "metadata.namespace",
+        "/readyz",
+        "/healthz",
+    ] {
+        assert!(deployment.contains(s), "deploy/deployment.yaml lacks {s}");
+    }
+}
+
+// === leader for life outside a cluster ===
+
+#[tokio::test(flavor = "multi_thread")]
+async fn for_life_outside_a_cluster_skips_or_fails_as_told() {
+    let cp = ControlPlane::shared();
+    let dir = scratch_dir("outside");
+    // No --namespace, no POD_NAMESPACE, no service-account file: not in a cluster.
+    assert!(!Path::new(kube_leader::lock::SERVICE_ACCOUNT_NAMESPACE_FILE).exists());
+    let mut skip = Candidate::spawn(
+        cp,
+        &dir,
+        "s",
+        &["--lock", "outside"],
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo $KUBE_LEADER_FENCING_TOKEN > {}/s.token; exit 5",
+                dir.display()
+            ),
+        ],
+    );
+    assert_eq!(skip.wait_exit(WAIT).code(), Some(5), "{}", skip.log_text());
+    assert_eq!(fs::read_to_string(dir.join("s.token")).unwrap().trim(), "0");
+    assert!(
+        skip.log_text().contains("not running in a cluster"),
+        "{}",
+        skip.log_text()
+    );
+
+    let mut fail = Candidate::spawn(
+        cp,
+        &dir,
+        "f",
+        &["--lock", "outside", "--on-outside-cluster", "fail"],
+        &["true".into()],
+    );
+    assert_eq!(fail.wait_exit(WAIT).code(), Some(2), "{}", fail.log_text());
+    assert!(fail.log_text().contains("no namespace"), "{}", fail.log_text());
+    let _ = fs::remove_dir_all(dir);
+}

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# The main job: watch a leader election happen with the `kube-leader` command.
+#
+# On a fresh machine it sets up what is missing (the control-plane binaries, cached by
+# ./scripts/testenv-assets.sh; the release build of kube-leader), then:
+#   1. starts a local control plane (etcd, kube-apiserver, kube-controller-manager) on free
+#      127.0.0.1 ports, in a temporary directory;
+#   2. leader for life: three `kube-leader run` candidates (Pod objects stand for them), shows
+#      who leads, kills the leader (its process and its Pod), shows the failover and its time;
+#   3. Lease: the same, first a crash (the lease must expire), then a graceful stop (the lease
+#      is released and taken over at once);
+#   4. stops every process it started, also on Ctrl-C or error.
+#
+# Options (environment): KUBE_LEADER_DEMO_KEEP=1 keeps the temporary directory with all logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '   %s\n' "$*"; }
+step() { printf '\n== %s\n' "$*"; }
+die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-demo.XXXXXX")
+PIDS=()            # the control plane
+CANDIDATES=()      # kube-leader processes
+cleanup() {
+  local code=$?
+  trap - EXIT INT TERM
+  step "cleaning up"
+  # Candidates first, gracefully (each forwards SIGTERM to its COMMAND and releases its lock),
+  # then the control plane.
+  stop_all "${CANDIDATES[@]}"
+  stop_all "${PIDS[@]}"
+  if [ "${KUBE_LEADER_DEMO_KEEP:-}" = 1 ]; then
+    say "logs kept in $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  say "every process started by the demo is stopped"
+  exit "$code"
+}
+stop_all() { # PID...: SIGTERM, up to 5 s, SIGKILL
+  [ $# -gt 0 ] || return 0
+  local pid alive
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    alive=0
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- what is missing --------------------------------------------------------------------------
+step "setting up (control-plane binaries, release build)"
+ASSETS=$(./scripts/testenv-assets.sh)
+command -v openssl >/dev/null || die "openssl is missing (apt-get install openssl)"
+command -v python3 >/dev/null || die "python3 is missing (apt-get install python3)"
+cargo build --release --quiet -p kube-leader-cli
+BIN="$PWD/target/release/kube-leader"
+say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; control plane from $ASSETS"
+
+# --- the control plane ------------------------------------------------------------------------
+free_ports() {
+  python3 -c 'import socket
+ss=[socket.socket() for _ in range('"$1"')]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))'
+}
+wait_for() { # SECONDS WHAT COMMAND...
+  local secs=$1 what=$2; shift 2
+  local end=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$end" ] || die "$what not ready within ${secs}s (logs in $WORK)"
+    sleep 0.2
+  done
+}
+start() { # NAME COMMAND... (logs to $WORK/NAME.log)
+  local name=$1; shift
+  "$@" >"$WORK/$name.log" 2>&1 &
+  LAST_PID=$!
+  disown "$LAST_PID"   # no "Killed" notices from bash
+}
+
+step "starting a local control plane (etcd, kube-apiserver, kube-controller-manager)"
+t0=$(now_ms)
+read -r ETCD_PORT PEER_PORT API_PORT < <(free_ports 3)
+start etcd "$ASSETS/etcd" --name=default --data-dir="$WORK/etcd" \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$PEER_PORT" \
+  --initial-cluster="default=http://127.0.0.1:$PEER_PORT"
+PIDS+=("$LAST_PID")
+wait_for 30 etcd sh -c "curl -sf http://127.0.0.1:$ETCD_PORT/health | grep -q '\"health\":\"true\"'"
+
+openssl genrsa -out "$WORK/sa.key" 2048 2>/dev/null
+openssl rsa -in "$WORK/sa.key" -pubout -out "$WORK/sa.pub" 2>/dev/null
+TOKEN=$(openssl rand -hex 16)
+echo "$TOKEN,admin,1,\"system:masters\"" >"$WORK/tokens.csv"
+start kube-apiserver "$ASSETS/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --secure-port="$API_PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --insecure-port=0 \
+  --cert-dir="$WORK/certs" --token-auth-file="$WORK/tokens.csv" \
+  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$WORK/sa.pub" \
+  --service-account-signing-key-file="$WORK/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
+  --authorization-mode=RBAC --disable-admission-plugins=ServiceAccount --profiling=false \
+  --enable-priority-and-fairness=false
+PIDS+=("$LAST_PID")
+export KUBECONFIG="$WORK/kubeconfig"
+cat >"$KUBECONFIG" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: demo
+  cluster: {server: "https://127.0.0.1:$API_PORT", insecure-skip-tls-verify: true}
+users:
+- name: admin
+  user: {token: "$TOKEN"}
+contexts:
+- name: demo
+  context: {cluster: demo, user: admin, namespace: demo}
+current-context: demo
+EOF
+KUBECTL=("$ASSETS/kubectl" --kubeconfig "$KUBECONFIG")
+wait_for 60 kube-apiserver sh -c "curl -skf -H 'Authorization: Bearer $TOKEN' https://127.0.0.1:$API_PORT/readyz"
+wait_for 30 "the default namespace" "${KUBECTL[@]}" get namespace default
+start kube-controller-manager "$ASSETS/kube-controller-manager" --kubeconfig="$KUBECONFIG" \
+  --controllers=garbagecollector,namespace --leader-elect=false --bind-address=127.0.0.1 \
+  --secure-port=0 --port=0
+PIDS+=("$LAST_PID")
+"${KUBECTL[@]}" create namespace demo >/dev/null
+say "ready in $(( ($(now_ms) - t0) )) ms: https://127.0.0.1:$API_PORT, namespace demo (no kubelet: Pods never run)"
+
+# --- candidates -------------------------------------------------------------------------------
+# COMMAND, the program that must run only on the leader: it notes when it started and then
+# works (sleeps) until it is stopped.
+COMMAND='echo "$(date +%s%N) $KUBE_LEADER_IDENTITY $KUBE_LEADER_FENCING_TOKEN $$" >>"$LEADERS"; exec sleep 100000'
+declare -A CANDIDATE_PID
+TIMINGS=(--lease-duration 4s --renew-deadline 3s --retry-period 500ms --grace 2s)
+
+candidates() { # STRATEGY
+  local strategy=$1 i
+  for i in 1 2 3; do
+    local pod="candidate-$i"
+    LEADERS="$WORK/leaders-$strategy" POD_NAME="$pod" POD_NAMESPACE=demo \
+      start "$strategy-$pod" "$BIN" run --lock "demo-$strategy" --strategy "$strategy" "${TIMINGS[@]}" \
+      -- sh -c "$COMMAND"
+    CANDIDATES+=("$LAST_PID")
+    CANDIDATE_PID[$strategy-$pod]=$LAST_PID
+  done
+}
+# Waits for the Nth leader's COMMAND to start; sets LEADER, TOKEN and STARTED_MS.
+nth_leader() { # STRATEGY N
+  local file="$WORK/leaders-$1" end=$(( $(date +%s) + 60 ))
+  until [ -f "$file" ] && [ "$(wc -l <"$file")" -ge "$2" ]; do
+    [ "$(date +%s)" -lt "$end" ] || die "no leader number $2 within 60s (logs in $WORK)"
+    sleep 0.02
+  done
+  read -r started_ns LEADER TOKEN _ < <(sed -n "${2}p" "$file")
+  STARTED_MS=$(( started_ns / 1000000 ))
+}
+show_status() { # STRATEGY
+  "$BIN" status --lock "demo-$1" --strategy "$1" 2>/dev/null | sed 's/^/     /'
+}
+followers_idle() { # STRATEGY: how many of the COMMANDs ever started run now
+  local n=0 m=0 pid
+  for pid in $(cut -d' ' -f4 "$WORK/leaders-$1"); do
+    m=$((m + 1))
+    kill -0 "$pid" 2>/dev/null && n=$((n + 1))
+  done
+  say "COMMANDs of the 3 candidates: $m started so far, $n running now"
+}
+
+step "leader for life: 3 candidates, lock demo-for-life (a ConfigMap owned by the leader's Pod)"
+for i in 1 2 3; do
+  "${KUBECTL[@]}" create -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: candidate-$i, namespace: demo}
+spec: {containers: [{name: main, image: busybox}]}
+EOF
+done
+candidates for-life
+nth_leader for-life 1
+say "$LEADER leads (fencing token $TOKEN); kube-leader status says:"
+show_status for-life
+followers_idle for-life
+say "killing the leader: SIGKILL $LEADER's kube-leader, and delete Pod $LEADER"
+t_kill=$(now_ms)
+kill -KILL "${CANDIDATE_PID[for-life-$LEADER]}"
+"${KUBECTL[@]}" delete pod "$LEADER" --wait=false >/dev/null
+old=$LEADER
+nth_leader for-life 2
+say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the kill (fencing token $TOKEN):"
+say "the garbage collector deleted $old's lock with its Pod, a waiting candidate saw it at once"
+sleep 0.5
+followers_idle for-life
+
+step "Lease: 3 candidates, lock demo-lease (lease 4s, renew deadline 3s, retry 500ms)"
+candidates lease
+nth_leader lease 1
+say "$LEADER leads (fencing token $TOKEN); kube-leader status says:"
+show_status lease
+say "crash: SIGKILL $LEADER's kube-leader (its supervisor stops its COMMAND; the lease must expire)"
+t_kill=$(now_ms)
+kill -KILL "${CANDIDATE_PID[lease-$LEADER]}"
+nth_leader lease 2
+say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the crash (fencing token $TOKEN)"
+say "graceful stop: SIGTERM $LEADER's kube-leader (COMMAND stops, then the lease is released)"
+t_kill=$(now_ms)
+kill -TERM "${CANDIDATE_PID[lease-$LEADER]}"
+nth_leader lease 3
+say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the SIGTERM (fencing token $TOKEN)"
+sleep 0.5
+followers_idle lease
