@@ -60,6 +60,23 @@ impl Elector {
         }
     }
 
+    /// The current leader as this candidate sees it. A Lease candidate publishes what its own
+    /// watch sees (no second watch); leader for life gets a watch of its own.
+    pub(crate) fn observe(&self, client: &Client, lock: &LockRef) -> watch::Receiver<Option<LeaderInfo>> {
+        match self {
+            Elector::ForLife(_) => for_life::watch_leader(client.clone(), lock.clone()),
+            Elector::Lease(e) => e.observe(),
+        }
+    }
+
+    /// A Lease candidate's renewal figures (heartbeats for the supervisor, renewal metrics).
+    pub(crate) fn renewals(&self) -> Option<watch::Receiver<lease::Renewals>> {
+        match self {
+            Elector::ForLife(_) => None,
+            Elector::Lease(e) => Some(e.renewals()),
+        }
+    }
+
     /// The election watchdog: `Err` says why this candidate is unhealthy.
     pub(crate) fn check_health(&self, tolerance: Duration) -> Result<(), String> {
         match self {
@@ -67,18 +84,6 @@ impl Elector {
             Elector::ForLife(_) => Ok(()),
             Elector::Lease(e) => e.check_health(tolerance).map_err(|u| u.to_string()),
         }
-    }
-}
-
-/// Watches the current leader of `lock` without campaigning.
-pub(crate) fn watch_leader(
-    client: Client,
-    strategy: StrategyArg,
-    lock: LockRef,
-) -> watch::Receiver<Option<LeaderInfo>> {
-    match strategy {
-        StrategyArg::ForLife => for_life::watch_leader(client, lock),
-        StrategyArg::Lease => lease::watch_leader(client, lock),
     }
 }
 

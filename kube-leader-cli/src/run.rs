@@ -1,9 +1,6 @@
 //! `kube-leader run`: campaign, run COMMAND while leading, stop it when leadership ends.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::anyhow;
 use k8s_openapi::api::core::v1::Pod;
@@ -11,10 +8,10 @@ use kube::{
     api::{Patch, PatchParams},
     Api, Client,
 };
-use kube_leader::{lock, LeaderInfo, Leadership, LockRef};
+use kube_leader::{lease::Renewals, lock, LeaderInfo, Leadership, LockRef};
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
-    sync::{mpsc, watch},
+    sync::watch,
     time::{Instant, MissedTickBehavior},
 };
 use tokio_util::sync::CancellationToken;
@@ -22,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cli::{LogFormat, RunArgs, StrategyArg},
-    elector::{self, Elector},
+    elector::Elector,
     exit::{self, Fail, OrExit},
     metrics::secs,
     server,
@@ -65,8 +62,9 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         })?;
         tokio::spawn(server::serve(listener, status.clone()));
     }
-    let leader = elector::watch_leader(client.clone(), args.lock.strategy, lock.clone());
-    tokio::spawn(observe(leader.clone(), status.clone()));
+    // The Lease candidate publishes what its own watch sees; leader for life needs a watch.
+    let leader = elector.observe(&client, &lock);
+    tokio::spawn(observe(leader, status.clone()));
     let label = args.label_pod.then(|| {
         PodLabel::new(
             client.clone(),
@@ -121,10 +119,9 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         args: &args,
         log_format,
         status: &status,
-        client,
         label: label.as_ref(),
     };
-    let code = leading.run(leadership, leader, &mut signals).await;
+    let code = leading.run(leadership, elector.renewals(), &mut signals).await;
     if let Some(label) = &label {
         let _ = label.set(false).await;
     }
@@ -136,7 +133,6 @@ struct Leading<'a> {
     args: &'a RunArgs,
     log_format: LogFormat,
     status: &'a Status,
-    client: Client,
     label: Option<&'a PodLabel>,
 }
 
@@ -144,7 +140,7 @@ impl Leading<'_> {
     async fn run(
         self,
         leadership: Leadership,
-        mut leader: watch::Receiver<Option<LeaderInfo>>,
+        renewals: Option<watch::Receiver<Renewals>>,
         signals: &mut Signals,
     ) -> u8 {
         let lock = &self.status.lock;
@@ -167,14 +163,22 @@ impl Leading<'_> {
             }
         };
         let deadline = self.args.renew_deadline;
-        let mut renewals = Renewals::new(self.status.identity.clone(), deadline, self.args.retry_period);
         // The term was won by a write that has just succeeded.
         sup.beat(deadline).await;
-        let lease = self.status.strategy == StrategyArg::Lease && !leadership.is_skipped();
+        // Lease: a heartbeat per successful renewal, confirming leadership for the renew deadline
+        // counted from when that renewal was sent (the library's fail-stop rule, on the same
+        // monotonic clock). Leader for life: liveness pings from this loop.
+        let lease = renewals.is_some() && !leadership.is_skipped();
+        let (mut renewals, mut seen) = match renewals {
+            Some(r) => {
+                let seen = r.borrow().clone();
+                (r, seen)
+            }
+            None => (watch::channel(Renewals::default()).1, Renewals::default()),
+        };
         let mut ping = tokio::time::interval(self.args.retry_period);
         ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let (read_tx, mut read_rx) = mpsc::channel::<Option<LeaderInfo>>(1);
-        let mut watching = true;
+        let mut watching = lease;
         let mut lost = false;
         let mut stop_signal = false;
 
@@ -208,39 +212,30 @@ impl Leading<'_> {
                     stop_signal |= is_stop(kind);
                     sup.signal(kind.as_raw_value()).await;
                 }
-                changed = leader.changed(), if lease && watching => {
+                changed = renewals.changed(), if watching => {
                     if changed.is_err() {
                         watching = false;
                         continue;
                     }
-                    let info = leader.borrow_and_update().clone();
-                    if let Some(valid) = renewals.seen(info.as_ref(), &self.status.metrics) {
-                        sup.beat(valid).await;
-                    }
-                }
-                Some(info) = read_rx.recv() => {
-                    if let Some(valid) = renewals.seen(info.as_ref(), &self.status.metrics) {
-                        sup.beat(valid).await;
-                    }
-                }
-                _ = ping.tick() => {
-                    if !lease {
-                        // No renewals to wait for: heartbeats say that kube-leader's loop runs and
-                        // the strategy has not reported a loss.
-                        if !lost {
-                            sup.beat(deadline).await;
+                    let now = renewals.borrow_and_update().clone();
+                    if now.successes > seen.successes {
+                        if let Some(latency) = now.last_latency {
+                            self.status.metrics.renew.observe(secs(latency));
                         }
-                    } else if !lost && renewals.overdue() {
-                        // The watch shows no renewal: read the Lease (bounded fallback).
-                        renewals.read_started();
-                        let (client, lock, tx) = (self.client.clone(), lock.clone(), read_tx.clone());
-                        let bound = self.args.retry_period;
-                        tokio::spawn(async move {
-                            let read = elector::current_leader(client, StrategyArg::Lease, &lock);
-                            if let Ok(Ok(info)) = tokio::time::timeout(bound, read).await {
-                                let _ = tx.try_send(info);
-                            }
-                        });
+                    }
+                    if now.failures > seen.failures {
+                        self.status.metrics.renew_failures.inc_by(now.failures - seen.failures);
+                    }
+                    if let (true, false, Some(sent)) = (now.leading, lost, now.last_success) {
+                        sup.beat(deadline.saturating_sub(sent.elapsed())).await;
+                    }
+                    seen = now;
+                }
+                _ = ping.tick(), if !lease => {
+                    // No renewals to wait for: heartbeats say that kube-leader's loop runs and
+                    // the strategy has not reported a loss.
+                    if !lost {
+                        sup.beat(deadline).await;
                     }
                 }
             }
@@ -289,69 +284,6 @@ impl Leading<'_> {
             Ok(Err(e)) => warn!(lock = %lock, error = %e, "could not release the lock"),
             Err(_) => warn!(lock = %lock, "releasing the lock timed out"),
         }
-    }
-}
-
-/// A lease leader's renewals, as seen on the Lease: they drive the supervisor's heartbeats.
-///
-/// A heartbeat says how long leadership is confirmed: the renew deadline counted from the
-/// renewal's `renewTime`, which this process wrote from its own clock just before sending the
-/// renewal, so it errs early, never late.
-#[derive(Debug)]
-struct Renewals {
-    identity: String,
-    renew_deadline: Duration,
-    retry_period: Duration,
-    last: Option<SystemTime>,
-    last_seen: Instant,
-    read_at: Option<Instant>,
-}
-
-impl Renewals {
-    fn new(identity: String, renew_deadline: Duration, retry_period: Duration) -> Self {
-        Self {
-            identity,
-            renew_deadline,
-            retry_period,
-            last: None,
-            last_seen: Instant::now(),
-            read_at: None,
-        }
-    }
-
-    /// A record seen on the Lease: if it is a renewal of ours, for how long leadership is
-    /// confirmed from now.
-    fn seen(&mut self, info: Option<&LeaderInfo>, metrics: &crate::metrics::Metrics) -> Option<Duration> {
-        let info = info?;
-        if info.holder.as_deref() != Some(self.identity.as_str()) {
-            return None;
-        }
-        let renewed = info.renewed_at?;
-        let age = SystemTime::now().duration_since(renewed).unwrap_or_default();
-        if self.last.is_none_or(|last| renewed > last) {
-            if let Some(last) = self.last {
-                metrics.renew.observe(secs(age));
-                let gap = renewed.duration_since(last).unwrap_or_default();
-                let missed = (gap.as_secs_f64() / self.retry_period.as_secs_f64() - 0.5).floor();
-                if missed >= 1.0 {
-                    metrics.renew_failures.inc_by(missed as u64);
-                }
-            }
-            self.last = Some(renewed);
-            self.last_seen = Instant::now();
-        }
-        Some(self.renew_deadline.saturating_sub(age))
-    }
-
-    /// Whether no renewal has been seen for two retry periods (and no read is in flight).
-    fn overdue(&self) -> bool {
-        let quiet = self.last_seen.elapsed() > self.retry_period * 2;
-        let reading = self.read_at.is_some_and(|t| t.elapsed() < self.retry_period);
-        quiet && !reading
-    }
-
-    fn read_started(&mut self) {
-        self.read_at = Some(Instant::now());
     }
 }
 
