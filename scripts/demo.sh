@@ -2,7 +2,7 @@
 # The main job: watch a leader election happen with the `kube-leader` command.
 #
 # On a fresh machine it sets up what is missing (the control-plane binaries, cached by
-# ./scripts/testenv-assets.sh; the release build of kube-leader), then:
+# ./scripts/testenv-assets.sh; the sidecar build of kube-leader), then:
 #   1. starts a local control plane (etcd, kube-apiserver, kube-controller-manager) on free
 #      127.0.0.1 ports, in a temporary directory;
 #   2. leader for life: three `kube-leader run` candidates (Pod objects stand for them), shows
@@ -55,12 +55,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- what is missing --------------------------------------------------------------------------
-step "setting up (control-plane binaries, release build)"
+step "setting up (control-plane binaries, sidecar build)"
 ASSETS=$(./scripts/testenv-assets.sh)
 command -v openssl >/dev/null || die "openssl is missing (apt-get install openssl)"
 command -v python3 >/dev/null || die "python3 is missing (apt-get install python3)"
-cargo build --release --quiet -p kube-leader-cli
-BIN="$PWD/target/release/kube-leader"
+cargo build --profile sidecar --quiet -p kube-leader-cli
+BIN="$PWD/target/sidecar/kube-leader"
 say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; control plane from $ASSETS"
 
 # --- the control plane ------------------------------------------------------------------------
