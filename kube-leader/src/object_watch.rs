@@ -9,7 +9,18 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::api::{classify_watch, Failure, Op};
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::{
+    api::{call, classify_watch, Failure, Op},
+    error::{Error, Result},
+    leadership::LeaderInfo,
+    lock::LockRef,
+};
+
+/// Bound on a one-off read of the lock.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Longest watch call; kube-runtime's watcher requires less than the client's 295 s read timeout.
 /// An idle watch therefore costs one request every 290 s (about 0.2 requests per minute).
@@ -127,4 +138,73 @@ where
             }
         }
     }
+}
+
+/// Reads the lock object once and describes its leader (`None`: no lock).
+pub(crate) async fn read_leader<K>(
+    api: Api<K>,
+    lock: &LockRef,
+    resource: &'static str,
+    hint: &'static str,
+    describe: fn(&LockRef, &K) -> LeaderInfo,
+) -> Result<Option<LeaderInfo>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let op = Op {
+        verb: "get",
+        resource,
+        namespace: &lock.namespace,
+        name: &lock.name,
+        hint,
+    };
+    match call(op, READ_TIMEOUT, api.get_opt(&lock.name)).await {
+        Ok(k) => Ok(k.map(|k| describe(lock, &k))),
+        Err(Failure::NotFound | Failure::Conflict) => Ok(None),
+        Err(Failure::Fatal(e)) => Err(e),
+        Err(Failure::Transient(e)) => Err(Error::Api(Box::new(e))),
+    }
+}
+
+/// Watches the lock object and publishes its leader: `None` while there is no lock; a new
+/// value only when the description changes. The task ends when every receiver is dropped, or
+/// (with a warning) when watching is forbidden.
+pub(crate) fn watch_leader<K>(
+    api: Api<K>,
+    lock: LockRef,
+    resource: &'static str,
+    hint: &'static str,
+    describe: fn(&LockRef, &K) -> LeaderInfo,
+) -> watch::Receiver<Option<LeaderInfo>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let op = Op {
+            verb: "watch",
+            resource,
+            namespace: &lock.namespace,
+            name: &lock.name,
+            hint,
+        };
+        let mut w = ObjectWatch::new(api, &lock.name, op);
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                ev = w.changed() => match ev {
+                    Ok(k) => {
+                        let info = k.map(|k| describe(&lock, k));
+                        tx.send_if_modified(|cur| if *cur == info { false } else { *cur = info; true });
+                    }
+                    Err(Failure::Fatal(e)) => {
+                        warn!(error = %e, lock = %lock, "cannot watch the lock");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    });
+    rx
 }

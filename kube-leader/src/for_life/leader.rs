@@ -1,22 +1,20 @@
 //! Reading who leads, without campaigning: for status commands and followers.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 use tokio::sync::watch;
-use tracing::warn;
 
 use super::{
     elector::RBAC_HINT,
     record::{parse_resource_version, LockRecord},
 };
 use crate::{
-    api::{call, Failure, Op},
-    error::{Error, Result},
+    error::Result,
     leadership::{LeaderInfo, Strategy},
     lock::LockRef,
-    object_watch::ObjectWatch,
+    object_watch,
 };
 
 /// What a leader-for-life lock says about its leader.
@@ -57,19 +55,7 @@ pub(crate) fn leader_info(lock: &LockRef, cm: &ConfigMap) -> LeaderInfo {
 /// Cancel-safe.
 pub async fn current_leader(client: Client, lock: &LockRef) -> Result<Option<LeaderInfo>> {
     let api: Api<ConfigMap> = Api::namespaced(client, &lock.namespace);
-    let op = Op {
-        verb: "get",
-        resource: "configmaps",
-        namespace: &lock.namespace,
-        name: &lock.name,
-        hint: RBAC_HINT,
-    };
-    match call(op, Duration::from_secs(30), api.get_opt(&lock.name)).await {
-        Ok(cm) => Ok(cm.map(|cm| leader_info(lock, &cm))),
-        Err(Failure::NotFound | Failure::Conflict) => Ok(None),
-        Err(Failure::Fatal(e)) => Err(e),
-        Err(Failure::Transient(e)) => Err(Error::Api(Box::new(e))),
-    }
+    object_watch::read_leader(api, lock, "configmaps", RBAC_HINT, leader_info).await
 }
 
 /// Watches the leader of a leader-for-life lock without campaigning, for followers and
@@ -77,35 +63,8 @@ pub async fn current_leader(client: Client, lock: &LockRef) -> Result<Option<Lea
 /// leader (or its term) does. The watch runs in a task that ends when every receiver is dropped,
 /// or (with a warning) when reading the lock is forbidden.
 pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<LeaderInfo>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        let api: Api<ConfigMap> = Api::namespaced(client, &lock.namespace);
-        let op = Op {
-            verb: "watch",
-            resource: "configmaps",
-            namespace: &lock.namespace,
-            name: &lock.name,
-            hint: RBAC_HINT,
-        };
-        let mut w = ObjectWatch::new(api, &lock.name, op);
-        loop {
-            tokio::select! {
-                () = tx.closed() => return,
-                ev = w.changed() => match ev {
-                    Ok(cm) => {
-                        let info = cm.map(|cm| leader_info(&lock, cm));
-                        tx.send_if_modified(|cur| if *cur == info { false } else { *cur = info; true });
-                    }
-                    Err(Failure::Fatal(e)) => {
-                        warn!(error = %e, lock = %lock, "cannot watch the lock");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            }
-        }
-    });
-    rx
+    let api: Api<ConfigMap> = Api::namespaced(client, &lock.namespace);
+    object_watch::watch_leader(api, lock, "configmaps", RBAC_HINT, leader_info)
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::{
     error::{Error, Result},
     leadership::{Keeper, LeaderInfo, Leadership, LossReason, Strategy, Term},
     lock::{self, LockRef},
-    object_watch::ObjectWatch,
+    object_watch::{self, ObjectWatch},
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
@@ -823,54 +823,18 @@ fn leader_info(lock: &LockRef, r: &LeaseRecord) -> LeaderInfo {
 /// Cancel-safe.
 pub async fn current_leader(client: Client, lock: &LockRef) -> Result<Option<LeaderInfo>> {
     let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
-    let op = Op {
-        verb: "get",
-        resource: RESOURCE,
-        namespace: &lock.namespace,
-        name: &lock.name,
-        hint: RBAC_HINT,
-    };
-    match call(op, Duration::from_secs(30), api.get(&lock.name)).await {
-        Ok(lease) => Ok(Some(leader_info(lock, &LeaseRecord::from_lease(&lease)))),
-        Err(Failure::NotFound) => Ok(None),
-        Err(Failure::Fatal(e)) => Err(e),
-        Err(Failure::Conflict) => Ok(None),
-        Err(Failure::Transient(e)) => Err(Error::Api(Box::new(e))),
-    }
+    object_watch::read_leader(api, lock, RESOURCE, RBAC_HINT, describe).await
 }
 
 /// Watches the current leader of a Lease without campaigning: the channel holds `None` while
 /// the Lease does not exist. The watch ends when every receiver is dropped.
 pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<LeaderInfo>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
-        let op = Op {
-            verb: "watch",
-            resource: RESOURCE,
-            namespace: &lock.namespace,
-            name: &lock.name,
-            hint: RBAC_HINT,
-        };
-        let mut w = ObjectWatch::new(api, &lock.name, op);
-        loop {
-            tokio::select! {
-                _ = tx.closed() => return,
-                ev = w.changed() => match ev {
-                    Ok(l) => {
-                        let info = l.map(|l| leader_info(&lock, &LeaseRecord::from_lease(l)));
-                        tx.send_if_modified(|cur| if *cur == info { false } else { *cur = info; true });
-                    }
-                    Err(Failure::Fatal(e)) => {
-                        warn!(error = %e, lock = %lock, "cannot watch the lease");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            }
-        }
-    });
-    rx
+    let api: Api<Lease> = Api::namespaced(client, &lock.namespace);
+    object_watch::watch_leader(api, lock, RESOURCE, RBAC_HINT, describe)
+}
+
+fn describe(lock: &LockRef, lease: &Lease) -> LeaderInfo {
+    leader_info(lock, &LeaseRecord::from_lease(lease))
 }
 
 /// The host name, for a default identity.
