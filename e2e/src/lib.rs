@@ -1,5 +1,6 @@
 //! Helpers shared by kube-leader's end-to-end tests.
 
+pub mod chaos;
 pub mod checker;
 
 use std::time::Duration;

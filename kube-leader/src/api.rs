@@ -99,16 +99,14 @@ pub(crate) fn classify(op: Op<'_>, err: kube::Error) -> Failure {
 }
 
 /// Turns a watch stream error into a fatal error if retrying it cannot help (403 on watch).
+///
+/// A watch starts with a list: a refused initial list is named `list`, whatever `op` says, so
+/// that a missing `list` permission is not reported as a missing `watch`.
 pub(crate) fn classify_watch(op: Op<'_>, err: kube::runtime::watcher::Error) -> Failure {
     use kube::runtime::watcher::Error as W;
     match err {
-        W::InitialListFailed(e) | W::WatchStartFailed(e) => match classify(op, e) {
-            Failure::Fatal(f) => Failure::Fatal(f),
-            Failure::Transient(e) => Failure::Transient(e),
-            Failure::NotFound | Failure::Conflict => {
-                Failure::Transient(kube::Error::Service("watch failed".into()))
-            }
-        },
+        W::InitialListFailed(e) => classify_watch_start(Op { verb: "list", ..op }, e),
+        W::WatchStartFailed(e) => classify_watch_start(op, e),
         W::WatchError(status) => {
             let code = status.code;
             let e = kube::Error::Api(status);
@@ -118,6 +116,17 @@ pub(crate) fn classify_watch(op: Op<'_>, err: kube::runtime::watcher::Error) -> 
             }
         }
         other => Failure::Transient(kube::Error::Service(other.to_string().into())),
+    }
+}
+
+/// A failed list or watch request: fatal if retrying cannot help, else transient.
+fn classify_watch_start(op: Op<'_>, e: kube::Error) -> Failure {
+    match classify(op, e) {
+        Failure::Fatal(f) => Failure::Fatal(f),
+        Failure::Transient(e) => Failure::Transient(e),
+        Failure::NotFound | Failure::Conflict => {
+            Failure::Transient(kube::Error::Service("watch failed".into()))
+        }
     }
 }
 
@@ -167,6 +176,30 @@ mod tests {
             classify(op(), api(422)),
             Failure::Fatal(Error::Rejected { .. })
         ));
+    }
+
+    /// Found by the least-privilege e2e test: without `list`, the error said `watch`.
+    #[test]
+    fn a_refused_list_or_watch_is_named_as_such() {
+        use kube::runtime::watcher::Error as W;
+        let watch = Op {
+            verb: "watch",
+            ..op()
+        };
+        for (err, verb) in [
+            (W::InitialListFailed(api(403)), "list"),
+            (W::WatchStartFailed(api(403)), "watch"),
+        ] {
+            let Failure::Fatal(e) = classify_watch(watch, err) else {
+                panic!("403 must be fatal")
+            };
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("missing permission: {verb} configmaps in namespace ns")),
+                "{msg}"
+            );
+        }
+        assert!(classify_watch(watch, W::InitialListFailed(api(500))).is_transient());
     }
 
     #[tokio::test(start_paused = true)]

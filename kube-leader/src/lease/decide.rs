@@ -85,6 +85,33 @@ pub(crate) fn decide(
     }
 }
 
+/// What a candidate does while the Lease is absent: create it, unless the Lease was deleted while
+/// another candidate held it (`deleted`: the record this candidate last observed before the
+/// deletion) and that holder's lease has not expired yet by this candidate's observation.
+///
+/// A deletion is not a release: the holder may not have seen it yet (its watch is late, or it is
+/// partitioned) and may act as leader until its renew deadline, exactly as a holder that stopped
+/// renewing. So its lease is waited out in the same way (client-go creates at once, and so two
+/// leaders may act for up to the renew deadline after an administrator deletes the Lease).
+pub(crate) fn decide_absent(
+    deleted: Option<&Observed>,
+    identity: &str,
+    now: Instant,
+    fallback: Duration,
+) -> Decision {
+    match deleted {
+        Some(d) if d.record.holder.as_deref().is_some_and(|h| h != identity) => {
+            let expiry = d.expires_at(fallback);
+            if now < expiry {
+                Decision::WaitUntil(expiry)
+            } else {
+                Decision::Create
+            }
+        }
+        _ => Decision::Create,
+    }
+}
+
 /// The record this candidate writes for a decision.
 pub(crate) fn record_for(
     decision: &Decision,
@@ -208,6 +235,36 @@ mod tests {
         assert_eq!(d, Decision::Takeover);
         assert_eq!(record_for(&d, Some(&obs), "me", D, now()).transitions, 3);
         assert_eq!(record_for(&Decision::Create, None, "me", D, now()).transitions, 0);
+    }
+
+    /// Found by the chaos run (issue 5): after an administrator deleted the Lease, a candidate
+    /// created it at once while the holder, whose watch was a few milliseconds late, still led.
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_lease_of_another_holder_is_waited_out() {
+        let t0 = Instant::now();
+        let held = Observed::update(None, rec(Some("other"), Some(2), 4), None, t0);
+        let expiry = t0 + Duration::from_secs(2);
+        assert_eq!(decide_absent(None, "me", t0, D), Decision::Create);
+        assert_eq!(
+            decide_absent(Some(&held), "me", t0, D),
+            Decision::WaitUntil(expiry)
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            decide_absent(Some(&held), "me", Instant::now(), D),
+            Decision::Create
+        );
+        // Our own deleted lease (we know we stopped), or a released one: at once.
+        let ours = Observed::update(None, rec(Some("me"), Some(2), 4), None, Instant::now());
+        assert_eq!(
+            decide_absent(Some(&ours), "me", Instant::now(), D),
+            Decision::Create
+        );
+        let free = Observed::update(None, rec(None, Some(2), 4), None, Instant::now());
+        assert_eq!(
+            decide_absent(Some(&free), "me", Instant::now(), D),
+            Decision::Create
+        );
     }
 
     fn now() -> k8s_openapi::jiff::Timestamp {

@@ -17,7 +17,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
-    decide::{decide, record_for, Decision, Observed},
+    decide::{decide, decide_absent, record_for, Decision, Observed},
     record::{now_micro, LeaseRecord},
 };
 use crate::{
@@ -77,11 +77,27 @@ pub struct Renewals {
 struct Shared {
     leader: watch::Sender<Option<LeaderInfo>>,
     renewals: watch::Sender<Renewals>,
+    /// The greatest `leaseTransitions` this elector has seen on its Lease: a Lease created again
+    /// after a deletion goes on counting from there, so that fencing tokens keep growing.
+    transitions_seen: std::sync::Mutex<Option<u32>>,
 }
 
 impl Shared {
     fn set_health(&self, f: impl FnOnce(&mut Renewals)) {
         self.renewals.send_modify(f);
+    }
+
+    fn saw_transitions(&self, transitions: u32) {
+        let mut seen = self.transitions_seen.lock().unwrap_or_else(|e| e.into_inner());
+        *seen = Some(seen.map_or(transitions, |s| s.max(transitions)));
+    }
+
+    /// `leaseTransitions` for a Lease this elector creates: one more than the greatest it saw;
+    /// 0 if it saw none, or only an exhausted count (deleting the Lease is how an administrator
+    /// starts counting again, see [`Error::FencingTokenExhausted`]).
+    fn transitions_for_create(&self) -> u32 {
+        let seen = self.transitions_seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.filter(|s| *s < i32::MAX.unsigned_abs()).map_or(0, |s| s + 1)
     }
 }
 
@@ -139,6 +155,7 @@ impl LeaseElector {
             shared: Arc::new(Shared {
                 leader: watch::channel(None).0,
                 renewals: watch::channel(Renewals::default()).0,
+                transitions_seen: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -321,6 +338,8 @@ impl LeaseElector {
         };
         let mut watch = ObjectWatch::new(api.clone(), &lock.name, op("watch"));
         let mut observed: Option<Observed> = None;
+        // While the Lease is absent: what this candidate last saw before it was deleted.
+        let mut deleted: Option<Observed> = None;
         let cfg = &self.config;
         let cancelled = || Error::Cancelled {
             lock: lock.to_string(),
@@ -332,11 +351,14 @@ impl LeaseElector {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Err(cancelled()),
-                    ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                    ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
                 }
                 continue;
             }
-            let decision = decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration);
+            let decision = match &observed {
+                Some(_) => decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration),
+                None => decide_absent(deleted.as_ref(), &identity, Instant::now(), cfg.lease_duration),
+            };
             let Decision::WaitUntil(expiry) = decision else {
                 if let (Decision::Takeover, Some(obs)) = (&decision, observed.as_ref()) {
                     if obs.record.transitions >= i32::MAX.unsigned_abs() {
@@ -348,13 +370,17 @@ impl LeaseElector {
                         return Err(e);
                     }
                 }
-                let record = record_for(
+                let mut record = record_for(
                     &decision,
                     observed.as_ref(),
                     &identity,
                     cfg.lease_duration,
                     now_micro(),
                 );
+                if decision == Decision::Create {
+                    // Created again after a deletion: keep counting (client-go starts at 0).
+                    record.transitions = self.shared.transitions_for_create();
+                }
                 let sent = Instant::now();
                 let result = match decision {
                     Decision::Create => {
@@ -399,7 +425,7 @@ impl LeaseElector {
                         tokio::select! {
                             biased;
                             _ = shutdown.cancelled() => return Err(cancelled()),
-                            ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                            ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
                             _ = tokio::time::sleep(cfg.retry_period) => {}
                         }
                     }
@@ -409,7 +435,7 @@ impl LeaseElector {
                         tokio::select! {
                             biased;
                             _ = shutdown.cancelled() => return Err(cancelled()),
-                            ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                            ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
                             _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
                         }
                     }
@@ -423,7 +449,7 @@ impl LeaseElector {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Err(cancelled()),
-                ev = watch.changed() => self.absorb(ev, &mut observed, &lock, &op)?,
+                ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
                 _ = tokio::time::sleep_until(expiry) => {
                     debug!(holder = ?observed.as_ref().and_then(|o| o.record.holder.clone()), "lease expired; trying to take over");
                 }
@@ -436,6 +462,7 @@ impl LeaseElector {
         &self,
         ev: Result<Option<&Lease>, Failure>,
         observed: &mut Option<Observed>,
+        deleted: &mut Option<Observed>,
         lock: &LockRef,
         op: &impl Fn(&'static str) -> Op<'a>,
     ) -> Result<()> {
@@ -450,10 +477,13 @@ impl LeaseElector {
                 );
                 self.publish(lock, Some(&next.record));
                 *observed = Some(next);
+                *deleted = None;
             }
             Ok(None) => {
                 self.publish(lock, None);
-                *observed = None;
+                if let Some(last) = observed.take() {
+                    *deleted = Some(last);
+                }
             }
             Err(Failure::Fatal(e)) => {
                 warn!(error = %e, "cannot watch the lease");
@@ -468,6 +498,9 @@ impl LeaseElector {
     }
 
     fn publish(&self, lock: &LockRef, record: Option<&LeaseRecord>) {
+        if let Some(r) = record {
+            self.shared.saw_transitions(r.transitions);
+        }
         let info = record.map(|r| leader_info(lock, r));
         self.shared.leader.send_if_modified(|cur| {
             if *cur == info {
@@ -558,6 +591,7 @@ impl Renewer {
     ) -> Result<()> {
         let mut next_renewal = self.last_sent + self.cfg().retry_period;
         let mut grace_until: Option<Instant> = None;
+        let mut watch_refused = false;
         let result = loop {
             let deadline = self.last_sent + self.cfg().renew_deadline;
             tokio::select! {
@@ -603,6 +637,12 @@ impl Renewer {
                         self.elector.publish(&self.lock, None);
                         self.keeper.lose(LossReason::LockDeleted);
                         break Ok(());
+                    }
+                    Err(Failure::Fatal(e)) if !watch_refused => {
+                        // Renewals do not need the watch, but nobody should lose a permission
+                        // silently (a follower needs it to wait for the lease).
+                        watch_refused = true;
+                        warn!(lock = %self.lock, error = %e, "cannot watch the lease while leading; renewals go on");
                     }
                     Err(e) => debug!(error = ?e, "lease watch failed while leading; renewals go on"),
                 },

@@ -1,0 +1,365 @@
+//! `kube-leader-bench`: kube-leader's benchmarks against client-go, on a real local control plane.
+//!
+//! It starts a private control plane (etcd, kube-apiserver and kube-controller-manager 1.20.2,
+//! from `kube-leader-testenv`), runs the scenarios of issue 4 and prints a Markdown table:
+//!
+//! - **for-life failover**: three `ForLife` candidates with Pod objects; the leader's Pod is
+//!   deleted (then, separately, its lock), and the time to the next leader is measured, next to
+//!   the garbage collector's delay in the same rounds;
+//! - **lease failover**: three candidate processes on one Lease, kube-leader (`lease-candidate`)
+//!   and client-go (`kube-leader-go-candidate`) with the same timings; the leader gets SIGTERM
+//!   (it releases) or SIGKILL (it does not); time from the signal to the next leader's first act,
+//!   both stamped with CLOCK_MONOTONIC;
+//! - **idle API load**: 1 leader + 9 followers, one API user each, requests counted at the API
+//!   server from its audit log;
+//! - **memory**: peak RSS (`VmHWM`) of the `kube-leader run` sidecar, of the library candidate
+//!   and of the client-go candidate;
+//! - **scale**: 100 and 1,000 candidates on one Lease, and one process holding 1,000 Leases
+//!   (library candidates in one process, one client per 50 candidates).
+//!
+//! It writes `results.md` and `failover.svg` (and the raw samples, `samples.json`) to `--out`.
+//!
+//! ```text
+//! cargo run --release -p kube-leader-bench -- --mode full            # the README's figures
+//! cargo run --release -p kube-leader-bench -- --mode ci --out target/bench-ci   # < 3 minutes
+//! ```
+//!
+//! Exit codes: 0 when every scenario ran (goals not met are reported, not failures); 1 when a
+//! scenario failed or the control plane could not start; 2 for bad flags.
+
+mod audit;
+mod candidate;
+mod chart;
+mod clock;
+mod harness;
+mod observe;
+mod procfs;
+mod report;
+mod scenario;
+mod stats;
+mod swarm;
+
+use std::{path::PathBuf, process::ExitCode, time::Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use kube_leader_testenv::ControlPlane;
+
+use crate::{
+    candidate::Impl,
+    harness::{Bench, Mode, Plan},
+    report::{Header, Results},
+    scenario::{for_life, idle, lease, lease::Stop, scale, sidecar},
+};
+
+/// kube-leader's benchmarks against client-go, on a local control plane.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-leader-bench",
+    about,
+    after_help = "Exit codes: 0 every scenario ran; 1 a scenario failed; 2 bad flags."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// `ci`: few rounds, short timings and small scale, under 3 minutes. `full`: 20 rounds each,
+    /// client-go's default timings, 100 and 1,000 candidates (about half an hour).
+    #[arg(long, value_enum, default_value_t = Mode::Ci)]
+    mode: Mode,
+    /// Where to write results.md, failover.svg and samples.json.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
+    out: PathBuf,
+    /// Run only these scenarios (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Scenario>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Internal: many candidates in one process, for the scale scenarios.
+    #[command(hide = true)]
+    Swarm(swarm::SwarmArgs),
+}
+
+/// The scenarios, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    ForLife,
+    Graceful,
+    Crash,
+    Idle,
+    Sidecar,
+    Scale,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube_client=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kube-leader-bench: cannot start a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Swarm(args)) => runtime.block_on(swarm::run(args)).map(|()| true),
+        None => runtime.block_on(bench(cli.mode, cli.out, cli.only)),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("kube-leader-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn step(what: &str) {
+    eprintln!("==> {what}");
+}
+
+/// Runs the benchmark; `Ok(false)` when a scenario failed.
+async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<bool> {
+    let plan = Plan::for_mode(mode);
+    let wanted = |s: Scenario| only.is_empty() || only.contains(&s);
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    let log_dir = std::env::temp_dir().join(format!("kube-leader-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir)?;
+
+    step("finding the candidates (kube-leader, client-go, the kube-leader sidecar)");
+    let bins = harness::find_binaries(mode)?;
+    if let Some(why) = &bins.sidecar_missing {
+        eprintln!("    no sidecar: {why}");
+    }
+    let started = Instant::now();
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    step("starting the control plane");
+    let cp = ControlPlane::start()
+        .context("start the control plane (binaries: ./scripts/testenv-assets.sh, or KUBEBUILDER_ASSETS)")?;
+    let admin = cp.client().await;
+    let header = Header {
+        date: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        machine: machine(),
+        commit: commit(),
+        load,
+        profile: if bins.sidecar_profile == bins.profile {
+            bins.profile.clone()
+        } else {
+            format!("{}` (the sidecar: `{}", bins.profile, bins.sidecar_profile)
+        },
+        control_plane_started_in: cp.started_in(),
+    };
+    let sidecar_missing = bins.sidecar_missing.clone();
+    let b = Bench::new(cp, admin, bins, plan.clone(), log_dir.clone());
+    let mut r = Results {
+        plan: plan.clone(),
+        header,
+        for_life: None,
+        lease: Vec::new(),
+        idle: Vec::new(),
+        sidecar: None,
+        sidecar_missing,
+        one_lock: Vec::new(),
+        many: None,
+        failures: Vec::new(),
+        elapsed: Default::default(),
+    };
+    let failed = |r: &mut Results, name: String, e: anyhow::Error| {
+        eprintln!("    FAILED: {e:#}");
+        r.failures.push((name, format!("{e:#}")));
+    };
+
+    if wanted(Scenario::ForLife) {
+        step(&format!(
+            "for-life failover: {} Pod deletions, {} lock deletions",
+            plan.for_life_rounds, plan.for_life_rounds
+        ));
+        match for_life::run(&b, plan.for_life_rounds).await {
+            Ok(f) => r.for_life = Some(f),
+            Err(e) => failed(&mut r, "for-life failover".into(), e),
+        }
+    }
+    for (stop, scenario) in [
+        (Stop::Graceful, Scenario::Graceful),
+        (Stop::Crash, Scenario::Crash),
+    ] {
+        if !wanted(scenario) {
+            continue;
+        }
+        for imp in [Impl::KubeLeader, Impl::ClientGo] {
+            let t = plan.failover_timings;
+            step(&format!(
+                "lease {}: {}, {} rounds, {}",
+                stop.name(),
+                imp.name(),
+                plan.lease_rounds,
+                t.label()
+            ));
+            match lease::run(&b, imp, stop, t, plan.lease_rounds).await {
+                Ok(l) => r.lease.push(l),
+                Err(e) => failed(&mut r, format!("lease {} ({})", stop.name(), imp.name()), e),
+            }
+        }
+    }
+    if wanted(Scenario::Idle) {
+        for imp in [Impl::KubeLeader, Impl::ClientGo] {
+            step(&format!(
+                "idle API load and memory: {}, 1 leader + {} followers for {:?}",
+                imp.name(),
+                plan.idle_followers,
+                plan.idle_window
+            ));
+            match idle::run(&b, imp, plan.idle_timings, plan.idle_followers, plan.idle_window).await {
+                Ok(l) => r.idle.push(l),
+                Err(e) => failed(&mut r, format!("idle load ({})", imp.name()), e),
+            }
+        }
+    }
+    if wanted(Scenario::Sidecar) && b.bins.sidecar.is_some() {
+        step(&format!(
+            "sidecar memory: two `kube-leader run` for {:?}",
+            plan.sidecar_window
+        ));
+        match sidecar::run(&b, plan.sidecar_window).await {
+            Ok(s) => r.sidecar = Some(s),
+            Err(e) => {
+                r.sidecar_missing = Some(format!("it failed: {e:#}"));
+                failed(&mut r, "sidecar memory".into(), e);
+            }
+        }
+    }
+    if wanted(Scenario::Scale) {
+        for &n in &plan.scale {
+            step(&format!("scale: {n} candidates on one Lease"));
+            match scale::one_lock(&b, n, plan.idle_timings).await {
+                Ok(o) => r.one_lock.push(o),
+                Err(e) => failed(&mut r, format!("scale: {n} candidates on one Lease"), e),
+            }
+        }
+        step(&format!("scale: one process holding {} Leases", plan.held_leases));
+        match scale::many_leases(&b, plan.held_leases, plan.idle_timings).await {
+            Ok(m) => r.many = Some(m),
+            Err(e) => failed(
+                &mut r,
+                format!("scale: {} Leases in one process", plan.held_leases),
+                e,
+            ),
+        }
+    }
+    r.elapsed = started.elapsed();
+
+    let markdown = r.markdown();
+    println!("{markdown}");
+    let results_md = out.join("results.md");
+    std::fs::write(&results_md, &markdown).with_context(|| format!("write {}", results_md.display()))?;
+    std::fs::write(out.join("samples.json"), samples_json(&r).to_string())?;
+    if !r.lease.is_empty() {
+        let title = format!(
+            "Lease failover, kube-leader vs client-go: signal → next leader ({}, {})",
+            r.header.date,
+            match mode {
+                Mode::Ci => "CI-sized mode",
+                Mode::Full => "full mode",
+            }
+        );
+        chart::write(&out.join("failover.svg"), &title, &r.lease)?;
+    }
+    eprintln!(
+        "==> wrote {} and failover.svg in {:.0?}",
+        results_md.display(),
+        r.elapsed
+    );
+    let ok = r.failures.is_empty();
+    if ok {
+        let _ = std::fs::remove_dir_all(&log_dir);
+    } else {
+        eprintln!("    candidates' logs are in {}", log_dir.display());
+    }
+    drop(b);
+    Ok(ok)
+}
+
+fn samples_json(r: &Results) -> serde_json::Value {
+    let ms = |v: &[std::time::Duration]| v.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>();
+    let lease: Vec<_> = r
+        .lease
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "implementation": l.imp.name(), "stop": format!("{:?}", l.stop), "timings": l.timings.label(),
+                "signal_to_leader_ms": ms(&l.samples), "signal_to_release_ms": ms(&l.to_release),
+                "release_to_leader_ms": ms(&l.release_to_leader), "renewal_to_leader_ms": ms(&l.renewal_to_leader),
+            })
+        })
+        .collect();
+    let for_life = r.for_life.as_ref().map(|f| {
+        serde_json::json!({
+            "pod_deleted_to_leader_ms": ms(&f.pod_deleted), "gc_delay_ms": ms(&f.gc_delay),
+            "pod_deleted_to_lock_gone_ms": ms(&f.pod_to_lock_gone), "lock_gone_to_leader_ms": ms(&f.lock_gone_to_leader),
+            "lock_deleted_by_candidate": f.deleted_by_candidate, "lock_deleted_to_leader_ms": ms(&f.lock_deleted),
+            "lock_deleted_to_loss_ms": ms(&f.loss_seen), "lock_deleted_to_deletion_seen_ms": ms(&f.deletion_seen),
+            "lock_deleted_to_new_lock_seen_ms": ms(&f.recreated_seen),
+        })
+    });
+    serde_json::json!({ "date": r.header.date, "mode": format!("{:?}", r.plan.mode), "lease": lease, "for_life": for_life })
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// CPU model, cores, memory, kernel.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+        })
+        .map_or(0.0, |kib| kib as f64 / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, {mem_gib:.0} GiB, Linux {}",
+        kernel.trim()
+    )
+}
+
+/// The commit, marked when the work tree has changes.
+fn commit() -> String {
+    let rev = command_output("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = !command_output("git", &["status", "--porcelain"]).is_empty();
+    match (rev.is_empty(), dirty) {
+        (true, _) => "unknown".into(),
+        (false, true) => format!("{rev} (with uncommitted changes)"),
+        (false, false) => rev,
+    }
+}

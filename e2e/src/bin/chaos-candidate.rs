@@ -1,0 +1,227 @@
+//! A candidate of the chaos runs: it writes its fencing token to the fenced ledger while it
+//! leads, and reports what it does as JSON lines on stdout, with CLOCK_MONOTONIC nanoseconds.
+//!
+//! ```text
+//! chaos-candidate lease KUBECONFIG NAMESPACE LOCK IDENTITY LEASE_MS RENEW_MS RETRY_MS WRITE_MS
+//! chaos-candidate for-life KUBECONFIG NAMESPACE LOCK POD WRITE_MS
+//! chaos-candidate child WRITE_MS
+//! ```
+//!
+//! - `lease`: a library candidate that campaigns again after every loss; SIGTERM releases the
+//!   lease and exits 0.
+//! - `for-life`: a library candidate for the Pod `POD`; after a loss it exits 3 (as
+//!   `kube-leader run` does, so that the harness restarts it like a container); SIGTERM steps
+//!   down (deletes the lock) and exits 0.
+//! - `child`: the COMMAND of `kube-leader run`: it leads from its start until SIGTERM, with the
+//!   `KUBE_LEADER_*` environment and the `KUBECONFIG` it inherits.
+//!
+//! Events: `started_leading` (`fencing_token`, `pid`), `ledger_write_started` (`start_ns`),
+//! `ledger_write` (`start_ns`, `outcome`, `stored`), `stopped_leading`, `exit`, `error`
+//! (`message`); each with `identity` and `mono_ns`. A write that has started when leadership ends is finished and reported: it was
+//! made while leading, and the fencing check decides its fate. With `RUST_LOG` set, logs go to
+//! stderr.
+
+use std::{io::Write as _, process::ExitCode, time::Duration};
+
+use kube::Client;
+use kube_leader::{for_life::Environment, ForLife, LeaseElector, Recampaign};
+use kube_leader_e2e::{
+    chaos::{Ledger, Outcome},
+    mono_ns,
+};
+use serde_json::{json, Value};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+/// Bound on each ledger call.
+const LEDGER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a finished term waits for its last write to be answered.
+const LAST_WRITE: Duration = Duration::from_secs(12);
+
+fn emit(mut v: Value) {
+    v["mono_ns"] = json!(mono_ns());
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+const USAGE: &str =
+    "usage: chaos-candidate lease KUBECONFIG NAMESPACE LOCK IDENTITY LEASE_MS RENEW_MS RETRY_MS WRITE_MS\n\
+                     \x20      chaos-candidate for-life KUBECONFIG NAMESPACE LOCK POD WRITE_MS\n\
+                     \x20      chaos-candidate child WRITE_MS";
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("lease") => lease(&args[1..]).await,
+        Some("for-life") => for_life(&args[1..]).await,
+        Some("child") => child(&args[1..]).await,
+        _ => Err(USAGE.into()),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            emit(json!({"event": "error", "message": e.to_string()}));
+            eprintln!("chaos-candidate: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+fn ms(s: &str) -> Result<Duration> {
+    Ok(Duration::from_millis(s.parse()?))
+}
+
+async fn client(kubeconfig: &str) -> Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A token cancelled on SIGTERM.
+fn on_sigterm() -> Result<CancellationToken> {
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        term.recv().await;
+        t.cancel();
+    });
+    Ok(token)
+}
+
+async fn lease(args: &[String]) -> Result<u8> {
+    let [kubeconfig, namespace, lock, identity, lease_ms, renew_ms, retry_ms, write_ms] = args else {
+        return Err(USAGE.into());
+    };
+    let client = client(kubeconfig).await?;
+    let ledger = Ledger::new(client.clone(), namespace, LEDGER_TIMEOUT);
+    let write_every = ms(write_ms)?;
+    let elector = LeaseElector::new(client, lock)
+        .namespace(namespace)
+        .identity(identity)
+        .lease_duration(ms(lease_ms)?)
+        .renew_deadline(ms(renew_ms)?)
+        .retry_period(ms(retry_ms)?);
+    let shutdown = on_sigterm()?;
+    elector
+        .run(&shutdown, Recampaign::Always, |term, lost| {
+            lead(
+                ledger.clone(),
+                identity.clone(),
+                term.fencing_token,
+                write_every,
+                lost,
+            )
+        })
+        .await?;
+    emit(json!({"event": "exit", "identity": identity}));
+    Ok(0)
+}
+
+async fn for_life(args: &[String]) -> Result<u8> {
+    let [kubeconfig, namespace, lock, pod, write_ms] = args else {
+        return Err(USAGE.into());
+    };
+    let client = client(kubeconfig).await?;
+    let ledger = Ledger::new(client.clone(), namespace, LEDGER_TIMEOUT);
+    let elector = ForLife::new(client, lock)
+        .namespace(namespace)
+        .pod_name(pod)
+        .backoff_cap(Duration::from_secs(2))
+        .api_timeout(Duration::from_secs(5))
+        .environment(Environment::default());
+    let shutdown = on_sigterm()?;
+    let leadership = match elector.become_leader(&shutdown).await {
+        Ok(l) => l,
+        Err(kube_leader::Error::Cancelled { .. }) => {
+            emit(json!({"event": "exit", "identity": pod}));
+            return Ok(0);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    lead(
+        ledger,
+        pod.clone(),
+        leadership.fencing_token(),
+        ms(write_ms)?,
+        leadership.lost_token(),
+    )
+    .await;
+    let code = if shutdown.is_cancelled() {
+        // Asked to stop: step down, so that another candidate takes over at once.
+        if let Err(e) = leadership.release().await {
+            emit(json!({"event": "error", "identity": pod, "message": format!("release: {e}")}));
+        }
+        0
+    } else {
+        3
+    };
+    emit(json!({"event": "exit", "identity": pod}));
+    Ok(code)
+}
+
+async fn child(args: &[String]) -> Result<u8> {
+    let [write_ms] = args else {
+        return Err(USAGE.into());
+    };
+    let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let identity = var("KUBE_LEADER_IDENTITY")?;
+    let namespace = var("KUBE_LEADER_NAMESPACE")?;
+    let token: u64 = var("KUBE_LEADER_FENCING_TOKEN")?.parse()?;
+    let stop = on_sigterm()?;
+    let client = Client::try_default().await?;
+    let ledger = Ledger::new(client, &namespace, LEDGER_TIMEOUT);
+    lead(ledger, identity.clone(), token, ms(write_ms)?, stop).await;
+    emit(json!({"event": "exit", "identity": identity}));
+    Ok(0)
+}
+
+/// Leads until `lost`: reports the term and writes the token to the ledger every `every`.
+async fn lead(ledger: Ledger, identity: String, token: u64, every: Duration, lost: CancellationToken) {
+    emit(
+        json!({"event": "started_leading", "identity": identity, "fencing_token": token,
+        "pid": std::process::id()}),
+    );
+    let writer = {
+        let (identity, lost) = (identity.clone(), lost.clone());
+        tokio::spawn(async move {
+            loop {
+                // No new write once leadership is known to be lost.
+                if lost.is_cancelled() {
+                    return;
+                }
+                let start = mono_ns();
+                emit(json!({"event": "ledger_write_started", "identity": identity,
+                    "fencing_token": token, "start_ns": start}));
+                let outcome = ledger.write(&identity, token).await;
+                let mut event = json!({"event": "ledger_write", "identity": identity,
+                    "fencing_token": token, "start_ns": start, "outcome": outcome.name()});
+                match outcome {
+                    Outcome::Accepted { previous } => event["previous"] = json!(previous),
+                    Outcome::Rejected { stored } => event["stored"] = json!(stored),
+                    Outcome::Unreached(e) | Outcome::Unknown(e) => event["error"] = json!(e),
+                }
+                emit(event);
+                tokio::select! {
+                    biased;
+                    () = lost.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+            }
+        })
+    };
+    lost.cancelled().await;
+    emit(json!({"event": "stopped_leading", "identity": identity}));
+    let _ = tokio::time::timeout(LAST_WRITE, writer).await;
+}

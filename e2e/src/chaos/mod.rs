@@ -1,0 +1,14 @@
+//! Support for the chaos runs (`tests/chaos.rs`): the fenced ledger that every leader writes
+//! its fencing token to, a seeded schedule generator, and the analysis of a run.
+//!
+//! The candidates themselves are the `chaos-candidate` binary (library candidates, and the
+//! COMMAND of `kube-leader run`); they report JSON lines that [`Analysis`] reads together with
+//! the [`History`](crate::checker::History) of terms.
+
+mod analysis;
+mod ledger;
+mod rng;
+
+pub use analysis::{candidate_of, Analysis, Fault, Findings, Pause, PostPause, Write, WriteOutcome};
+pub use ledger::{Ledger, Outcome, LEDGER};
+pub use rng::{seed_from_env, Rng};
