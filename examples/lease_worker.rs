@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter("info,kube_leader=debug").init();
+    tracing_subscriber::fmt()
+        .with_env_filter("info,kube_leader=debug")
+        .init();
     let client = kube::Client::try_default().await?;
     let elector = LeaseElector::new(client, "lease-worker-example");
 

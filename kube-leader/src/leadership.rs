@@ -65,7 +65,9 @@ impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LossReason::LockDeleted => f.write_str("the lock was deleted"),
-            LossReason::LockReplaced { holder: Some(h) } => write!(f, "the lock was replaced; now held by {h}"),
+            LossReason::LockReplaced { holder: Some(h) } => {
+                write!(f, "the lock was replaced; now held by {h}")
+            }
             LossReason::LockReplaced { holder: None } => f.write_str("the lock was replaced"),
             LossReason::OtherHolder { holder } => write!(f, "{holder} holds the lease"),
             LossReason::RenewDeadline { since_last_renewal } => {

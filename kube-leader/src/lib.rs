@@ -23,13 +23,13 @@ mod api;
 pub mod backoff;
 pub mod error;
 pub mod for_life;
-pub mod lease;
 pub mod leadership;
+pub mod lease;
 pub mod lock;
 mod object_watch;
 
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
-pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
+pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
