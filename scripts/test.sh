@@ -21,6 +21,12 @@ KUBE_LEADER_GO_CANDIDATE="$(./scripts/go-candidate.sh)"
 export KUBE_LEADER_GO_CANDIDATE
 echo "KUBE_LEADER_GO_CANDIDATE=$KUBE_LEADER_GO_CANDIDATE"
 
+# The control planes of this run live under a directory of their own, so the final check can
+# tell their processes from any other run's.
+RUN_TMP="$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-test.XXXXXX")"
+export TMPDIR="$RUN_TMP"
+trap 'rm -rf "$RUN_TMP"' EXIT
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -36,7 +42,7 @@ cargo test --workspace --doc
 
 step "no control-plane process left behind"
 sleep 1
-left=$(pgrep -af 'kube-leader-testenv' || true)
+left=$(pgrep -af "$RUN_TMP" || true)
 if [ -n "$left" ]; then
   echo "processes started by the tests are still running:" >&2
   echo "$left" >&2
