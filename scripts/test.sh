@@ -40,6 +40,9 @@ cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LE
 step "doc tests"
 cargo test --workspace --doc
 
+step "benchmark harness, CI mode (a few rounds, so it cannot rot; figures in target/bench-ci)"
+cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
+
 step "no control-plane process left behind"
 sleep 1
 left=$(pgrep -af "$RUN_TMP" || true)

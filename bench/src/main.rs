@@ -153,9 +153,9 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
         commit: commit(),
         load,
         profile: if bins.sidecar_profile == bins.profile {
-            bins.profile.clone()
+            format!("`{}`", bins.profile)
         } else {
-            format!("{}` (the sidecar: `{}", bins.profile, bins.sidecar_profile)
+            format!("`{}` (the sidecar: `{}`)", bins.profile, bins.sidecar_profile)
         },
         control_plane_started_in: cp.started_in(),
     };

@@ -43,7 +43,7 @@ pub(crate) struct Header {
     pub(crate) machine: String,
     pub(crate) commit: String,
     pub(crate) load: String,
-    /// The cargo profile the Rust candidates were built with.
+    /// The cargo profile(s) the Rust candidates were built with, formatted.
     pub(crate) profile: String,
     pub(crate) control_plane_started_in: Duration,
 }
@@ -84,7 +84,7 @@ impl Results {
         let _ = writeln!(
             s,
             "{} · {} · local control plane (etcd, kube-apiserver and kube-controller-manager {}, \
-             started in {:.1} s) on the same machine · Rust candidates built with cargo profile `{}` · commit {} · \
+             started in {:.1} s) on the same machine · Rust candidates built with cargo profile {} · commit {} · \
              load average at start {} · run took {:.1} min\n",
             h.date,
             h.machine,
@@ -535,6 +535,15 @@ impl Results {
                 m.window.as_secs_f64(),
                 verbs(&m.idle)
             );
+            let by_code: Vec<String> = m
+                .codes
+                .iter()
+                .map(|(verb, codes)| {
+                    let c: Vec<String> = codes.iter().map(|(code, n)| format!("{code}: {n}")).collect();
+                    format!("{verb} ({})", c.join(", "))
+                })
+                .collect();
+            let _ = writeln!(s, "- The same by HTTP status: {}.\n", by_code.join("; "));
         }
     }
 

@@ -58,6 +58,8 @@ pub(crate) struct ManyLeases {
     pub(crate) memory: Memory,
     /// Leases lost (stopped_leading) during the window.
     pub(crate) lost: usize,
+    /// The window's requests by verb and HTTP status.
+    pub(crate) codes: std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u64>>,
 }
 
 impl ManyLeases {
@@ -148,7 +150,7 @@ async fn measure_one(
     let burst = audit::sum(users.iter().filter_map(|u| burst.get(u)));
     let burst_total = audit::total(&burst);
 
-    let (idle, window, cpu) = idle_window(b, pid, users, &log).await?;
+    let (idle, window, cpu, _) = idle_window(b, pid, users, &log).await?;
     Ok(OneLock {
         candidates,
         clients,
@@ -217,7 +219,7 @@ async fn measure_many(
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = fleet.events().len();
-    let (idle, window, cpu) = idle_window(b, pid, users, &log).await?;
+    let (idle, window, cpu, codes) = idle_window(b, pid, users, &log).await?;
     let lost = fleet.events()[before..]
         .iter()
         .filter(|e| e.is("stopped_leading"))
@@ -232,24 +234,42 @@ async fn measure_many(
         cpu,
         memory: Memory::of(pid).context("the swarm exited")?,
         lost,
+        codes,
     })
 }
 
-/// Counts the swarm's requests and CPU over the idle window.
+/// Requests by verb and HTTP status.
+type Codes = std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u64>>;
+
+/// Counts the swarm's requests (by verb, and by verb and status) and CPU over the idle window.
 async fn idle_window(
     b: &Bench,
     pid: u32,
     users: &[String],
     log: &std::path::Path,
-) -> anyhow::Result<(ByVerb, Duration, f64)> {
+) -> anyhow::Result<(ByVerb, Duration, f64, Codes)> {
     let cpu0 = procfs::cpu_time(pid).context("the swarm exited")?;
     let w = audit::Window::open(log)?;
     tokio::time::sleep(b.plan.scale_window).await;
-    let counts = w.close()?;
+    let requests = w.requests()?;
     let window = w.elapsed();
     let cpu1 = procfs::cpu_time(pid).context("the swarm exited")?;
-    let idle = audit::sum(users.iter().filter_map(|u| counts.get(u)));
-    Ok((idle, window, (cpu1 - cpu0).as_secs_f64() / window.as_secs_f64()))
+    let mut idle = ByVerb::new();
+    let mut codes = Codes::new();
+    for r in requests.iter().filter(|r| users.contains(&r.user)) {
+        *idle.entry(r.verb.clone()).or_default() += 1;
+        *codes
+            .entry(r.verb.clone())
+            .or_default()
+            .entry(r.code.unwrap_or(0))
+            .or_default() += 1;
+    }
+    Ok((
+        idle,
+        window,
+        (cpu1 - cpu0).as_secs_f64() / window.as_secs_f64(),
+        codes,
+    ))
 }
 
 /// How long to let N candidates (re)establish their watches after a start or a failover.
