@@ -34,9 +34,12 @@
 //!
 //! The checker: terms are the library's `[became leader, lost]` and, for `kube-leader run`, the
 //! life of COMMAND, on CLOCK_MONOTONIC, with frozen spans cut out. Overlaps must be none except
-//! in the window after a whole-candidate pause; the fencing token must grow from leader to
-//! leader; every write in a post-pause window must be refused; after every fault, a leader must
-//! be back within the bound the configuration implies.
+//! in the window after a whole-candidate pause, and (leader for life, which has no lease) while a
+//! leader deposed with its process running has not yet heard of it from its watch: those are
+//! measured and reported. The fencing token must grow from leader to leader; every write in a
+//! post-pause window must be refused, and no deposed leader's write accepted after its
+//! successor's; after every fault, a leader must be back within the bound the configuration
+//! implies.
 //!
 //! `KUBE_LEADER_CHAOS=long` runs the long mode until the two sets of candidates of a strategy
 //! have made `KUBE_LEADER_CHAOS_TRANSITIONS` (default 1000) leadership transitions together, with
@@ -61,7 +64,7 @@ use kube::{
     Api, Client,
 };
 use kube_leader_e2e::{
-    chaos::{seed_from_env, Analysis, Fault, Findings, Ledger, Pause, Rng, Write, WriteOutcome},
+    chaos::{seed_from_env, Analysis, Deposition, Fault, Findings, Ledger, Pause, Rng, Write, WriteOutcome},
     checker::History,
     mono_ns,
 };
@@ -426,6 +429,8 @@ struct Arena {
     unreported: BTreeMap<(String, u64), u64>,
     faults: Vec<Fault>,
     pauses: Vec<Pause>,
+    /// Leader for life: leaders deposed while their process ran on.
+    deposed: Vec<Deposition>,
     /// `freeze-kube-leader`: from the freeze to COMMAND's stop.
     freeze_stops: Vec<Duration>,
     /// `kill-kube-leader`: from the kill to COMMAND's stop.
@@ -509,6 +514,7 @@ impl Arena {
             unreported: BTreeMap::new(),
             faults: Vec::new(),
             pauses: Vec::new(),
+            deposed: Vec::new(),
             freeze_stops: Vec::new(),
             orphan_stops: Vec::new(),
             inferred_ends: Vec::new(),
@@ -1204,6 +1210,14 @@ impl Arena {
                 self.slots[slot].hold = false;
             }
         }
+        if self.strategy == Strategy::ForLife && kind.deletes_under_a_live_leader() {
+            // Leader for life has no lease: a deposed leader whose process runs on stops only when
+            // its watch tells it, and a successor may lead meanwhile (see `check`).
+            self.deposed.push(Deposition {
+                key: key.clone(),
+                at: start,
+            });
+        }
         let target = match kind {
             Kind::PartitionFollower => None,
             _ => Some(key.as_str()),
@@ -1347,6 +1361,7 @@ impl Arena {
             writes: &self.writes,
             faults: &faults,
             pauses: &self.pauses,
+            deposed: &self.deposed,
             from: self.started,
             until,
         }
@@ -1421,13 +1436,36 @@ impl Arena {
         );
         assert!(
             findings.unexplained_overlaps.is_empty(),
-            "{name}: two leaders at once outside post-pause windows:\n{}",
+            "{name}: two leaders at once outside post-pause windows (timeline, candidate logs: {}):\n{}",
+            self.dir.display(),
             findings
                 .unexplained_overlaps
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("\n")
+        );
+        // Leader for life: a leader deposed while its process runs (its Pod deleted or evicted
+        // with no kubelet to stop it, its lock deleted) learns it from its watch only, while a
+        // successor creates the lock at once: they may overlap for the watch's delivery delay.
+        // A limit of the strategy (no lease, no fail-stop), reported, not failed; the successor's
+        // fencing token is greater, so the late writes must be refused.
+        if !findings.deposition_overlaps.is_empty() {
+            eprintln!(
+                "{name}: KNOWN LIMIT of leader for life: {} deposed leader(s) acted beside their \
+                 successor for up to {:?} before their watch told them",
+                findings.deposition_overlaps.len(),
+                findings
+                    .deposition_overlaps
+                    .iter()
+                    .map(|o| o.span.duration())
+                    .max()
+                    .unwrap_or_default()
+            );
+        }
+        assert_eq!(
+            findings.deposition_writes.1, 0,
+            "{name}: a deposed leader's write was accepted after its successor's"
         );
         for p in &findings.post_pauses {
             assert!(

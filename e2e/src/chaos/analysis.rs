@@ -85,6 +85,16 @@ pub struct Pause {
     pub thawed: u64,
 }
 
+/// A leader that a fault deposed while its process ran on, unaware (leader for life: its Pod or
+/// its lock deleted, its Pod evicted): it acts until its watch tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deposition {
+    /// The deposed leader.
+    pub key: String,
+    /// When the fault began.
+    pub at: u64,
+}
+
 /// After a whole-candidate pause: how long the resumed leader went on acting, and its writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostPause {
@@ -125,6 +135,8 @@ pub struct Analysis<'a> {
     pub faults: &'a [Fault],
     /// Every whole-candidate pause.
     pub pauses: &'a [Pause],
+    /// Every leader deposed by a fault while its process ran on (see [`Deposition`]).
+    pub deposed: &'a [Deposition],
     /// The window of the run: from the first candidate's start to the shutdown.
     pub from: u64,
     /// See `from`.
@@ -140,6 +152,13 @@ pub struct Findings {
     pub unexplained_overlaps: Vec<Overlap>,
     /// Overlaps inside a post-pause window (the resumed leader acting beside the new one).
     pub post_pause_overlaps: Vec<Overlap>,
+    /// Overlaps of a deposed leader (see [`Deposition`]) with its successor, before it learned
+    /// of its deposition.
+    pub deposition_overlaps: Vec<Overlap>,
+    /// Writes of deposed leaders that started during those overlaps, and of them, those accepted
+    /// although a newer leader's write had been accepted before they started (the fencing check
+    /// failing: must be none).
+    pub deposition_writes: (usize, usize),
     /// One entry per pause.
     pub post_pauses: Vec<PostPause>,
     /// Writes accepted.
@@ -195,11 +214,58 @@ impl Analysis<'_> {
                 .iter()
                 .any(|(i, w)| self.pauses[*i].key == key && span.start >= w.start && span.end <= w.end)
         };
-        let (post_pause_overlaps, unexplained_overlaps): (Vec<Overlap>, Vec<Overlap>) = report
+        let (post_pause_overlaps, others): (Vec<Overlap>, Vec<Overlap>) = report
             .overlaps
             .iter()
             .cloned()
             .partition(|o| in_post_window(&o.first, &o.span) || in_post_window(&o.second, &o.span));
+        // A deposed leader's window: from the fault to the end of the term it had then.
+        let deposition_windows: Vec<(&str, Span)> = self
+            .deposed
+            .iter()
+            .filter_map(|d| {
+                let term = term_at(terms, &d.key, d.at)?;
+                Some((
+                    d.key.as_str(),
+                    Span {
+                        start: d.at,
+                        end: term.end.unwrap_or(self.until).max(d.at),
+                    },
+                ))
+            })
+            .collect();
+        let in_deposition = |key: &str, span: &Span| {
+            deposition_windows
+                .iter()
+                .any(|(k, w)| *k == key && span.start >= w.start && span.end <= w.end)
+        };
+        let (deposition_overlaps, unexplained_overlaps): (Vec<Overlap>, Vec<Overlap>) = others
+            .into_iter()
+            .partition(|o| in_deposition(&o.first, &o.span) || in_deposition(&o.second, &o.span));
+        let mut deposition_writes = (0, 0);
+        for o in &deposition_overlaps {
+            let (old, new) = if in_deposition(&o.first, &o.span) {
+                (&o.first, &o.second)
+            } else {
+                (&o.second, &o.first)
+            };
+            let newer_wrote = self
+                .writes
+                .iter()
+                .filter(|w| &w.key == new && w.outcome == WriteOutcome::Accepted && w.start >= o.span.start)
+                .map(|w| w.end)
+                .min();
+            for w in self
+                .writes
+                .iter()
+                .filter(|w| &w.key == old && w.start >= o.span.start && w.start <= o.span.end)
+            {
+                deposition_writes.0 += 1;
+                if w.outcome == WriteOutcome::Accepted && newer_wrote.is_some_and(|t| w.start > t) {
+                    deposition_writes.1 += 1;
+                }
+            }
+        }
 
         let post_pauses = self
             .pauses
@@ -360,6 +426,8 @@ impl Analysis<'_> {
             report,
             unexplained_overlaps,
             post_pause_overlaps,
+            deposition_overlaps,
+            deposition_writes,
             post_pauses,
             accepted,
             stale_rejected,
@@ -429,6 +497,22 @@ impl fmt::Display for Findings {
                 .map(|o| o.span.duration())
                 .sum::<Duration>(),
         )?;
+        if !self.deposition_overlaps.is_empty() {
+            writeln!(
+                f,
+                "deposed leaders acting beside their successor until their watch told them: {} time(s), \
+                 worst {}; their writes then {}, accepted after the successor wrote {}",
+                self.deposition_overlaps.len(),
+                ms(self
+                    .deposition_overlaps
+                    .iter()
+                    .map(|o| o.span.duration())
+                    .max()
+                    .unwrap_or_default()),
+                self.deposition_writes.0,
+                self.deposition_writes.1
+            )?;
+        }
         let windows: Vec<String> = self
             .post_pauses
             .iter()
@@ -520,6 +604,7 @@ mod tests {
             writes: &writes,
             faults: &faults,
             pauses: &pauses,
+            deposed: &[],
             from: 0,
             until: 100,
         }
@@ -560,6 +645,7 @@ mod tests {
             writes: &writes,
             faults: &[],
             pauses: &[],
+            deposed: &[],
             from: 0,
             until: 100,
         }
@@ -568,6 +654,38 @@ mod tests {
         assert_eq!(found.wrongly_rejected.len(), 1);
         assert_eq!((found.unreached, found.unknown), (0, 1));
         assert_eq!(found.outside_terms.len(), 1, "c wrote without leading");
+    }
+
+    #[test]
+    fn a_deposed_leader_acting_until_its_watch_tells_it_is_set_apart() {
+        let mut h = History::new();
+        h.began_with_token("a", 0, Some(1));
+        h.began_with_token("b", 20, Some(2)); // the lock of a was deleted at 10
+        h.ended("a", 25);
+        h.began_with_token("c", 30, Some(3)); // nothing explains c beside b
+        let writes = [
+            write("b", 2, 21, WriteOutcome::Accepted),
+            write("a", 1, 23, WriteOutcome::Rejected { stored: 2 }),
+        ];
+        let deposed = [Deposition {
+            key: "a".into(),
+            at: 10,
+        }];
+        let found = Analysis {
+            history: &h,
+            writes: &writes,
+            faults: &[],
+            pauses: &[],
+            deposed: &deposed,
+            from: 0,
+            until: 100,
+        }
+        .run();
+        assert_eq!(found.deposition_overlaps.len(), 1);
+        assert_eq!(found.deposition_overlaps[0].span, Span { start: 20, end: 25 });
+        assert_eq!(found.deposition_writes, (1, 0));
+        assert_eq!(found.unexplained_overlaps.len(), 1);
+        assert!(found.to_string().contains("deposed leaders acting beside"));
     }
 
     #[test]
@@ -583,6 +701,7 @@ mod tests {
             writes: &[],
             faults: &[],
             pauses: &[],
+            deposed: &[],
             from: 0,
             until: 100,
         }
@@ -607,6 +726,7 @@ mod tests {
             writes: &[],
             faults: &faults,
             pauses: &[],
+            deposed: &[],
             from: 0,
             until: 100,
         }
@@ -623,6 +743,7 @@ mod tests {
             writes: &[],
             faults: &faults,
             pauses: &[],
+            deposed: &[],
             from: 0,
             until: 100,
         }

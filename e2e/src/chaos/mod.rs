@@ -9,6 +9,8 @@ mod analysis;
 mod ledger;
 mod rng;
 
-pub use analysis::{candidate_of, Analysis, Fault, Findings, Pause, PostPause, Write, WriteOutcome};
+pub use analysis::{
+    candidate_of, Analysis, Deposition, Fault, Findings, Pause, PostPause, Write, WriteOutcome,
+};
 pub use ledger::{Ledger, Outcome, LEDGER};
 pub use rng::{seed_from_env, Rng};

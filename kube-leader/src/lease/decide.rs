@@ -85,30 +85,50 @@ pub(crate) fn decide(
     }
 }
 
-/// What a candidate does while the Lease is absent: create it, unless the Lease was deleted while
-/// another candidate held it (`deleted`: the record this candidate last observed before the
-/// deletion) and that holder's lease has not expired yet by this candidate's observation.
+/// What a candidate knows about a Lease that is absent now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Absent<'a> {
+    /// It never saw the Lease: a first election.
+    Never,
+    /// It saw the Lease deleted: the record it observed last.
+    Deleted(&'a Observed),
+    /// It saw the Lease before, but not how it went (it was not campaigning then, or not
+    /// scheduled): whoever held it last is unknown. Absent since this instant, by its clock.
+    Unknown {
+        /// When this campaign first found the Lease absent.
+        since: Instant,
+    },
+}
+
+/// What a candidate does while the Lease is absent: create it, unless somebody may still act as
+/// leader on the deleted Lease.
 ///
 /// A deletion is not a release: the holder may not have seen it yet (its watch is late, or it is
 /// partitioned) and may act as leader until its renew deadline, exactly as a holder that stopped
-/// renewing. So its lease is waited out in the same way (client-go creates at once, and so two
-/// leaders may act for up to the renew deadline after an administrator deletes the Lease).
+/// renewing. So its lease is waited out in the same way: from this candidate's observation of
+/// that holder's last renewal, or, when the holder is unknown, a lease duration (`fallback`)
+/// from when this candidate found the Lease absent. (client-go creates at once, and so two
+/// leaders may act for up to the renew deadline after an administrator deletes the Lease.) A
+/// candidate that never saw the Lease creates it at once: it cannot tell a first election from a
+/// deletion.
 pub(crate) fn decide_absent(
-    deleted: Option<&Observed>,
+    absent: Absent<'_>,
     identity: &str,
     now: Instant,
     fallback: Duration,
 ) -> Decision {
-    match deleted {
-        Some(d) if d.record.holder.as_deref().is_some_and(|h| h != identity) => {
-            let expiry = d.expires_at(fallback);
-            if now < expiry {
-                Decision::WaitUntil(expiry)
-            } else {
-                Decision::Create
-            }
+    let expiry = match absent {
+        Absent::Never => return Decision::Create,
+        Absent::Deleted(d) if d.record.holder.as_deref().is_some_and(|h| h != identity) => {
+            d.expires_at(fallback)
         }
-        _ => Decision::Create,
+        Absent::Deleted(_) => return Decision::Create,
+        Absent::Unknown { since } => since + fallback,
+    };
+    if now < expiry {
+        Decision::WaitUntil(expiry)
+    } else {
+        Decision::Create
     }
 }
 
@@ -244,25 +264,42 @@ mod tests {
         let t0 = Instant::now();
         let held = Observed::update(None, rec(Some("other"), Some(2), 4), None, t0);
         let expiry = t0 + Duration::from_secs(2);
-        assert_eq!(decide_absent(None, "me", t0, D), Decision::Create);
+        assert_eq!(decide_absent(Absent::Never, "me", t0, D), Decision::Create);
         assert_eq!(
-            decide_absent(Some(&held), "me", t0, D),
+            decide_absent(Absent::Deleted(&held), "me", t0, D),
             Decision::WaitUntil(expiry)
         );
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
-            decide_absent(Some(&held), "me", Instant::now(), D),
+            decide_absent(Absent::Deleted(&held), "me", Instant::now(), D),
             Decision::Create
         );
         // Our own deleted lease (we know we stopped), or a released one: at once.
         let ours = Observed::update(None, rec(Some("me"), Some(2), 4), None, Instant::now());
         assert_eq!(
-            decide_absent(Some(&ours), "me", Instant::now(), D),
+            decide_absent(Absent::Deleted(&ours), "me", Instant::now(), D),
             Decision::Create
         );
         let free = Observed::update(None, rec(None, Some(2), 4), None, Instant::now());
         assert_eq!(
-            decide_absent(Some(&free), "me", Instant::now(), D),
+            decide_absent(Absent::Deleted(&free), "me", Instant::now(), D),
+            Decision::Create
+        );
+    }
+
+    /// Found by the chaos run too: a candidate that had seen the Lease, then campaigned again
+    /// after a pause and found it deleted without seeing by whom it was held last, created it at
+    /// once beside the holder. Whoever held it is unknown: a whole lease duration is waited.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_gone_unseen_is_waited_out_for_a_lease_duration() {
+        let since = Instant::now();
+        assert_eq!(
+            decide_absent(Absent::Unknown { since }, "me", since, D),
+            Decision::WaitUntil(since + D)
+        );
+        tokio::time::advance(D).await;
+        assert_eq!(
+            decide_absent(Absent::Unknown { since }, "me", Instant::now(), D),
             Decision::Create
         );
     }

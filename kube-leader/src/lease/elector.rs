@@ -17,7 +17,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
-    decide::{decide, decide_absent, record_for, Decision, Observed},
+    decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
     record::{now_micro, LeaseRecord},
 };
 use crate::{
@@ -85,6 +85,14 @@ struct Shared {
 impl Shared {
     fn set_health(&self, f: impl FnOnce(&mut Renewals)) {
         self.renewals.send_modify(f);
+    }
+
+    /// Whether this elector has seen its Lease (in any campaign or term).
+    fn saw_lease(&self) -> bool {
+        self.transitions_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     fn saw_transitions(&self, transitions: u32) {
@@ -340,6 +348,9 @@ impl LeaseElector {
         let mut observed: Option<Observed> = None;
         // While the Lease is absent: what this candidate last saw before it was deleted.
         let mut deleted: Option<Observed> = None;
+        // Whether this elector saw the Lease before this campaign (an earlier term or campaign).
+        let seen_before = self.shared.saw_lease();
+        let mut absent_since: Option<Instant> = None;
         let cfg = &self.config;
         let cancelled = || Error::Cancelled {
             lock: lock.to_string(),
@@ -356,8 +367,19 @@ impl LeaseElector {
                 continue;
             }
             let decision = match &observed {
-                Some(_) => decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration),
-                None => decide_absent(deleted.as_ref(), &identity, Instant::now(), cfg.lease_duration),
+                Some(_) => {
+                    absent_since = None;
+                    decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration)
+                }
+                None => {
+                    let since = *absent_since.get_or_insert_with(Instant::now);
+                    let absent = match &deleted {
+                        Some(d) => Absent::Deleted(d),
+                        None if seen_before => Absent::Unknown { since },
+                        None => Absent::Never,
+                    };
+                    decide_absent(absent, &identity, Instant::now(), cfg.lease_duration)
+                }
             };
             let Decision::WaitUntil(expiry) = decision else {
                 if let (Decision::Takeover, Some(obs)) = (&decision, observed.as_ref()) {
