@@ -922,11 +922,14 @@ async fn followers_can_read_and_watch_the_leader() {
         .unwrap()
         .expect("a leader");
     assert_eq!(info.holder.as_deref(), Some("a"));
-    assert_eq!(info.fencing_token, a.fencing_token());
+    assert_eq!(info.fencing_token, Some(a.fencing_token()));
     assert_eq!(info.strategy, Strategy::ForLife);
     let seen = tokio::time::timeout(
         SOON,
-        watch.wait_for(|i| i.as_ref().is_some_and(|i| i.fencing_token == a.fencing_token())),
+        watch.wait_for(|i| {
+            i.as_ref()
+                .is_some_and(|i| i.fencing_token == Some(a.fencing_token()))
+        }),
     )
     .await
     .expect("the watch sees the leader")

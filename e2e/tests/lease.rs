@@ -72,10 +72,11 @@ async fn one_leader_graceful_handover_and_crash_takeover() {
     let rec = record(&client, ns.name(), "lock").await;
     assert_eq!(rec.holder.as_deref(), Some(first.identity()));
     assert_eq!(rec.transitions, 0);
-    assert_eq!(first.fencing_token(), 0);
+    assert!(first.fencing_token() > 0, "a resourceVersion");
 
     // Graceful release: another takes over at once.
     let t = Instant::now();
+    let token_1 = first.fencing_token();
     first.release().await.unwrap();
     let (second, _, rest) = futures::future::select_all(pending).await;
     let handover = t.elapsed();
@@ -86,18 +87,23 @@ async fn one_leader_graceful_handover_and_crash_takeover() {
         handover < Duration::from_secs(2),
         "handover after release waited for expiry: {handover:?}"
     );
+    assert!(
+        second.fencing_token() > token_1,
+        "the fencing token grows from term to term"
+    );
     assert_eq!(
-        second.fencing_token(),
+        record(&client, ns.name(), "lock").await.transitions,
         1,
         "a takeover increments leaseTransitions once"
     );
 
     let third_id = pending.len();
     assert_eq!(third_id, 1);
+    let token_2 = second.fencing_token();
     second.release().await.unwrap();
     let (third, _, _) = futures::future::select_all(pending).await;
     let third = third.unwrap().unwrap();
-    assert_eq!(third.fencing_token(), 2);
+    assert!(third.fencing_token() > token_2);
     assert_eq!(record(&client, ns.name(), "lock").await.transitions, 2);
     third.release().await.unwrap();
 }
@@ -152,7 +158,7 @@ async fn records_with_null_or_missing_fields_are_handled() {
     .await
     .expect("an empty lease is free")
     .unwrap();
-    assert_eq!(l.fencing_token(), 1);
+    assert_eq!(record(&client, ns.name(), "empty").await.transitions, 1);
     l.release().await.unwrap();
 
     // A holder without a duration: the candidate falls back to its own 2 s lease duration.
@@ -217,6 +223,74 @@ async fn another_holder_written_over_the_leader_ends_leadership_at_once() {
         record(&client, ns.name(), "stolen").await.holder.as_deref(),
         Some("intruder")
     );
+}
+
+/// Found by the chaos run: with `leaseTransitions` as the token, a Lease deleted by an
+/// administrator and created again by a candidate that never saw it started counting at 0, and
+/// fenced stores refused the legitimate leader. The token is a resourceVersion now.
+#[tokio::test]
+async fn fencing_tokens_grow_across_deletion_and_recreation_and_are_published() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let api = Api::<Lease>::namespaced(client.clone(), ns.name());
+    let lock = kube_leader::LockRef::new(ns.name(), "fenced").unwrap();
+    let shutdown = CancellationToken::new();
+    let a = elector(&client, ns.name(), "fenced", "a")
+        .become_leader(&shutdown)
+        .await
+        .unwrap();
+    // Observers learn the token from the first renewal.
+    let mut leader = kube_leader::lease::watch_leader(client.clone(), lock.clone());
+    let token_a = a.fencing_token();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        leader.wait_for(|i| i.as_ref().is_some_and(|i| i.fencing_token == Some(token_a))),
+    )
+    .await
+    .expect("the token is published")
+    .unwrap();
+    let once = kube_leader::lease::current_leader(client.clone(), &lock)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (once.holder.as_deref(), once.fencing_token),
+        (Some("a"), Some(token_a))
+    );
+
+    // An administrator deletes the Lease; a candidate that never saw it creates it again.
+    api.delete("fenced", &Default::default()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), a.lost())
+        .await
+        .expect("loss");
+    let b = tokio::time::timeout(
+        Duration::from_secs(10),
+        elector(&client, ns.name(), "fenced", "b").become_leader(&shutdown),
+    )
+    .await
+    .expect("b leads")
+    .unwrap();
+    assert!(
+        b.fencing_token() > token_a,
+        "token {} after {token_a}",
+        b.fencing_token()
+    );
+    let token_b = b.fencing_token();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        leader.wait_for(|i| i.as_ref().is_some_and(|i| i.fencing_token == Some(token_b))),
+    )
+    .await
+    .expect("the new token is published")
+    .unwrap();
+    b.release().await.unwrap();
+    let released = kube_leader::lease::current_leader(client.clone(), &lock)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((released.holder, released.fencing_token), (None, None));
 }
 
 #[tokio::test]
@@ -421,17 +495,18 @@ async fn killed_leader_is_taken_over_after_expiry() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let mut a = Candidate::spawn(cp, ns.name(), "crash", "a");
-    assert_eq!(
-        a.next_event(Duration::from_secs(30)).await["event"],
-        "started_leading"
-    );
+    let first = a.next_event(Duration::from_secs(30)).await;
+    assert_eq!(first["event"], "started_leading");
     let mut b = Candidate::spawn(cp, ns.name(), "crash", "b");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed = kube_leader_e2e::mono_ns();
     a.signal(Signal::SIGKILL);
     let ev = b.next_event(Duration::from_secs(10)).await;
     assert_eq!(ev["event"], "started_leading");
-    assert_eq!(ev["fencing_token"], 1);
+    assert!(
+        ev["fencing_token"].as_u64() > first["fencing_token"].as_u64(),
+        "{first} then {ev}"
+    );
     let takeover = Duration::from_nanos(ev["mono_ns"].as_u64().unwrap() - killed);
     eprintln!("SIGKILL to new leader: {takeover:?} (lease duration 2 s)");
     assert!(
@@ -491,7 +566,7 @@ async fn invalid_config_is_a_typed_error() {
 }
 
 #[tokio::test]
-async fn exhausted_fencing_tokens_and_undecodable_records_are_clear_errors() {
+async fn saturated_transitions_are_taken_over_and_undecodable_records_are_clear_errors() {
     init_tracing();
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
@@ -503,15 +578,21 @@ async fn exhausted_fencing_tokens_and_undecodable_records_are_clear_errors() {
     .unwrap();
     api.create(&PostParams::default(), &full).await.unwrap();
     let shutdown = CancellationToken::new();
-    let e = tokio::time::timeout(
+    // leaseTransitions cannot grow past an int32: it stays there, and the fencing token (a
+    // resourceVersion) does not depend on it.
+    let l = tokio::time::timeout(
         Duration::from_secs(10),
         elector(&client, ns.name(), "full", "me").become_leader(&shutdown),
     )
     .await
-    .expect("a prompt error")
-    .unwrap_err();
-    assert!(matches!(e, Error::FencingTokenExhausted { .. }), "{e}");
-    assert!(e.to_string().contains("delete the Lease"), "{e}");
+    .expect("a prompt takeover")
+    .unwrap();
+    assert_eq!(
+        record(&client, ns.name(), "full").await.transitions,
+        i32::MAX.unsigned_abs()
+    );
+    assert!(l.fencing_token() > 0);
+    l.release().await.unwrap();
 
     // A time the Kubernetes client types cannot represent (written raw with kubectl): a typed
     // error naming the Lease, not a silent hang.

@@ -120,22 +120,23 @@ impl Status {
     /// The lock's holder as watched: logs a change of leader seen by this candidate.
     pub(crate) fn observe(&self, info: Option<&LeaderInfo>) {
         let holder = info.and_then(|i| i.holder.clone());
-        let token = info.map(|i| i.fencing_token);
+        let token = info.and_then(|i| i.fencing_token);
         self.update(|s| {
-            let changed = s.holder != holder || (holder.is_some() && s.fencing_token != token);
-            if !changed {
+            // A Lease holder's token becomes known with its first renewal: that is no new term.
+            let new_term = s.holder != holder
+                || (holder.is_some() && matches!((s.fencing_token, token), (Some(a), Some(b)) if a != b));
+            if !new_term && s.fencing_token == token {
                 return;
             }
-            if s.known && holder.is_some() {
+            if new_term && s.known && holder.is_some() {
                 self.metrics.transitions.inc();
             }
             // This candidate's own rise and fall are logged by `lead` and `lose`.
-            if holder.as_deref() != Some(self.identity.as_str()) && !s.is_leader {
+            if new_term && holder.as_deref() != Some(self.identity.as_str()) && !s.is_leader {
                 match &holder {
                     Some(h) => info!(lock = %self.lock, identity = %self.identity, leader = %h,
-                        fencing_token = token.unwrap_or_default(), "leader is {h}"),
-                    None => info!(lock = %self.lock, identity = %self.identity,
-                        fencing_token = token.unwrap_or_default(), "no leader"),
+                        fencing_token = token, "leader is {h}"),
+                    None => info!(lock = %self.lock, identity = %self.identity, "no leader"),
                 }
             }
             s.known |= holder.is_some();

@@ -504,9 +504,12 @@ async fn child_runs_only_while_leading_and_a_crashed_leaders_child_is_stopped() 
     let first = one_leader(&refs);
     let (id, lock, token) = cands[first].command_env().unwrap();
     assert_eq!((id.as_str(), lock.as_str()), (cands[first].id.as_str(), "only"));
-    let status = status_json(cp, ns.name(), "only", "lease");
+    // A Lease holder stores its token with its first renewal (a retry period after it leads).
+    let status = wait_for("the token in the status", WAIT, || {
+        let s = status_json(cp, ns.name(), "only", "lease");
+        (s["fencing_token"] == token).then_some(s)
+    });
     assert_eq!(status["holder"], cands[first].id.as_str());
-    assert_eq!(status["fencing_token"], token);
     // The followers run nothing, for a while.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(one_leader(&refs), first);
@@ -711,13 +714,16 @@ async fn status_reports_holder_token_and_expiry() {
     let flags = lease_flags("st", ns.name());
     let a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
     wait_for("a leads", WAIT, || a.leading().then_some(()));
-    let s = status_json(cp, ns.name(), "st", "lease");
+    let token = a.command_env().unwrap().2;
+    let s = wait_for("the token in the status", WAIT, || {
+        let s = status_json(cp, ns.name(), "st", "lease");
+        (s["fencing_token"] == token).then_some(s)
+    });
     assert_eq!(s["exists"], true);
     assert_eq!(s["holder"], "a");
     assert_eq!(s["strategy"], "lease");
     assert_eq!(s["namespace"], ns.name());
     assert_eq!(s["lease_duration_seconds"], 2);
-    assert_eq!(s["fencing_token"], a.command_env().unwrap().2);
     for key in ["since", "renewed_at", "expires_at"] {
         assert!(s[key].is_string(), "{key} in {s}");
     }

@@ -104,19 +104,6 @@ pub enum Error {
         message: String,
     },
 
-    /// The Lease's `leaseTransitions` reached the largest value it can hold, so a takeover
-    /// could not give the new leader a greater fencing token.
-    #[error(
-        "the Lease {lock} has leaseTransitions = {transitions}, the largest an int32 holds: a new \
-         leader could not get a greater fencing token; delete the Lease to start counting again"
-    )]
-    FencingTokenExhausted {
-        /// The lock (`namespace/name`).
-        lock: String,
-        /// The transitions counter found.
-        transitions: u32,
-    },
-
     /// The wait for leadership was cancelled by the caller's token.
     #[error("cancelled while waiting for leadership of {lock}")]
     Cancelled {

@@ -104,8 +104,10 @@ pub struct LeaderInfo {
     pub lock: LockRef,
     /// The current holder's identity; `None` when nobody holds the lock (absent or released).
     pub holder: Option<String>,
-    /// The fencing token of the holder's term (see [`Leadership::fencing_token`]).
-    pub fencing_token: u64,
+    /// The fencing token of the holder's term (see [`Leadership::fencing_token`]), as the lock
+    /// tells it: always known for leader for life; for a Lease, once the holder's first renewal
+    /// stored it (a retry period after its takeover), and never for a client-go holder.
+    pub fencing_token: Option<u64>,
     /// When the holder acquired the lock, by its own wall clock.
     pub acquired_at: Option<SystemTime>,
     /// When the holder last renewed (Lease only), by its own wall clock.
@@ -263,11 +265,18 @@ impl Leadership {
     /// highest token it has seen and rejects lower ones turns "two leaders for a moment" into
     /// "the old leader's late writes are rejected".
     ///
-    /// - Lease: the Lease's `leaseTransitions` after this candidate's takeover.
+    /// - Lease: the `resourceVersion` of the write (create or update) that made this candidate
+    ///   leader; its renewals store it in the Lease as `kube-leader.io/fencing-token` for
+    ///   observers. (Not `leaseTransitions`: a Lease that an administrator deleted is created
+    ///   again with a count starting over, and a fenced store would then refuse the legitimate
+    ///   leader.)
     /// - Leader for life: the `resourceVersion` the lock ConfigMap was created with (stored in
-    ///   the lock as `kube-leader.io/fencing-token`). With etcd3 storage this is etcd's global
-    ///   revision, which only grows; Kubernetes calls resource versions opaque, so this holds for
-    ///   etcd-backed API servers and does not survive restoring etcd from a backup.
+    ///   the lock as `kube-leader.io/fencing-token`).
+    ///
+    /// With etcd3 storage a `resourceVersion` is etcd's global revision, which only grows, also
+    /// across deletion and re-creation of the lock; Kubernetes calls resource versions opaque,
+    /// so this holds for etcd-backed API servers and does not survive restoring etcd from a
+    /// backup.
     ///
     /// 0 when the election was skipped outside a cluster.
     pub fn fencing_token(&self) -> u64 {

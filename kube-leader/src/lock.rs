@@ -175,3 +175,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A `resourceVersion` as a fencing token: etcd3's revision, a decimal number. Kubernetes calls
+/// resource versions opaque; every etcd-backed API server writes the revision of the write.
+pub(crate) fn parse_resource_version(rv: Option<&str>) -> Option<u64> {
+    rv?.trim().parse().ok()
+}

@@ -37,8 +37,7 @@ pub(crate) fn leader_info(lock: &LockRef, cm: &ConfigMap) -> LeaderInfo {
         holder: record.holder().map(str::to_string),
         fencing_token: record
             .fencing_token
-            .or_else(|| parse_resource_version(cm.metadata.resource_version.as_deref()))
-            .unwrap_or_default(),
+            .or_else(|| parse_resource_version(cm.metadata.resource_version.as_deref())),
         acquired_at: record.acquired_at.or(created),
         renewed_at: None,
         lease_duration: None,
@@ -85,12 +84,12 @@ mod tests {
         cm.metadata.resource_version = Some("77".into());
         let info = leader_info(&lock, &cm);
         assert_eq!(info.holder.as_deref(), Some("p"));
-        assert_eq!(info.fencing_token, 77, "falls back to the resourceVersion");
+        assert_eq!(info.fencing_token, Some(77), "falls back to the resourceVersion");
         assert_eq!(info.acquired_at, Some(SystemTime::from(at)));
         assert_eq!(info.strategy, Strategy::ForLife);
 
         let cm = with_fencing_token(cm, 42);
-        assert_eq!(leader_info(&lock, &cm).fencing_token, 42);
+        assert_eq!(leader_info(&lock, &cm).fencing_token, Some(42));
 
         let mut malformed = cm.clone();
         malformed.metadata.owner_references = None;

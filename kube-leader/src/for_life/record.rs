@@ -11,11 +11,13 @@ use k8s_openapi::{
 
 use crate::lock::LockRef;
 
-/// Annotation naming the Pod that holds the lock.
+/// Annotation naming the holder of the lock: the Pod (leader for life), or the identity whose
+/// fencing token [`FENCING_TOKEN_ANNOTATION`] holds (Lease).
 pub const HOLDER_ANNOTATION: &str = "kube-leader.io/holder";
 /// Annotation with the time the holder acquired the lock (RFC 3339, the holder's wall clock).
 pub const ACQUIRED_AT_ANNOTATION: &str = "kube-leader.io/acquired-at";
-/// Annotation with the holder's fencing token (the lock's `resourceVersion` at creation).
+/// Annotation with the holder's fencing token: the lock's `resourceVersion` at creation (leader
+/// for life), or that of the write that made the holder leader (Lease).
 pub const FENCING_TOKEN_ANNOTATION: &str = "kube-leader.io/fencing-token";
 /// Label marking the lock as kube-leader's (`app.kubernetes.io/managed-by=kube-leader`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -197,10 +199,7 @@ pub(crate) fn with_fencing_token(mut cm: ConfigMap, token: u64) -> ConfigMap {
     cm
 }
 
-/// A `resourceVersion` as a fencing token: etcd3's revision, a decimal number.
-pub(crate) fn parse_resource_version(rv: Option<&str>) -> Option<u64> {
-    rv?.trim().parse().ok()
-}
+pub(crate) use crate::lock::parse_resource_version;
 
 /// What a waiting candidate knows about the Pod that owns the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

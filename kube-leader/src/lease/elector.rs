@@ -18,7 +18,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use super::{
     config::LeaseConfig,
     decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
-    record::{now_micro, LeaseRecord},
+    record::{now_micro, set_fencing_token, stored_fencing_token, LeaseRecord},
 };
 use crate::{
     api::{call, Failure, Op},
@@ -77,8 +77,8 @@ pub struct Renewals {
 struct Shared {
     leader: watch::Sender<Option<LeaderInfo>>,
     renewals: watch::Sender<Renewals>,
-    /// The greatest `leaseTransitions` this elector has seen on its Lease: a Lease created again
-    /// after a deletion goes on counting from there, so that fencing tokens keep growing.
+    /// The greatest `leaseTransitions` this elector has seen on its Lease (`None`: it never saw
+    /// the Lease): a Lease it creates again after a deletion goes on counting from there.
     transitions_seen: std::sync::Mutex<Option<u32>>,
 }
 
@@ -101,8 +101,7 @@ impl Shared {
     }
 
     /// `leaseTransitions` for a Lease this elector creates: one more than the greatest it saw;
-    /// 0 if it saw none, or only an exhausted count (deleting the Lease is how an administrator
-    /// starts counting again, see [`Error::FencingTokenExhausted`]).
+    /// 0 if it saw none, or only an exhausted count (the fencing token does not depend on it).
     fn transitions_for_create(&self) -> u32 {
         let seen = self.transitions_seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.filter(|s| *s < i32::MAX.unsigned_abs()).map_or(0, |s| s + 1)
@@ -382,16 +381,6 @@ impl LeaseElector {
                 }
             };
             let Decision::WaitUntil(expiry) = decision else {
-                if let (Decision::Takeover, Some(obs)) = (&decision, observed.as_ref()) {
-                    if obs.record.transitions >= i32::MAX.unsigned_abs() {
-                        let e = Error::FencingTokenExhausted {
-                            lock: lock.to_string(),
-                            transitions: obs.record.transitions,
-                        };
-                        warn!(error = %e, "cannot take over");
-                        return Err(e);
-                    }
-                }
                 let mut record = record_for(
                     &decision,
                     observed.as_ref(),
@@ -423,6 +412,8 @@ impl LeaseElector {
                             lease.spec.get_or_insert_with(LeaseSpec::default),
                             cfg.lease_duration_seconds(),
                         );
+                        // The previous term's token does not belong to this one.
+                        set_fencing_token(&mut lease, None);
                         call(
                             op("update"),
                             cfg.api_timeout(),
@@ -497,12 +488,12 @@ impl LeaseElector {
                     lease.metadata.resource_version.clone(),
                     Instant::now(),
                 );
-                self.publish(lock, Some(&next.record));
+                self.publish(lock, Some(&next.record), stored_fencing_token(lease));
                 *observed = Some(next);
                 *deleted = None;
             }
             Ok(None) => {
-                self.publish(lock, None);
+                self.publish(lock, None, None);
                 if let Some(last) = observed.take() {
                     *deleted = Some(last);
                 }
@@ -519,11 +510,12 @@ impl LeaseElector {
         Ok(())
     }
 
-    fn publish(&self, lock: &LockRef, record: Option<&LeaseRecord>) {
+    /// Publishes the current leader (`token`: the holder's fencing token, if known).
+    fn publish(&self, lock: &LockRef, record: Option<&LeaseRecord>, token: Option<u64>) {
         if let Some(r) = record {
             self.shared.saw_transitions(r.transitions);
         }
-        let info = record.map(|r| leader_info(lock, r));
+        let info = record.map(|r| leader_info(lock, r, token));
         self.shared.leader.send_if_modified(|cur| {
             if *cur == info {
                 return false;
@@ -544,15 +536,25 @@ impl LeaseElector {
         watch: ObjectWatch<Lease>,
         shutdown: CancellationToken,
     ) -> Leadership {
+        // The fencing token: the revision of the write that made this candidate leader. etcd's
+        // revisions grow with every write to any key, so every later term's token (including on
+        // a Lease deleted and created again) is greater.
+        let fencing_token = lock::parse_resource_version(lease.metadata.resource_version.as_deref())
+            .unwrap_or_else(|| {
+                let fallback = u64::from(observed.record.transitions);
+                warn!(resource_version = ?lease.metadata.resource_version, fallback,
+                    "the API server's resourceVersion is not a number; the fencing token falls back to leaseTransitions");
+                fallback
+            });
         let term = Term {
             identity: identity.clone(),
             lock: lock.clone(),
             strategy: Strategy::Lease,
-            fencing_token: u64::from(observed.record.transitions),
+            fencing_token,
             acquired_at: observed.record.acquired_at().unwrap_or_else(SystemTime::now),
         };
         info!(lock = %lock, identity = %identity, fencing_token = term.fencing_token, "became leader");
-        self.publish(&lock, Some(&observed.record));
+        self.publish(&lock, Some(&observed.record), Some(fencing_token));
         self.shared.set_health(|h| {
             h.leading = true;
             h.last_success = Some(sent);
@@ -567,6 +569,7 @@ impl LeaseElector {
             identity,
             lease,
             record: observed.record,
+            fencing_token,
             last_sent: sent,
             keeper,
         };
@@ -585,6 +588,8 @@ struct Renewer {
     /// The Lease as last written by us (its resourceVersion is the next write's precondition).
     lease: Lease,
     record: LeaseRecord,
+    /// This term's fencing token, stored in the Lease by every renewal for observers.
+    fencing_token: u64,
     /// When the last successful renewal was sent.
     last_sent: Instant,
     keeper: Keeper,
@@ -644,7 +649,7 @@ impl Renewer {
                         // the version we decided on); only a newer record can depose us.
                         if !record.is_held_by(&self.identity) && newer(lease, &self.lease) {
                             let holder = record.holder.clone().unwrap_or_default();
-                            self.elector.publish(&self.lock, Some(&record));
+                            self.elector.publish(&self.lock, Some(&record), stored_fencing_token(lease));
                             info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
                             self.keeper.lose(LossReason::OtherHolder { holder });
                             break Ok(());
@@ -656,7 +661,7 @@ impl Renewer {
                     }
                     Ok(None) => {
                         info!(lock = %self.lock, identity = %self.identity, "lease deleted; stopping leading");
-                        self.elector.publish(&self.lock, None);
+                        self.elector.publish(&self.lock, None, None);
                         self.keeper.lose(LossReason::LockDeleted);
                         break Ok(());
                     }
@@ -700,6 +705,8 @@ impl Renewer {
             lease.spec.get_or_insert_with(LeaseSpec::default),
             self.cfg().lease_duration_seconds(),
         );
+        // Free: renewals write the whole object anyway.
+        set_fencing_token(&mut lease, Some((&self.identity, self.fencing_token)));
         let timeout = self
             .cfg()
             .api_timeout()
@@ -786,6 +793,7 @@ impl Renewer {
         for _ in 0..2 {
             let mut lease = self.lease.clone();
             record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
+            set_fencing_token(&mut lease, None);
             let op = self.op("update");
             match call(
                 op,
@@ -867,12 +875,12 @@ fn new_lease(lock: &LockRef, record: &LeaseRecord, duration_secs: i32) -> Lease 
     }
 }
 
-fn leader_info(lock: &LockRef, r: &LeaseRecord) -> LeaderInfo {
+fn leader_info(lock: &LockRef, r: &LeaseRecord, fencing_token: Option<u64>) -> LeaderInfo {
     LeaderInfo {
         strategy: Strategy::Lease,
         lock: lock.clone(),
         holder: r.holder.clone(),
-        fencing_token: u64::from(r.transitions),
+        fencing_token: fencing_token.filter(|_| r.holder.is_some()),
         acquired_at: r.acquired_at(),
         renewed_at: r.renewed_at(),
         lease_duration: r.lease_duration,
@@ -896,7 +904,7 @@ pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<Lea
 }
 
 fn describe(lock: &LockRef, lease: &Lease) -> LeaderInfo {
-    leader_info(lock, &LeaseRecord::from_lease(lease))
+    leader_info(lock, &LeaseRecord::from_lease(lease), stored_fencing_token(lease))
 }
 
 /// The host name, for a default identity.

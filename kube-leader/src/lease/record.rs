@@ -2,11 +2,15 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
 };
+
+use crate::for_life::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
 
 /// The election record of a Lease (client-go's `LeaderElectionRecord`).
 ///
@@ -77,6 +81,49 @@ impl LeaseRecord {
     }
 }
 
+/// The fencing token a kube-leader holder stored in its Lease (annotations
+/// [`FENCING_TOKEN_ANNOTATION`] and [`HOLDER_ANNOTATION`]), if they name the current holder.
+///
+/// A kube-leader leader writes them with its first renewal (its token is the `resourceVersion`
+/// of the write that made it leader, so it cannot be in that write); a takeover clears them. A
+/// client-go holder keeps whatever annotations it found, so they count only while the holder
+/// they name is the holder of the record.
+pub(crate) fn stored_fencing_token(lease: &Lease) -> Option<u64> {
+    let annotations = lease.metadata.annotations.as_ref()?;
+    let holder = spec_holder(lease)?;
+    if annotations.get(HOLDER_ANNOTATION).map(String::as_str) != Some(holder) {
+        return None;
+    }
+    annotations.get(FENCING_TOKEN_ANNOTATION)?.trim().parse().ok()
+}
+
+/// Sets (`Some((holder, token))`) or clears (`None`) the fencing-token annotations of a Lease,
+/// keeping every other annotation.
+pub(crate) fn set_fencing_token(lease: &mut Lease, token: Option<(&str, u64)>) {
+    match token {
+        Some((holder, token)) => {
+            let a = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            a.insert(HOLDER_ANNOTATION.to_string(), holder.to_string());
+            a.insert(FENCING_TOKEN_ANNOTATION.to_string(), token.to_string());
+        }
+        None => {
+            if let Some(a) = lease.metadata.annotations.as_mut() {
+                a.remove(HOLDER_ANNOTATION);
+                a.remove(FENCING_TOKEN_ANNOTATION);
+            }
+        }
+    }
+}
+
+fn spec_holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()?
+        .holder_identity
+        .as_deref()
+        .filter(|h| !h.is_empty())
+}
+
 /// A time as Kubernetes can hold it, or `None`. RFC 3339 has four-digit years, so the earliest
 /// is 0000-01-01T00:00:00Z; `MicroTime` also parses earlier ones (signed six-digit years, which
 /// no API server writes) but would write them back in a form nobody can read: they count as
@@ -120,6 +167,35 @@ mod tests {
         assert_eq!(r.transitions, 4);
         assert_eq!(r.acquire_time.unwrap().to_string(), "2026-11-29T22:00:00.123456Z");
         assert!(r.is_held_by("go-1"));
+    }
+
+    #[test]
+    fn fencing_token_annotations_count_for_the_holder_they_name() {
+        let mut l = lease(serde_json::json!({"holderIdentity": "me"}));
+        assert_eq!(stored_fencing_token(&l), None);
+        set_fencing_token(&mut l, Some(("me", 42)));
+        assert_eq!(stored_fencing_token(&l), Some(42));
+        // A client-go takeover keeps the annotations: they name somebody else then.
+        l.spec.as_mut().unwrap().holder_identity = Some("go-1".into());
+        assert_eq!(stored_fencing_token(&l), None);
+        l.spec.as_mut().unwrap().holder_identity = Some(String::new());
+        assert_eq!(stored_fencing_token(&l), None);
+        l.spec.as_mut().unwrap().holder_identity = Some("me".into());
+        l.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(FENCING_TOKEN_ANNOTATION.into(), "not a number".into());
+        assert_eq!(stored_fencing_token(&l), None);
+        l.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("other".into(), "kept".into());
+        set_fencing_token(&mut l, None);
+        let a = l.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a["other"], "kept");
     }
 
     #[test]
