@@ -200,7 +200,9 @@ followers_idle for-life
 step "Lease: 3 candidates, lock demo-lease (lease 4s, renew deadline 3s, retry 500ms)"
 candidates lease
 nth_leader lease 1
-say "$LEADER leads (fencing token $TOKEN); kube-leader status says:"
+say "$LEADER leads (fencing token $TOKEN); kube-leader status says (after its first renewal,"
+say "which stores the token in the Lease for readers):"
+sleep 0.6
 show_status lease
 say "crash: SIGKILL $LEADER's kube-leader (its supervisor stops its COMMAND; the lease must expire)"
 t_kill=$(now_ms)

@@ -69,6 +69,15 @@ async fn first_leader(campaigns: Vec<Campaign>) -> (Leadership, Instant, Vec<Cam
     (leadership, at, rest)
 }
 
+/// When `leader` learns that it lost (its loss token fires), as seen by a task of its own.
+fn loss_instant(leader: &Leadership) -> JoinHandle<Instant> {
+    let lost = leader.lost_token();
+    tokio::spawn(async move {
+        lost.cancelled().await;
+        Instant::now()
+    })
+}
+
 /// Asserts that none of `campaigns` ends within [`STILL_WAITING`].
 async fn assert_still_waiting(campaigns: &[Campaign], what: &str) {
     tokio::time::sleep(STILL_WAITING).await;
@@ -235,21 +244,33 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
     .await;
 
     // The leader's Pod is deleted: exactly one other takes over, the old one learns it.
+    let first_lost = loss_instant(&first);
     let deleted = Instant::now();
     delete_pod_now(&admin, ns, first.identity()).await;
     let (second, won, rest) = first_leader(rest).await;
     eprintln!("pod deletion -> new leader: {:?}", won - deleted);
+    // The old leader (its process still runs: no kubelet here) steps down on its Pod's
+    // deletion, before the garbage collector deletes its lock and a successor can lead.
+    let lost_at = tokio::time::timeout(SOON, first_lost)
+        .await
+        .expect("the old leader learns it lost")
+        .unwrap();
+    assert!(
+        lost_at < won,
+        "the old leader stopped {:?} after the new one started",
+        lost_at - won
+    );
+    eprintln!("pod deletion -> old leader stops: {:?}", lost_at - deleted);
     assert_ne!(second.identity(), first.identity());
     assert!(
         second.fencing_token() > first.fencing_token(),
         "the fencing token grows"
     );
-    let reason = tokio::time::timeout(SOON, first.lost())
-        .await
-        .expect("the old leader learns it lost");
-    assert!(
-        matches!(reason, LossReason::LockDeleted | LossReason::LockReplaced { .. }),
-        "{reason:?}"
+    assert_eq!(
+        first.loss_reason(),
+        Some(LossReason::PodEnding {
+            why: "was deleted".into()
+        })
     );
     assert_lock_held_by(&admin, ns, "lock", &second).await;
     assert_still_waiting(&rest, "after the takeover").await;
@@ -314,13 +335,24 @@ async fn a_pod_recreated_under_the_same_name_does_not_continue_and_there_is_one_
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // A StatefulSet-style replacement: same name, new UID, at once.
+    let old_lost = loss_instant(&old);
     delete_pod_now(&admin, ns, "a").await;
     create_pod(&admin, ns, "a").await.unwrap();
     let new_uid = uid_of_pod(&admin, ns, "a").await;
     assert_ne!(new_uid, old_uid);
     let a = spawn(candidate(&admin, ns, "lock", "a"), "a", &cancel);
 
-    let (winner, _, rest) = first_leader(vec![a, b]).await;
+    let (winner, won, rest) = first_leader(vec![a, b]).await;
+    let lost_at = tokio::time::timeout(SOON, old_lost)
+        .await
+        .expect("the old Pod's leadership ends")
+        .unwrap();
+    assert!(lost_at < won, "the old leader stopped after the new one started");
+    assert!(
+        matches!(old.loss_reason(), Some(LossReason::PodEnding { .. })),
+        "{:?}",
+        old.loss_reason()
+    );
     assert!(
         winner.fencing_token() > old.fencing_token(),
         "a new term, not a continued one"
@@ -360,19 +392,24 @@ async fn dead_leader(phase: &str, reason: Option<&str>, policy: DeadLeaderPod, p
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!b.is_finished());
 
+    let a_lost = loss_instant(&a);
     let terminated = Instant::now();
     set_pod_phase(&admin, ns, "a", phase, reason).await.unwrap();
     let (b, won, _) = first_leader(vec![b]).await;
     eprintln!("{phase}/{reason:?} -> new leader: {:?}", won - terminated);
     assert_eq!(b.identity(), "b");
     assert_lock_held_by(&admin, ns, "lock", &b).await;
-    let lost = tokio::time::timeout(SOON, a.lost())
+    // A leader whose Pod is terminal steps down at once (here its process still runs).
+    let lost_at = tokio::time::timeout(SOON, a_lost)
         .await
-        .expect("the dead leader's loss fires");
-    assert!(
-        matches!(lost, LossReason::LockDeleted | LossReason::LockReplaced { .. }),
-        "{lost:?}"
-    );
+        .expect("the dead leader's loss fires")
+        .unwrap();
+    assert!(lost_at < won, "the old leader stopped after the new one started");
+    let why = match reason {
+        Some(r) => format!("is in phase {phase} ({r})"),
+        None => format!("is in phase {phase}"),
+    };
+    assert_eq!(a.loss_reason(), Some(LossReason::PodEnding { why }));
 
     let pods = Api::<Pod>::namespaced(admin.clone(), ns);
     if pod_deleted {

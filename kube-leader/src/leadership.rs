@@ -55,6 +55,12 @@ pub enum LossReason {
         /// How long it has been since the last successful renewal was sent.
         since_last_renewal: Duration,
     },
+    /// Leader for life: this candidate's own Pod is being deleted, is gone, was replaced, or
+    /// reached a terminal phase (evicted): its lock goes next, and a successor may lead then.
+    PodEnding {
+        /// What happened to the Pod ("is being deleted", "is in phase Failed (Evicted)", ...).
+        why: String,
+    },
     /// Leadership was given up with [`Leadership::release`] or by dropping the handle.
     Released,
     /// The shutdown token passed to the elector was cancelled.
@@ -73,6 +79,7 @@ impl fmt::Display for LossReason {
             LossReason::RenewDeadline { since_last_renewal } => {
                 write!(f, "the lease was not renewed within the renew deadline ({since_last_renewal:?} since the last renewal)")
             }
+            LossReason::PodEnding { why } => write!(f, "this candidate's Pod {why}"),
             LossReason::Released => f.write_str("released"),
             LossReason::Cancelled => f.write_str("shutdown requested"),
         }

@@ -325,6 +325,7 @@ impl ForLife {
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
         let holder = Holder {
             configmaps,
+            pods: Api::namespaced(self.client.clone(), &lock.namespace),
             lock,
             lock_uid,
             me,
@@ -1075,6 +1076,7 @@ async fn record_event(
 /// leadership is released.
 struct Holder {
     configmaps: Api<ConfigMap>,
+    pods: Api<Pod>,
     lock: LockRef,
     lock_uid: String,
     me: PodRef,
@@ -1091,6 +1093,24 @@ impl Holder {
             &self.lock.name,
             cm_op(&self.lock, "watch"),
         );
+        // The leader's own Pod too: once it is being deleted, gone, replaced or terminal, its
+        // lock is about to be deleted (by the garbage collector, or by a candidate), and a
+        // successor may lead right after. Stepping down on the Pod's first sign keeps the
+        // successor's start after this leader's end whenever this process still runs then (a
+        // force-deleted Pod, or no kubelet to stop it); the lock watch alone would race the
+        // successor's.
+        let mut own_pod = ObjectWatch::new(
+            self.pods.clone(),
+            &self.me.name,
+            Op {
+                verb: "watch",
+                resource: "pods",
+                namespace: &self.lock.namespace,
+                name: &self.me.name,
+                hint: RBAC_HINT,
+            },
+        );
+        let mut own_pod_refused = false;
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
         let mut poll_at: Option<Instant> = None;
         let mut warned = false;
@@ -1132,6 +1152,18 @@ impl Holder {
                         None
                     }
                 },
+                r = own_pod.changed(), if leading && !own_pod_refused => {
+                    match r {
+                        Ok(pod) => self.check_own_pod(&keeper, pod),
+                        Err(Failure::Fatal(e)) => {
+                            own_pod_refused = true;
+                            warn!(error = %e, "cannot watch this candidate's own Pod; leadership ends \
+                                only with the lock (grant watch on pods to step down as soon as the Pod ends)");
+                        }
+                        Err(e) => debug!(error = ?e, "the watch of this candidate's own Pod failed; it is retried"),
+                    }
+                    None
+                }
                 () = sleep_until_opt(poll_at), if leading => {
                     poll_at = Some(Instant::now() + backoff.next_delay());
                     let read = call(cm_op(&self.lock, "get"), self.api_timeout, self.configmaps.get_opt(&self.lock.name));
@@ -1163,6 +1195,25 @@ impl Holder {
             info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
             keeper.lose(LossReason::LockReplaced { holder });
         }
+    }
+
+    /// Ends leadership if this candidate's own Pod is ending: its lock goes next.
+    fn check_own_pod(&self, keeper: &Keeper, pod: Option<&Pod>) {
+        let why = match pod.map(PodView::from_pod) {
+            None => "was deleted".to_string(),
+            Some(v) if v.uid != self.me.uid => {
+                format!("was replaced by another Pod of that name (UID {})", v.uid)
+            }
+            Some(v) if v.deleting => "is being deleted".to_string(),
+            Some(v) if v.is_terminal() => format!(
+                "is in phase {}{}",
+                v.phase.as_deref().unwrap_or_default(),
+                v.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+            Some(_) => return,
+        };
+        info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
+        keeper.lose(LossReason::PodEnding { why });
     }
 
     /// Explicit step-down: deletes the lock if it is still this term's (UID precondition).
