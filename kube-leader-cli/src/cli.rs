@@ -218,7 +218,7 @@ pub(crate) struct SuperviseArgs {
 
 // === parsing ===
 
-/// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s`.
+/// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s` (at most 365 days).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -227,8 +227,17 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("missing unit; write it like {s}s or {s}ms"));
     }
-    humantime::parse_duration(s).map_err(|e| format!("{e}; write it like 500ms, 2s or 1m"))
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e}; write it like 500ms, 2s or 1m"))?;
+    // Found by fuzzing: durations near u64::MAX seconds overflow the arithmetic on timings
+    // (deadlines, the jitter factor). Nothing here needs more than a year.
+    if d > MAX_DURATION {
+        return Err(format!("{s} is too long: at most 365d"));
+    }
+    Ok(d)
 }
+
+/// The longest duration any flag accepts.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn parse_lock_name(s: &str) -> Result<String, String> {
     kube_leader::lock::validate_name(s).map_err(|e| e.to_string())?;
@@ -451,6 +460,25 @@ mod tests {
         }
     }
 
+    /// Found by fuzzing the flags: a retry period too large to multiply by the jitter factor.
+    #[test]
+    fn huge_timings_are_errors_not_panics() {
+        for flags in [
+            "--retry-period 18446744073709551615s",
+            "--renew-deadline 18446744073709551615s --retry-period 584542046090y",
+            "--strategy lease --lease-duration 18446744073709551615s --renew-deadline 18446744073709551614s",
+        ] {
+            let cli = Cli::try_parse_from(args(&format!("kube-leader run --lock l {flags} -- true")));
+            if let Ok(Cli {
+                command: Command::Run(run),
+                ..
+            }) = cli
+            {
+                let _ = run.validate();
+            }
+        }
+    }
+
     #[test]
     fn timings_are_checked_together() {
         let check = |s: &str| {
@@ -477,5 +505,140 @@ mod tests {
     fn clap_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+}
+
+/// Fuzzing of the command line (issue 5): arbitrary flag values and arbitrary argument vectors
+/// never panic, and every rejection is a one-line message naming the flag.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `PROPTEST_CASES` for a long fuzzing run; 2,000 cases in the test command.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(2_000);
+        ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Durations as users (and fuzzers) write them: valid, huge, negative, unit-less, garbage.
+    fn duration() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (
+                0u64..100_000,
+                prop::sample::select(vec!["ns", "us", "ms", "s", "m", "h", "d", "w", "y"])
+            )
+                .prop_map(|(n, u)| format!("{n}{u}")),
+            (any::<u64>(), prop::sample::select(vec!["s", "y", "ms", "h"]))
+                .prop_map(|(n, u)| format!("{n}{u}")),
+            "[0-9]{1,25}(y|d|s)",
+            Just("18446744073709551615s".to_string()),
+            Just("584942417355y".to_string()),
+            Just("-1s".to_string()),
+            "[0-9]{0,5}",
+            ".{0,12}",
+        ]
+    }
+
+    fn addr() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (any::<u16>()).prop_map(|p| format!(":{p}")),
+            (any::<[u8; 4]>(), any::<u16>())
+                .prop_map(|(ip, p)| format!("{}.{}.{}.{}:{p}", ip[0], ip[1], ip[2], ip[3])),
+            ":[0-9]{0,8}",
+            ".{0,20}",
+        ]
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof!["[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", ".{0,30}", "[a-z]{250,260}"]
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn run_flags_parse_and_validate_without_panicking(
+            lock in name(),
+            ns in name(),
+            strategy in prop::sample::select(vec!["lease", "for-life", "raft", ""]),
+            lease in duration(),
+            renew in duration(),
+            retry in duration(),
+            grace in duration(),
+            connect in duration(),
+            status in addr(),
+        ) {
+            let argv = [
+                "kube-leader", "run", "--lock", &lock, "--namespace", &ns, "--strategy", strategy,
+                "--lease-duration", &lease, "--renew-deadline", &renew, "--retry-period", &retry,
+                "--grace", &grace, "--connect-timeout", &connect, "--status-addr", &status,
+                "--", "true",
+            ];
+            match Cli::try_parse_from(argv) {
+                Ok(cli) => {
+                    let Command::Run(run) = cli.command else {
+                        return Err(TestCaseError::fail("not run"));
+                    };
+                    if let Err(msg) = run.validate() {
+                        prop_assert!(msg.contains("--"), "names no flag: {msg}");
+                        prop_assert!(!msg.contains('\n'), "{msg}");
+                    }
+                }
+                Err(e) => {
+                    let msg = one_line(&e);
+                    prop_assert!(!msg.contains('\n'), "{msg}");
+                    prop_assert!(!msg.is_empty());
+                }
+            }
+        }
+
+        #[test]
+        fn any_timings_validate_without_panicking(
+            strategy in prop::sample::select(vec!["lease", "for-life"]),
+            lease in duration(),
+            renew in duration(),
+            retry in duration(),
+            grace in duration(),
+        ) {
+            let argv = [
+                "kube-leader", "run", "--lock", "l", "--strategy", strategy, "--lease-duration", &lease,
+                "--renew-deadline", &renew, "--retry-period", &retry, "--grace", &grace, "--", "true",
+            ];
+            match Cli::try_parse_from(argv) {
+                Ok(Cli { command: Command::Run(run), .. }) => {
+                    if let Err(msg) = run.validate() {
+                        prop_assert!(msg.contains("--"), "names no flag: {msg}");
+                    }
+                }
+                Ok(_) => return Err(TestCaseError::fail("not run")),
+                Err(e) => prop_assert!(!one_line(&e).contains('\n')),
+            }
+        }
+
+        #[test]
+        fn arbitrary_argument_vectors_never_panic(words in prop::collection::vec(
+            prop_oneof![
+                prop::sample::select(vec![
+                    "run", "status", "rbac", "--lock", "--strategy", "--lease-duration", "--grace",
+                    "--status-addr", "--", "-n", "-o", "json", "lease", "for-life", "1s", "x",
+                ]).prop_map(String::from),
+                ".{0,10}",
+            ],
+            0..12,
+        )) {
+            let argv = std::iter::once("kube-leader".to_string()).chain(words);
+            if let Ok(Cli { command: Command::Run(run), .. }) = Cli::try_parse_from(argv) {
+                let _ = run.validate();
+            }
+        }
     }
 }

@@ -116,6 +116,12 @@ pub fn pod_name_from_env() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// A `resourceVersion` as a fencing token: etcd3's revision, a decimal number. Kubernetes calls
+/// resource versions opaque; every etcd-backed API server writes the revision of the write.
+pub(crate) fn parse_resource_version(rv: Option<&str>) -> Option<u64> {
+    rv?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,10 +180,4 @@ mod tests {
         assert_eq!(discover_namespace_from(None, Some(""), &missing), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// A `resourceVersion` as a fencing token: etcd3's revision, a decimal number. Kubernetes calls
-/// resource versions opaque; every etcd-backed API server writes the revision of the write.
-pub(crate) fn parse_resource_version(rv: Option<&str>) -> Option<u64> {
-    rv?.trim().parse().ok()
 }

@@ -134,7 +134,7 @@ impl Default for ForLifeConfig {
 
 impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
-    /// and takeover grace.
+    /// and takeover grace, and no duration beyond i64 nanoseconds (about 292 years).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidConfig(m));
         if self.backoff_cap < INITIAL_BACKOFF {
@@ -145,6 +145,18 @@ impl ForLifeConfig {
         }
         if self.api_timeout.is_zero() {
             return bad("API timeout must be greater than zero".into());
+        }
+        // Found by fuzzing the CLI's flags: deadlines are `Instant + duration`, which panics on
+        // overflow. Client-go's longest duration (i64 nanoseconds, ~292 years) is the limit.
+        let max = Duration::from_nanos(i64::MAX.unsigned_abs());
+        for (what, d) in [
+            ("backoff cap", Some(self.backoff_cap)),
+            ("API timeout", Some(self.api_timeout)),
+            ("NotReady takeover grace", self.not_ready_takeover),
+        ] {
+            if let Some(d) = d.filter(|d| *d > max) {
+                return bad(format!("{what} must be at most {max:?}, got {d:?}"));
+            }
         }
         if self.not_ready_takeover.is_some_and(|g| g.is_zero()) {
             return bad("the NotReady takeover grace must be greater than zero".into());
@@ -196,6 +208,20 @@ mod tests {
                     ..Default::default()
                 },
                 "grace",
+            ),
+            (
+                ForLifeConfig {
+                    backoff_cap: Duration::MAX,
+                    ..Default::default()
+                },
+                "backoff cap must be at most",
+            ),
+            (
+                ForLifeConfig {
+                    not_ready_takeover: Some(Duration::MAX),
+                    ..Default::default()
+                },
+                "grace must be at most",
             ),
             (
                 ForLifeConfig {

@@ -382,3 +382,169 @@ mod tests {
         assert!(!view("Running", Some("Evicted")).is_evicted());
     }
 }
+
+/// Fuzzing of what a lock ConfigMap can say (issue 5): arbitrary owner references and
+/// annotations, and arbitrary JSON where a ConfigMap is expected, never panic, and are read
+/// exactly as the reference rules say.
+#[cfg(test)]
+mod props {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use proptest::{collection::vec, option, prelude::*};
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::for_life::leader::leader_info;
+
+    /// `PROPTEST_CASES` for a long fuzzing run; 2,000 cases in the test command.
+    fn config() -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(2_000);
+        ProptestConfig {
+            cases,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    fn owner() -> impl Strategy<Value = OwnerReference> {
+        (
+            prop_oneof![
+                prop::sample::select(vec!["v1", "apps/v1", "", "v2", "V1"]).prop_map(String::from),
+                ".{0,6}"
+            ],
+            prop_oneof![
+                prop::sample::select(vec!["Pod", "ReplicaSet", "pod", "", "Node"]).prop_map(String::from),
+                ".{0,6}"
+            ],
+            ".{0,12}",
+            ".{0,12}",
+            option::of(any::<bool>()),
+        )
+            .prop_map(|(api_version, kind, name, uid, controller)| OwnerReference {
+                api_version,
+                kind,
+                name,
+                uid,
+                controller,
+                ..OwnerReference::default()
+            })
+    }
+
+    /// Annotation values: numbers (with blanks, signs, overflow), times, garbage.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            " ?[0-9]{1,25} ?",
+            "-[0-9]{1,5}",
+            "[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})",
+            ".{0,30}",
+        ]
+    }
+
+    fn json_leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            ".{0,10}".prop_map(Value::from),
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        json_leaf().prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..4).prop_map(Value::from),
+                vec(
+                    (
+                        prop::sample::select(vec!["apiVersion", "kind", "name", "uid", "controller", "x"]),
+                        inner
+                    ),
+                    0..5
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn lock_records_are_read_as_the_reference_says(
+            owners in option::of(vec(owner(), 0..4)),
+            token in option::of(value()),
+            acquired in option::of(value()),
+            holder in option::of(value()),
+            deleting in any::<bool>(),
+            rv in option::of(value()),
+        ) {
+            let mut annotations = BTreeMap::new();
+            for (k, v) in [
+                (FENCING_TOKEN_ANNOTATION, &token),
+                (ACQUIRED_AT_ANNOTATION, &acquired),
+                (HOLDER_ANNOTATION, &holder),
+            ] {
+                if let Some(v) = v {
+                    annotations.insert(k.to_string(), v.clone());
+                }
+            }
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("lock".into()),
+                    owner_references: owners.clone(),
+                    annotations: Some(annotations),
+                    resource_version: rv.clone(),
+                    deletion_timestamp: deleting.then_some(Time(Timestamp::UNIX_EPOCH)),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            let r = LockRecord::from_config_map(&cm);
+            let owners = owners.unwrap_or_default();
+            let expected = match owners.as_slice() {
+                [o] if o.api_version == "v1" && o.kind == "Pod" => Some(o.name.clone()),
+                _ => None,
+            };
+            prop_assert_eq!(r.holder().map(str::to_string), expected.clone());
+            prop_assert_eq!(r.owner.is_err(), expected.is_none());
+            let parsed_token = token.as_deref().and_then(|t| t.trim().parse::<u64>().ok());
+            prop_assert_eq!(r.fencing_token, parsed_token);
+            prop_assert_eq!(r.deleting, deleting);
+            if let Some(a) = r.acquired_at {
+                let a: Timestamp = a.try_into().unwrap();
+                prop_assert!(acquired.is_some());
+                prop_assert_eq!(Some(a), acquired.as_deref().and_then(|v| v.trim().parse().ok()));
+            }
+            let info = leader_info(&LockRef::new("ns", "lock").unwrap(), &cm);
+            prop_assert_eq!(info.holder, expected);
+            prop_assert_eq!(
+                info.fencing_token,
+                parsed_token.or_else(|| rv.as_deref().and_then(|v| v.trim().parse().ok()))
+            );
+        }
+
+        #[test]
+        fn any_json_where_a_lock_is_expected_never_panics(
+            owners in json(),
+            annotations in json(),
+            deletion in json(),
+        ) {
+            let value = json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {
+                    "name": "lock", "ownerReferences": owners, "annotations": annotations,
+                    "deletionTimestamp": deletion,
+                },
+            });
+            // Either the client rejects it (a typed decode error) or it is read without panic.
+            if let Ok(cm) = serde_json::from_value::<ConfigMap>(value) {
+                let r = LockRecord::from_config_map(&cm);
+                let _ = leader_info(&LockRef::new("ns", "lock").unwrap(), &cm);
+                prop_assert!(r.owner.is_ok() || r.holder().is_none());
+            }
+        }
+    }
+}

@@ -273,3 +273,42 @@ mod tests {
         assert_eq!(spec.holder_identity.as_deref(), Some(""));
     }
 }
+
+/// Fuzzing of the fencing-token annotations of a Lease (issue 5).
+#[cfg(test)]
+mod props {
+    use proptest::{option, prelude::*};
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn stored_tokens_count_only_for_the_holder_they_name(
+            spec_holder in option::of(prop_oneof![Just("me".to_string()), ".{0,6}"]),
+            annotated in option::of(prop_oneof![Just("me".to_string()), ".{0,6}"]),
+            token in option::of(prop_oneof![any::<u64>().prop_map(|n| n.to_string()), " ?[0-9]{1,22} ?", ".{0,8}"]),
+        ) {
+            let mut lease = Lease {
+                spec: Some(LeaseSpec { holder_identity: spec_holder.clone(), ..LeaseSpec::default() }),
+                ..Lease::default()
+            };
+            let mut a = BTreeMap::new();
+            if let Some(h) = &annotated {
+                a.insert(HOLDER_ANNOTATION.to_string(), h.clone());
+            }
+            if let Some(t) = &token {
+                a.insert(FENCING_TOKEN_ANNOTATION.to_string(), t.clone());
+            }
+            lease.metadata.annotations = Some(a);
+            let expected = match (&spec_holder, &annotated) {
+                (Some(h), Some(a)) if !h.is_empty() && h == a => {
+                    token.as_deref().and_then(|t| t.trim().parse::<u64>().ok())
+                }
+                _ => None,
+            };
+            prop_assert_eq!(stored_fencing_token(&lease), expected);
+        }
+    }
+}
