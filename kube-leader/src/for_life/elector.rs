@@ -43,6 +43,12 @@ pub(crate) const RBAC_HINT: &str = "deploy/rbac-for-life.yaml";
 /// Where to find the ClusterRole that the opt-in NotReady takeover needs.
 const NODES_HINT: &str = "the optional ClusterRole in deploy/rbac-for-life.yaml";
 
+/// How often a leader's keeper checks, without any request, whether its process was frozen.
+const FREEZE_CHECK: Duration = Duration::from_millis(250);
+/// A check this late means the process was stopped (SIGSTOP, a VM pause): the lock is read at
+/// once rather than waiting for a watch that may be reconnecting with backoff.
+const FREEZE_SLACK: Duration = Duration::from_millis(750);
+
 /// A candidate for leader for life: operator-sdk's `leader.Become`, watch-driven.
 ///
 /// The leader is the Pod that created the lock, a ConfigMap whose single owner reference is
@@ -1114,6 +1120,13 @@ impl Holder {
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
         let mut poll_at: Option<Instant> = None;
         let mut warned = false;
+        // Leader for life has no renew deadline to expire while its process is frozen: after a
+        // pause its watches are its only news, and one that broke before (an API server
+        // restart) reconnects with backoff. A late timer shows the pause; the lock is read then.
+        let mut freeze_check = tokio::time::interval(FREEZE_CHECK);
+        freeze_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_check = Instant::now();
+        let mut watch_failing = false;
         loop {
             let leading = !keeper.is_lost();
             let seen: Option<Option<ConfigMap>> = tokio::select! {
@@ -1135,13 +1148,25 @@ impl Holder {
                     keeper.lose(LossReason::Cancelled);
                     None
                 }
+                _ = freeze_check.tick(), if leading => {
+                    let now = Instant::now();
+                    let late = now.saturating_duration_since(last_check).saturating_sub(FREEZE_CHECK);
+                    last_check = now;
+                    if late > FREEZE_SLACK {
+                        info!(?late, "this process was frozen; reading the lock at once");
+                        poll_at = Some(now);
+                    }
+                    None
+                }
                 r = watch.changed(), if leading => match r {
                     Ok(state) => {
                         backoff.reset();
                         poll_at = None;
+                        watch_failing = false;
                         Some(state.cloned())
                     }
                     Err(e) => {
+                        watch_failing = true;
                         if e.is_transient() {
                             debug!(error = ?e, "the lock watch failed; reading it with backoff until it recovers");
                         } else if !warned {
@@ -1165,7 +1190,8 @@ impl Holder {
                     None
                 }
                 () = sleep_until_opt(poll_at), if leading => {
-                    poll_at = Some(Instant::now() + backoff.next_delay());
+                    // Polling goes on only while the watch fails (a read after a freeze is one).
+                    poll_at = watch_failing.then(|| Instant::now() + backoff.next_delay());
                     let read = call(cm_op(&self.lock, "get"), self.api_timeout, self.configmaps.get_opt(&self.lock.name));
                     match read.await {
                         Ok(state) => Some(state),
