@@ -31,6 +31,19 @@ where
     }
 }
 
+/// The `kube-leader` binary in the directory of `exe` (one of this crate's binaries, named by
+/// `env!("CARGO_BIN_EXE_…")` in a test); panics with what to build if it is missing.
+pub fn kube_leader_bin_beside(exe: &str) -> std::path::PathBuf {
+    let bin =
+        std::path::Path::new(exe).with_file_name(format!("kube-leader{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p kube-leader-cli` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
 /// Installs a test log subscriber once (RUST_LOG, default `kube_leader=debug`).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()

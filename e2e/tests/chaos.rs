@@ -52,7 +52,7 @@ use std::{
     fs,
     io::{BufRead, BufReader},
     os::unix::process::{CommandExt, ExitStatusExt},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
     sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock},
     time::Duration,
@@ -309,16 +309,8 @@ fn spawn(command: Command) -> std::io::Result<Child> {
     result.recv().map_err(|_| std::io::Error::other("spawner gone"))?
 }
 
-/// The `kube-leader` binary, beside this crate's binaries.
 fn kube_leader_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_chaos-candidate"))
-        .with_file_name(format!("kube-leader{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p kube-leader-cli` (cargo test --workspace does)",
-        bin.display()
-    );
-    bin
+    kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate"))
 }
 
 /// One line of a candidate's stdout, or the end of it.

@@ -596,25 +596,12 @@ async fn saturated_transitions_are_taken_over_and_undecodable_records_are_clear_
 
     // A time the Kubernetes client types cannot represent (written raw with kubectl): a typed
     // error naming the Lease, not a silent hang.
-    let mut kubectl = cp
-        .kubectl()
-        .args(["-n", ns.name(), "apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        kubectl
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(
-                b"apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: far-future}\n\
-                  spec: {holderIdentity: \"\", renewTime: \"9999-12-31T23:00:00.000000Z\"}\n",
-            )
-            .unwrap();
-    }
-    assert!(kubectl.wait().unwrap().success());
+    cp.kubectl_with_stdin(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: far-future}\n\
+         spec: {holderIdentity: \"\", renewTime: \"9999-12-31T23:00:00.000000Z\"}\n",
+    )
+    .unwrap();
     let e = tokio::time::timeout(
         Duration::from_secs(10),
         elector(&client, ns.name(), "far-future", "me").become_leader(&shutdown),

@@ -11,7 +11,6 @@
 
 use std::{
     fs,
-    io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
@@ -38,16 +37,8 @@ use tokio_util::sync::CancellationToken;
 /// Bound on anything that should happen soon (a loaded 2-core machine).
 const SOON: Duration = Duration::from_secs(30);
 
-/// The `kube-leader` binary, beside this crate's binaries.
 fn kube_leader_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_chaos-candidate"))
-        .with_file_name(format!("kube-leader{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p kube-leader-cli` (cargo test --workspace does)",
-        bin.display()
-    );
-    bin
+    kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate"))
 }
 
 /// `kube-leader rbac --strategy STRATEGY --lock LOCK --namespace NS`.
@@ -62,21 +53,8 @@ fn printed_rbac(strategy: &str, lock: &str, ns: &str) -> String {
 }
 
 fn kubectl_apply(cp: &ControlPlane, yaml: &str) {
-    let mut child = cp
-        .kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cp.kubectl_with_stdin(&["apply", "-f", "-"], yaml)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Applies the Roles `kube-leader rbac` prints for each of `locks` (with kubectl, as a user

@@ -847,20 +847,8 @@ async fn status_server_endpoints_and_an_event_on_failover() {
 
 /// `kubectl <args>` with stdin; panics on failure; returns stdout.
 fn kubectl(cp: &ControlPlane, args: &[&str], stdin: &str) -> String {
-    let mut cmd = cp.kubectl();
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    cp.kubectl_with_stdin(args, stdin)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn rbac(args: &[&str]) -> String {

@@ -28,6 +28,22 @@ pub mod lease;
 pub mod lock;
 mod object_watch;
 
+/// The proptest configuration of this crate's properties: `cases` per property, or
+/// `PROPTEST_CASES` if set (a long fuzzing run). Failures are not persisted: odd inputs found
+/// are kept as regression unit tests beside the code.
+#[cfg(test)]
+pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};

@@ -598,6 +598,33 @@ impl ControlPlane {
         command
     }
 
+    /// Runs `kubectl ARGS` as admin with `stdin` on its standard input: its stdout, or an error
+    /// with its stderr if it failed.
+    pub fn kubectl_with_stdin(&self, args: &[&str], stdin: &str) -> std::io::Result<String> {
+        use std::{io::Write, process::Stdio};
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?
+            .write_all(stdin.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "kubectl {args:?}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The audit events of the requests made by `user` (`user-1` .. `user-40`; `admin`'s requests
     /// are not audited), in the order the API server wrote them.
     ///

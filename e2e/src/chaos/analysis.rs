@@ -570,6 +570,19 @@ mod tests {
         }
     }
 
+    /// An analysis of `h` over [0, 100) with nothing else; tests set what they need.
+    fn over(h: &History) -> Analysis<'_> {
+        Analysis {
+            history: h,
+            writes: &[],
+            faults: &[],
+            pauses: &[],
+            deposed: &[],
+            from: 0,
+            until: 100,
+        }
+    }
+
     fn fault(kind: &str, start: u64, end: u64) -> Fault {
         Fault {
             kind: kind.into(),
@@ -600,13 +613,10 @@ mod tests {
         }];
         let faults = [fault("pause", 10, 60)];
         let found = Analysis {
-            history: &h,
             writes: &writes,
             faults: &faults,
             pauses: &pauses,
-            deposed: &[],
-            from: 0,
-            until: 100,
+            ..over(&h)
         }
         .run();
         assert_eq!(found.post_pause_overlaps.len(), 1);
@@ -641,13 +651,8 @@ mod tests {
             write("c", 9, 60, WriteOutcome::Accepted),
         ];
         let found = Analysis {
-            history: &h,
             writes: &writes,
-            faults: &[],
-            pauses: &[],
-            deposed: &[],
-            from: 0,
-            until: 100,
+            ..over(&h)
         }
         .run();
         assert_eq!(found.token_regressions.len(), 1);
@@ -672,13 +677,9 @@ mod tests {
             at: 10,
         }];
         let found = Analysis {
-            history: &h,
             writes: &writes,
-            faults: &[],
-            pauses: &[],
             deposed: &deposed,
-            from: 0,
-            until: 100,
+            ..over(&h)
         }
         .run();
         assert_eq!(found.deposition_overlaps.len(), 1);
@@ -696,16 +697,7 @@ mod tests {
         h.began_with_token("p@2", 20, Some(7)); // same Pod, same lock: it continues
         h.ended("p@2", 30);
         h.began_with_token("q@1", 40, Some(7)); // another candidate with the same token
-        let found = Analysis {
-            history: &h,
-            writes: &[],
-            faults: &[],
-            pauses: &[],
-            deposed: &[],
-            from: 0,
-            until: 100,
-        }
-        .run();
+        let found = over(&h).run();
         assert_eq!(candidate_of("p@2"), "p");
         assert_eq!(candidate_of("lease-id"), "lease-id");
         assert_eq!(found.token_regressions.len(), 1);
@@ -722,13 +714,8 @@ mod tests {
         h.began("c", 55);
         let faults = [fault("kill", 10, 10), fault("lock-delete", 50, 50)];
         let found = Analysis {
-            history: &h,
-            writes: &[],
             faults: &faults,
-            pauses: &[],
-            deposed: &[],
-            from: 0,
-            until: 100,
+            ..over(&h)
         }
         .run();
         let (kind, gap) = found.worst_gap_after_a_fault.unwrap();
@@ -739,13 +726,8 @@ mod tests {
         // counts from the end of both.
         let faults = [fault("apiserver-restart", 5, 30), fault("kill", 10, 10)];
         let found = Analysis {
-            history: &h,
-            writes: &[],
             faults: &faults,
-            pauses: &[],
-            deposed: &[],
-            from: 0,
-            until: 100,
+            ..over(&h)
         }
         .run();
         let (kind, gap) = found.worst_gap_after_a_fault.unwrap();

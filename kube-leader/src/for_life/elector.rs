@@ -354,13 +354,7 @@ fn discover_namespace(explicit: Option<&str>, env: &Environment) -> Option<(Stri
 
 /// Reads this candidate's Pod (the seed's `myOwnerRef`), retrying transient errors.
 async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeConfig) -> Result<PodRef> {
-    let op = Op {
-        verb: "get",
-        resource: "pods",
-        namespace: &lock.namespace,
-        name,
-        hint: RBAC_HINT,
-    };
+    let op = pod_op(&lock.namespace, name, "get");
     let not_found = || Error::OwnPodNotFound {
         namespace: lock.namespace.clone(),
         name: name.to_string(),
@@ -537,13 +531,7 @@ impl<'a> Election<'a> {
             Some(name) if self.leader_pod.as_ref().is_some_and(|p| p.name == name) => {}
             Some(name) => {
                 debug!(holder = %name, "watching the leader Pod");
-                let op = Op {
-                    verb: "watch",
-                    resource: "pods",
-                    namespace: &self.lock.namespace,
-                    name: &name,
-                    hint: RBAC_HINT,
-                };
+                let op = pod_op(&self.lock.namespace, &name, "watch");
                 let watch = ObjectWatch::new(self.pods.clone(), &name, op);
                 self.leader_pod = Some(LeaderPodWatch {
                     name,
@@ -695,13 +683,7 @@ impl<'a> Election<'a> {
             }
         }
         if let Some(p) = self.leader_pod.as_mut() {
-            let op = Op {
-                verb: "get",
-                resource: "pods",
-                namespace: &self.lock.namespace,
-                name: &p.name,
-                hint: RBAC_HINT,
-            };
+            let op = pod_op(&self.lock.namespace, &p.name, "get");
             match call(op, timeout, self.pods.get_opt(&p.name)).await {
                 Ok(pod) => {
                     p.state = pod.as_ref().map_or(LeaderPod::Absent, |pod| {
@@ -864,13 +846,7 @@ impl<'a> Election<'a> {
 /// Best effort: deletes a dead leader's Pod, if its UID is still the one seen.
 async fn delete_dead_pod(pods: Api<Pod>, namespace: String, pod: PodRef, timeout: Duration) {
     info!(holder = %pod.name, "deleting the dead leader Pod");
-    let op = Op {
-        verb: "delete",
-        resource: "pods",
-        namespace: &namespace,
-        name: &pod.name,
-        hint: RBAC_HINT,
-    };
+    let op = pod_op(&namespace, &pod.name, "delete");
     match call(op, timeout, pods.delete(&pod.name, &uid_precondition(&pod.uid))).await {
         Ok(_) | Err(Failure::NotFound | Failure::Conflict) => {}
         Err(Failure::Fatal(e)) => {
@@ -966,6 +942,16 @@ fn cm_op<'a>(lock: &'a LockRef, verb: &'static str) -> Op<'a> {
         resource: "configmaps",
         namespace: &lock.namespace,
         name: &lock.name,
+        hint: RBAC_HINT,
+    }
+}
+
+fn pod_op<'a>(namespace: &'a str, name: &'a str, verb: &'static str) -> Op<'a> {
+    Op {
+        verb,
+        resource: "pods",
+        namespace,
+        name,
         hint: RBAC_HINT,
     }
 }
@@ -1108,13 +1094,7 @@ impl Holder {
         let mut own_pod = ObjectWatch::new(
             self.pods.clone(),
             &self.me.name,
-            Op {
-                verb: "watch",
-                resource: "pods",
-                namespace: &self.lock.namespace,
-                name: &self.me.name,
-                hint: RBAC_HINT,
-            },
+            pod_op(&self.lock.namespace, &self.me.name, "watch"),
         );
         let mut own_pod_refused = false;
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);

@@ -395,19 +395,6 @@ mod props {
     use super::*;
     use crate::for_life::leader::leader_info;
 
-    /// `PROPTEST_CASES` for a long fuzzing run; 2,000 cases in the test command.
-    fn config() -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(2_000);
-        ProptestConfig {
-            cases,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
-
     fn owner() -> impl Strategy<Value = OwnerReference> {
         (
             prop_oneof![
@@ -470,7 +457,7 @@ mod props {
     }
 
     proptest! {
-        #![proptest_config(config())]
+        #![proptest_config(crate::proptest_config(2_000))]
 
         #[test]
         fn lock_records_are_read_as_the_reference_says(
@@ -542,8 +529,13 @@ mod props {
             // Either the client rejects it (a typed decode error) or it is read without panic.
             if let Ok(cm) = serde_json::from_value::<ConfigMap>(value) {
                 let r = LockRecord::from_config_map(&cm);
-                let _ = leader_info(&LockRef::new("ns", "lock").unwrap(), &cm);
-                prop_assert!(r.owner.is_ok() || r.holder().is_none());
+                let expected = match cm.metadata.owner_references.as_deref().unwrap_or_default() {
+                    [o] if o.api_version == "v1" && o.kind == "Pod" => Some(o.name.as_str()),
+                    _ => None,
+                };
+                prop_assert_eq!(r.holder(), expected);
+                let info = leader_info(&LockRef::new("ns", "lock").unwrap(), &cm);
+                prop_assert_eq!(info.holder.as_deref(), expected);
             }
         }
     }

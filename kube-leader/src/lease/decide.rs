@@ -363,21 +363,8 @@ mod tests {
             spec.lease_transitions
         }
 
-        /// 3000 cases, or `PROPTEST_CASES` if set (a long fuzzing run).
-        fn config() -> ProptestConfig {
-            let cases = std::env::var("PROPTEST_CASES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(3000);
-            ProptestConfig {
-                cases,
-                failure_persistence: None,
-                ..ProptestConfig::default()
-            }
-        }
-
         proptest! {
-            #![proptest_config(config())]
+            #![proptest_config(crate::proptest_config(3000))]
 
             /// A foreign holder is never taken over before the observation plus its advertised
             /// duration (ours if it advertised none); a free lease is taken, our own renewed.

@@ -488,7 +488,11 @@ impl LeaseElector {
                     lease.metadata.resource_version.clone(),
                     Instant::now(),
                 );
-                self.publish(lock, Some(&next.record), stored_fencing_token(lease));
+                self.publish(
+                    lock,
+                    Some(&next.record),
+                    stored_fencing_token(lease, &next.record),
+                );
                 *observed = Some(next);
                 *deleted = None;
             }
@@ -649,7 +653,7 @@ impl Renewer {
                         // the version we decided on); only a newer record can depose us.
                         if !record.is_held_by(&self.identity) && newer(lease, &self.lease) {
                             let holder = record.holder.clone().unwrap_or_default();
-                            self.elector.publish(&self.lock, Some(&record), stored_fencing_token(lease));
+                            self.elector.publish(&self.lock, Some(&record), stored_fencing_token(lease, &record));
                             info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
                             self.keeper.lose(LossReason::OtherHolder { holder });
                             break Ok(());
@@ -904,7 +908,9 @@ pub fn watch_leader(client: Client, lock: LockRef) -> watch::Receiver<Option<Lea
 }
 
 fn describe(lock: &LockRef, lease: &Lease) -> LeaderInfo {
-    leader_info(lock, &LeaseRecord::from_lease(lease), stored_fencing_token(lease))
+    let record = LeaseRecord::from_lease(lease);
+    let token = stored_fencing_token(lease, &record);
+    leader_info(lock, &record, token)
 }
 
 /// The host name, for a default identity.

@@ -82,15 +82,16 @@ impl LeaseRecord {
 }
 
 /// The fencing token a kube-leader holder stored in its Lease (annotations
-/// [`FENCING_TOKEN_ANNOTATION`] and [`HOLDER_ANNOTATION`]), if they name the current holder.
+/// [`FENCING_TOKEN_ANNOTATION`] and [`HOLDER_ANNOTATION`]), if they name the holder of
+/// `record` (the Lease's own record).
 ///
 /// A kube-leader leader writes them with its first renewal (its token is the `resourceVersion`
 /// of the write that made it leader, so it cannot be in that write); a takeover clears them. A
 /// client-go holder keeps whatever annotations it found, so they count only while the holder
 /// they name is the holder of the record.
-pub(crate) fn stored_fencing_token(lease: &Lease) -> Option<u64> {
+pub(crate) fn stored_fencing_token(lease: &Lease, record: &LeaseRecord) -> Option<u64> {
     let annotations = lease.metadata.annotations.as_ref()?;
-    let holder = spec_holder(lease)?;
+    let holder = record.holder.as_deref()?;
     if annotations.get(HOLDER_ANNOTATION).map(String::as_str) != Some(holder) {
         return None;
     }
@@ -113,15 +114,6 @@ pub(crate) fn set_fencing_token(lease: &mut Lease, token: Option<(&str, u64)>) {
             }
         }
     }
-}
-
-fn spec_holder(lease: &Lease) -> Option<&str> {
-    lease
-        .spec
-        .as_ref()?
-        .holder_identity
-        .as_deref()
-        .filter(|h| !h.is_empty())
 }
 
 /// A time as Kubernetes can hold it, or `None`. RFC 3339 has four-digit years, so the earliest
@@ -172,21 +164,21 @@ mod tests {
     #[test]
     fn fencing_token_annotations_count_for_the_holder_they_name() {
         let mut l = lease(serde_json::json!({"holderIdentity": "me"}));
-        assert_eq!(stored_fencing_token(&l), None);
+        assert_eq!(stored_fencing_token(&l, &LeaseRecord::from_lease(&l)), None);
         set_fencing_token(&mut l, Some(("me", 42)));
-        assert_eq!(stored_fencing_token(&l), Some(42));
+        assert_eq!(stored_fencing_token(&l, &LeaseRecord::from_lease(&l)), Some(42));
         // A client-go takeover keeps the annotations: they name somebody else then.
         l.spec.as_mut().unwrap().holder_identity = Some("go-1".into());
-        assert_eq!(stored_fencing_token(&l), None);
+        assert_eq!(stored_fencing_token(&l, &LeaseRecord::from_lease(&l)), None);
         l.spec.as_mut().unwrap().holder_identity = Some(String::new());
-        assert_eq!(stored_fencing_token(&l), None);
+        assert_eq!(stored_fencing_token(&l, &LeaseRecord::from_lease(&l)), None);
         l.spec.as_mut().unwrap().holder_identity = Some("me".into());
         l.metadata
             .annotations
             .as_mut()
             .unwrap()
             .insert(FENCING_TOKEN_ANNOTATION.into(), "not a number".into());
-        assert_eq!(stored_fencing_token(&l), None);
+        assert_eq!(stored_fencing_token(&l, &LeaseRecord::from_lease(&l)), None);
         l.metadata
             .annotations
             .as_mut()
@@ -282,7 +274,7 @@ mod props {
     use super::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(crate::proptest_config(256))]
 
         #[test]
         fn stored_tokens_count_only_for_the_holder_they_name(
@@ -308,7 +300,7 @@ mod props {
                 }
                 _ => None,
             };
-            prop_assert_eq!(stored_fencing_token(&lease), expected);
+            prop_assert_eq!(stored_fencing_token(&lease, &LeaseRecord::from_lease(&lease)), expected);
         }
     }
 }
