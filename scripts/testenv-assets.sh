@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints a directory holding etcd, kube-apiserver, kube-controller-manager and kubectl,
-# usable as KUBEBUILDER_ASSETS (the envtest convention).
+# usable as KUBEBUILDER_ASSETS (the envtest convention), plus kubelet and kube-scheduler for
+# the real-node tests (one `make` builds all four Kubernetes binaries, sharing the packages).
 #
 # - If KUBEBUILDER_ASSETS is set and holds all the binaries, it is used as is.
 # - Otherwise the binaries are built once from Debian's `kubernetes` source package
@@ -15,6 +16,10 @@ K8S_VERSION="1.20.2"
 ORIG_TARBALL="kubernetes_1.20.5+really1.20.2.orig.tar.gz"
 ORIG_SHA256="b83c0780efb182d928dc63d46488a847f161f04e40a94b96bf5247dd671ecdfc"
 BINARIES=(etcd kube-apiserver kube-controller-manager kubectl)
+# Built into the cache too; a KUBEBUILDER_ASSETS without them still serves the control-plane
+# tests (the real-node tests then say they are skipped and why).
+NODE_BINARIES=(kubelet kube-scheduler)
+K8S_TARGETS="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubelet cmd/kube-scheduler"
 
 log() { printf 'testenv-assets: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -33,7 +38,13 @@ fi
 
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader"
 ASSETS="$CACHE_ROOT/assets/$K8S_VERSION"
-if complete_dir "$ASSETS"; then
+cache_complete() {
+  local b
+  complete_dir "$1" || return 1
+  for b in "${NODE_BINARIES[@]}"; do [ -x "$1/$b" ] || return 1; done
+}
+
+if cache_complete "$ASSETS"; then
   log "using cached $ASSETS"
   printf '%s\n' "$ASSETS"
   exit 0
@@ -43,7 +54,7 @@ fi
 mkdir -p "$CACHE_ROOT"
 exec 9>"$CACHE_ROOT/.assets.lock"
 flock 9
-if complete_dir "$ASSETS"; then
+if cache_complete "$ASSETS"; then
   printf '%s\n' "$ASSETS"
   exit 0
 fi
@@ -118,26 +129,45 @@ build_k8s() {
     export GOPATH="$BUILD/.go" CGO_ENABLED=0 HOME="$BUILD/.home" GO111MODULE=off GOFLAGS=-mod=vendor
     export PATH="$(dirname "$GO"):$PATH"
     cd .go/src/k8s.io/kubernetes
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
+    make WHAT="$K8S_TARGETS" >&2
   )
 }
-if [ ! -x "$BUILD/_output/bin/kube-apiserver" ] || [ ! -x "$BUILD/_output/bin/kube-controller-manager" ]; then
-  log "building kube-apiserver and kube-controller-manager (about 5 minutes on 2 cores)"
+# The Go build is silent for many minutes: say every minute that it is still going.
+with_progress() {
+  local what="$1"; shift
+  local t0 ticker rc=0
+  t0=$(date +%s)
+  ( while sleep 60; do log "$what: still building, $(( $(date +%s) - t0 ))s so far"; done ) &
+  ticker=$!
+  "$@" || rc=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  return "$rc"
+}
+built_all() {
+  local b
+  for b in kube-apiserver kube-controller-manager "${NODE_BINARIES[@]}"; do
+    [ -x "$BUILD/_output/bin/$b" ] || return 1
+  done
+}
+if ! built_all; then
+  log "building kube-apiserver, kube-controller-manager, kubelet and kube-scheduler (one make; 25-30 minutes on 2 cores on a cold machine)"
   start=$(date +%s)
-  if ! build_k8s; then
+  if ! with_progress "kubernetes" build_k8s; then
     log "first build failed; cleaning _output and retrying once"
     rm -rf "$BUILD/_output"
-    build_k8s || die "building Kubernetes failed (see the output above)"
+    with_progress "kubernetes (retry)" build_k8s || die "building Kubernetes failed (see the output above)"
   fi
   log "built in $(( $(date +%s) - start ))s"
 fi
 
 mkdir -p "$ASSETS.tmp"
-cp "$BUILD/_output/bin/kube-apiserver" "$BUILD/_output/bin/kube-controller-manager" "$ASSETS.tmp/"
+cp "$BUILD/_output/bin/kube-apiserver" "$BUILD/_output/bin/kube-controller-manager" \
+  "$BUILD/_output/bin/kubelet" "$BUILD/_output/bin/kube-scheduler" "$ASSETS.tmp/"
 ln -sf "$ETCD" "$ASSETS.tmp/etcd"
 ln -sf "$KUBECTL" "$ASSETS.tmp/kubectl"
 rm -rf "$ASSETS"
 mv "$ASSETS.tmp" "$ASSETS"
-complete_dir "$ASSETS" || die "assets directory $ASSETS is incomplete after the build"
+cache_complete "$ASSETS" || die "assets directory $ASSETS is incomplete after the build"
 log "assets ready in $ASSETS"
 printf '%s\n' "$ASSETS"
