@@ -49,8 +49,3 @@ pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
-
-/// The README's examples, compiled as doc tests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
