@@ -671,9 +671,12 @@ async fn outside_a_pod_the_election_is_skipped_or_fails_and_errors_are_clear() {
     );
 }
 
-/// The Role shipped in deploy/rbac-for-life.yaml, as kubectl reads it.
+/// The Role shipped in deploy/for-life/rbac-for-life.yaml, as kubectl reads it.
 fn example_role(cp: &ControlPlane) -> Role {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac-for-life.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/for-life/rbac-for-life.yaml"
+    );
     let out = cp
         .kubectl()
         .args(["create", "--dry-run=client", "-o", "json", "-f", path])
@@ -689,7 +692,7 @@ fn example_role(cp: &ControlPlane) -> Role {
         .into_iter::<serde_json::Value>()
         .map(Result::unwrap)
         .find(|o| o["kind"] == "Role")
-        .expect("a Role in deploy/rbac-for-life.yaml");
+        .expect("a Role in deploy/for-life/rbac-for-life.yaml");
     serde_json::from_value(role).unwrap()
 }
 

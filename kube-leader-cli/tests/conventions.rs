@@ -35,7 +35,8 @@ fn every_run_flag_has_an_environment_variable_listed_in_help() {
     let help = stdout(&kube_leader(&["run", "--help"], &[]));
     let flags: Vec<&str> = help
         .lines()
-        .filter_map(|l| l.trim_start().split_whitespace().find(|w| w.starts_with("--")))
+        .filter(|l| l.trim_start().starts_with('-'))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("--")))
         .map(|f| f.trim_end_matches(','))
         .filter(|f| *f != "--help" && *f != "--version")
         .collect();
