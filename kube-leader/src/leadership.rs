@@ -61,6 +61,13 @@ pub enum LossReason {
         /// What happened to the Pod ("is being deleted", "is in phase Failed (Evicted)", ...).
         why: String,
     },
+    /// Another process wrote the lock under this candidate's own identity: two candidates
+    /// share one identity (a copied `--identity`, two containers of one Pod, host names under
+    /// `hostNetwork`), and both would otherwise lead. Give every candidate a unique identity.
+    DuplicateIdentity {
+        /// The identity both use.
+        identity: String,
+    },
     /// Leadership was given up with [`Leadership::release`] or by dropping the handle.
     Released,
     /// The shutdown token passed to the elector was cancelled.
@@ -80,6 +87,11 @@ impl fmt::Display for LossReason {
                 write!(f, "the lease was not renewed within the renew deadline ({since_last_renewal:?} since the last renewal)")
             }
             LossReason::PodEnding { why } => write!(f, "this candidate's Pod {why}"),
+            LossReason::DuplicateIdentity { identity } => write!(
+                f,
+                "another process holds the lock under this candidate's identity {identity:?}; \
+                 every candidate needs a unique identity"
+            ),
             LossReason::Released => f.write_str("released"),
             LossReason::Cancelled => f.write_str("shutdown requested"),
         }
