@@ -107,6 +107,10 @@ pub struct Faulty {
     rules: Arc<Mutex<Rules>>,
     /// Bumped by [`Faulty::cut_watches`]: open watch answers end then.
     cut: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Every fault served, and when.
+    served: Arc<Mutex<Vec<(Fault, std::time::Instant)>>>,
+    /// Every request that passed: method, path and query, when.
+    passed: Arc<Mutex<Vec<(Method, String, std::time::Instant)>>>,
 }
 
 impl Default for Faulty {
@@ -114,6 +118,8 @@ impl Default for Faulty {
         Self {
             rules: Arc::default(),
             cut: Arc::new(tokio::sync::watch::channel(0).0),
+            served: Arc::default(),
+            passed: Arc::default(),
         }
     }
 }
@@ -150,6 +156,32 @@ impl Faulty {
             .retain(|(m, _, n)| n.is_some() || resource.is_some_and(|r| m.resource != Some(r)));
     }
 
+    /// When `fault` was last served, if it was.
+    pub fn last_served(&self, fault: Fault) -> Option<std::time::Instant> {
+        self.served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|(f, _)| *f == fault)
+            .map(|(_, at)| *at)
+    }
+
+    /// When the first request after `after` that passed (no fault) and that `what` accepts
+    /// (given its method and its path with the query) was sent.
+    pub fn first_passed_after(
+        &self,
+        after: std::time::Instant,
+        what: impl Fn(&Method, &str) -> bool,
+    ) -> Option<std::time::Instant> {
+        self.passed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(m, p, at)| *at >= after && what(m, p))
+            .map(|(_, _, at)| *at)
+    }
+
     /// Ends every watch answer that is open now, as a broken connection would (the watcher
     /// then watches again, through whatever faults are set).
     pub fn cut_watches(&self) {
@@ -171,6 +203,10 @@ impl Faulty {
         if let Some(n) = n {
             *n -= 1;
         }
+        self.served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((fault, std::time::Instant::now()));
         Some(fault)
     }
 }
@@ -258,6 +294,15 @@ where
             }),
             None => {
                 let watch = is_watch(&req);
+                let path = req
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(String::new, |p| p.to_string());
+                self.faults
+                    .passed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((req.method().clone(), path, std::time::Instant::now()));
                 let mut cut = self.faults.cut.subscribe();
                 cut.mark_unchanged();
                 let fut = self.inner.call(req);

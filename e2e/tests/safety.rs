@@ -244,11 +244,19 @@ async fn absence_found_by_a_relist_is_waited_out() {
     // The watch comes back with 410 Gone: the follower lists again and finds nothing.
     faults.set_times(Matcher::watch("leases"), Fault::Gone, 1);
     faults.clear_persistent(None);
-    let healed = Instant::now();
 
     let (leadership, at) = tokio::time::timeout(SOON, campaign).await.unwrap().unwrap();
     let leadership = leadership.unwrap();
-    let waited = at.duration_since(healed);
+    // From the list that followed the 410 (the watcher lists again after its backoff).
+    let gone = faults
+        .last_served(Fault::Gone)
+        .expect("the follower's watch came back");
+    let relisted = faults
+        .first_passed_after(gone, |m, p| {
+            m == Method::GET && p.contains("/leases?") && !p.contains("watch=")
+        })
+        .expect("the follower listed the Lease again");
+    let waited = at.duration_since(relisted);
     eprintln!("absent on relist → created after {waited:?} (lease duration 2 s)");
     assert!(
         waited >= Duration::from_millis(1500),
