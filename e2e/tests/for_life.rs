@@ -821,7 +821,7 @@ async fn a_role_lacking_a_permission_is_named_in_the_error() {
         )),
         "{msg}"
     );
-    assert!(msg.contains("deploy/rbac-for-life.yaml"), "{msg}");
+    assert!(msg.contains("kube-leader rbac --strategy for-life"), "{msg}");
 
     let no_pods = vec![rule(
         &[""],

@@ -167,6 +167,13 @@ fn assert_names<T: std::fmt::Debug>(
     );
     let want = format!("missing permission: {verb} {resource} in namespace {ns}");
     assert!(msg.contains(&want), "{msg:?} does not contain {want:?}");
+    // The fix, usable by a user of the published crate: the command that prints the Role, and
+    // a stable URL, never a path in this repository.
+    assert!(
+        msg.contains("kube-leader rbac --strategy"),
+        "{msg:?} names no fix"
+    );
+    assert!(!msg.contains(" deploy/"), "{msg:?} points at a repository path");
     want
 }
 

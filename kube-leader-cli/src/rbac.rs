@@ -39,7 +39,7 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
                 verbs: &["get", "list", "watch", "update"],
             },
         ],
-        // The same rules as deploy/rbac-for-life.yaml, which explains each verb.
+        // The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
         StrategyArg::ForLife => vec![
             Rule {
                 why: "create: become leader (create cannot be limited by name)",

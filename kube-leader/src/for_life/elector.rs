@@ -39,9 +39,12 @@ use crate::{
 };
 
 /// Where to find a Role that grants what leader for life needs.
-pub(crate) const RBAC_HINT: &str = "deploy/rbac-for-life.yaml";
+pub(crate) const RBAC_HINT: &str =
+    "the one `kube-leader rbac --strategy for-life --lock LOCK --namespace NS` prints \
+     (https://github.com/kube-leader/kube-leader/blob/main/deploy/for-life/rbac-for-life.yaml)";
 /// Where to find the ClusterRole that the opt-in NotReady takeover needs.
-const NODES_HINT: &str = "the optional ClusterRole in deploy/rbac-for-life.yaml";
+const NODES_HINT: &str = "a ClusterRole granting get nodes (the optional one at the end of \
+     https://github.com/kube-leader/kube-leader/blob/main/deploy/for-life/rbac-for-life.yaml)";
 
 /// How often a leader's keeper checks, without any request, whether its process was frozen.
 const FREEZE_CHECK: Duration = Duration::from_millis(250);
@@ -75,7 +78,7 @@ const FREEZE_SLACK: Duration = Duration::from_millis(750);
 /// its UID: a Pod recreated under the same name is another candidate.
 ///
 /// Needs, in the lock's namespace: `get, list, watch, create, update, delete` on ConfigMaps,
-/// `get, list, watch, delete` on Pods and `create` on Events; see `deploy/rbac-for-life.yaml`.
+/// `get, list, watch, delete` on Pods and `create` on Events; see `kube-leader rbac --strategy for-life`.
 #[derive(Clone)]
 pub struct ForLife {
     client: Client,

@@ -32,7 +32,9 @@ use crate::{
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
-pub(crate) const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
+pub(crate) const RBAC_HINT: &str =
+    "the one `kube-leader rbac --strategy lease --lock LOCK --namespace NS` prints \
+     (https://github.com/kube-leader/kube-leader/blob/main/deploy/lease/rbac-lease.yaml)";
 const RESOURCE: &str = "leases.coordination.k8s.io";
 
 /// Whether [`LeaseElector::run`] campaigns again after losing leadership.
