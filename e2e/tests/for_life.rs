@@ -236,7 +236,7 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
             .iter()
             .any(|e| {
                 e.involved_object.name.as_deref() == Some("lock")
-                    && e.reason.as_deref() == Some("LeaderElected")
+                    && e.reason.as_deref() == Some("LeaderElection")
                     && e.message.as_deref().is_some_and(|m| m.contains(first.identity()))
             })
             .then_some(())

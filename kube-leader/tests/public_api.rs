@@ -319,7 +319,8 @@ impl Renderer<'_> {
             }
             for i in t["implementations"].as_array().into_iter().flatten() {
                 let imp = &self.item(&i.to_string())["inner"]["impl"];
-                out.insert(format!("impl {here} for {}", self.ty(&imp["for"])));
+                let g = self.generics(&imp["generics"]);
+                out.insert(format!("impl{} {here} for {}{}", g.0, self.ty(&imp["for"]), g.1));
             }
         } else {
             out.insert(format!("pub {here}: {}", compact(inner)));

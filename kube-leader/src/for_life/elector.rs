@@ -10,8 +10,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{ConfigMap, Event, EventSource, Node, ObjectReference, Pod},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    api::core::v1::{ConfigMap, Node, Pod},
     jiff::Timestamp,
 };
 use kube::{
@@ -33,9 +32,11 @@ use crate::{
     api::{call, Failure, Op},
     backoff::Backoff,
     error::{Error, Result},
+    events::EventRecorder,
     leadership::{Keeper, Leadership, LossReason, Strategy, Term},
     lock::{self, LockRef, NamespaceSource},
     object_watch::ObjectWatch,
+    observer::{Hooks, Observer},
 };
 
 /// Where to find a Role that grants what leader for life needs.
@@ -86,6 +87,8 @@ pub struct ForLife {
     config: ForLifeConfig,
     /// Set once reading Nodes was refused: the NotReady takeover is off from then on.
     node_check_disabled: Arc<AtomicBool>,
+    /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
+    hooks: Hooks,
 }
 
 impl std::fmt::Debug for ForLife {
@@ -109,11 +112,30 @@ impl ForLife {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
+            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
             client,
             name: name.into(),
             config: ForLifeConfig::default(),
             node_check_disabled: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Calls `observer` with what this candidate observes about its own leadership, for
+    /// metrics of your own: see [`observer`](crate::observer).
+    #[must_use]
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.hooks.set_observer(Arc::new(observer));
+        self
+    }
+
+    /// Whether to record client-go's `LeaderElection` Events on the lock, "POD became leader"
+    /// and "POD stopped leading" (default `true`; needs `create events`, see
+    /// [`events`](crate::events)).
+    #[must_use]
+    pub fn events(mut self, record: bool) -> Self {
+        self.hooks
+            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+        self
     }
 
     /// Sets all options at once.
@@ -319,18 +341,8 @@ impl ForLife {
                 .instrument(tracing::Span::current()),
             );
         }
-        tokio::spawn(
-            record_event(
-                self.client.clone(),
-                lock.clone(),
-                won.lock,
-                me.clone(),
-                won.fencing_token,
-                won.restarted,
-                self.config.api_timeout,
-            )
-            .instrument(tracing::Span::current()),
-        );
+        self.hooks
+            .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
         let holder = Holder {
             configmaps,
@@ -1037,83 +1049,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Best effort: a `Normal` Event on the lock saying who leads. Never blocks the election.
-async fn record_event(
-    client: Client,
-    lock: LockRef,
-    cm: ConfigMap,
-    me: PodRef,
-    fencing_token: u64,
-    restarted: bool,
-    timeout: Duration,
-) {
-    let now = Time(Timestamp::now());
-    let (reason, message) = if restarted {
-        (
-            "LeaderContinued",
-            format!(
-                "{} continues as leader after a restart (fencing token {fencing_token})",
-                me.name
-            ),
-        )
-    } else {
-        (
-            "LeaderElected",
-            format!("{} became leader (fencing token {fencing_token})", me.name),
-        )
-    };
-    // client-go's naming: <object>.<hex nanoseconds>, within the 253-character limit.
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let prefix: String = lock.name.chars().take(253 - 33).collect();
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{prefix}.{nanos:x}")),
-            namespace: Some(lock.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            name: Some(lock.name.clone()),
-            namespace: Some(lock.namespace.clone()),
-            uid: cm.metadata.uid.clone(),
-            resource_version: cm.metadata.resource_version.clone(),
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(message),
-        type_: Some("Normal".into()),
-        source: Some(EventSource {
-            component: Some("kube-leader".into()),
-            host: None,
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        reporting_component: Some("kube-leader".into()),
-        reporting_instance: Some(me.name.clone()),
-        ..Event::default()
-    };
-    let events: Api<Event> = Api::namespaced(client, &lock.namespace);
-    let op = Op {
-        verb: "create",
-        resource: "events",
-        namespace: &lock.namespace,
-        name: &lock.name,
-        hint: RBAC_HINT,
-    };
-    match call(op, timeout, events.create(&PostParams::default(), &event)).await {
-        Ok(_) => debug!(reason, "recorded an Event on the lock"),
-        Err(Failure::Fatal(e @ Error::Forbidden { .. })) => {
-            warn!(error = %e, "could not record an Event on the lock (leadership is not affected)");
-        }
-        Err(e) => debug!(error = ?e, "could not record an Event on the lock (leadership is not affected)"),
     }
 }
 
