@@ -15,9 +15,11 @@
 //!   its lease as expired (fail-stop).
 //!
 //! Both give a [fencing token](Leadership::fencing_token) and a token that is cancelled when
-//! leadership is lost.
+//! leadership is lost, record client-go's `LeaderElection` [Events](events) on the lock, and
+//! report to an optional [observer] for metrics of your own.
 //!
-//! The library picks no `k8s-openapi` version feature: enable one in your binary.
+//! The library picks no `k8s-openapi` version feature and no TLS stack: enable one of each in
+//! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
 
 mod api;
 pub mod backoff;

@@ -113,6 +113,11 @@ impl Mock {
                         };
                     }
                 }
+                // client-go's LeaderElection Events, best effort: accepted.
+                (&Method::POST, "/api/v1/namespaces/ns/events") => {
+                    let event: Value = serde_json::from_slice(&body).unwrap();
+                    return json_response(StatusCode::CREATED, &event);
+                }
                 (m, p) => panic!("unexpected request {m} {p}?{query}"),
             }
         };
