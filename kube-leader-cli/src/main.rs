@@ -16,6 +16,7 @@
 mod cli;
 mod elector;
 mod exit;
+mod label;
 mod metrics;
 mod rbac;
 mod run;

@@ -205,6 +205,10 @@ mod tests {
             "ns",
         );
         assert!(y.contains("resources: [\"pods\"]\n    verbs: [\"patch\"]"), "{y}");
+        // Least privilege, said plainly: patch cannot be limited to the candidate's own Pod.
+        for s in ["namespace-wide", "any Pod", "image"] {
+            assert!(y.contains(s), "the --label-pod rule should say {s}: {y}");
+        }
     }
 
     #[test]

@@ -3,11 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::anyhow;
-use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    api::{Patch, PatchParams},
-    Api, Client,
-};
+use kube::Client;
 use kube_leader::{lease::Renewals, lock, LeaderInfo, Leadership, LockRef};
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
@@ -21,14 +17,12 @@ use crate::{
     cli::{LogFormat, RunArgs, StrategyArg},
     elector::Elector,
     exit::{self, Fail, OrExit},
+    label::PodLabel,
     metrics::secs,
     server,
     state::Status,
     supervisor::{self, Report, Supervisor},
 };
-
-/// The label `--label-pod` sets on this candidate's Pod.
-pub(crate) const LEADER_LABEL: &str = "kube-leader.io/leader";
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
@@ -356,39 +350,6 @@ fn resolve_identity(explicit: Option<&str>) -> Option<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-/// `--label-pod`: the leader label on this candidate's Pod, best effort.
-#[derive(Debug)]
-struct PodLabel {
-    api: Api<Pod>,
-    pod: String,
-}
-
-impl PodLabel {
-    fn new(client: Client, namespace: &str, pod: String) -> Self {
-        Self {
-            api: Api::namespaced(client, namespace),
-            pod,
-        }
-    }
-
-    /// Sets the label in the background; await the handle to wait for it.
-    fn set(&self, leader: bool) -> tokio::task::JoinHandle<()> {
-        let (api, pod) = (self.api.clone(), self.pod.clone());
-        let patch = serde_json::json!({ "metadata": { "labels": { LEADER_LABEL: leader.to_string() } } });
-        tokio::spawn(async move {
-            let params = PatchParams::default();
-            let patch = Patch::Merge(&patch);
-            let call = api.patch(&pod, &params, &patch);
-            match tokio::time::timeout(Duration::from_secs(10), call).await {
-                Ok(Ok(_)) => debug!(pod = %pod, leader, "labelled the Pod"),
-                Ok(Err(e)) => warn!(pod = %pod, leader, error = %e,
-                    "cannot label the Pod (needs patch pods: kube-leader rbac --label-pod)"),
-                Err(_) => warn!(pod = %pod, leader, "labelling the Pod timed out"),
-            }
-        })
-    }
 }
 
 // === signals ===
