@@ -560,15 +560,7 @@ async fn child_runs_only_while_leading_and_a_crashed_leaders_child_is_stopped() 
     let flags = lease_flags("only", ns.name());
     let cands: Vec<Candidate> = ["a", "b", "c"]
         .iter()
-        .map(|id| {
-            Candidate::spawn(
-                cp,
-                &dir,
-                id,
-                &[&flags[..], &["--grace", "2s"]].concat(),
-                &work_script(&dir, id, "exit 0"),
-            )
-        })
+        .map(|id| Candidate::spawn(cp, &dir, id, &flags, &work_script(&dir, id, "exit 0")))
         .collect();
     let refs: Vec<&Candidate> = cands.iter().collect();
     let first = one_leader(&refs);
@@ -1223,17 +1215,10 @@ async fn for_life_outside_a_cluster_fails_by_default_and_skips_loudly_when_told(
         .find(|l| {
             l["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("not running in a cluster"))
+                .is_some_and(|m| m.contains("running COMMAND in every replica"))
         })
         .unwrap_or_else(|| panic!("no warning: {}", skip.log_text()));
     assert_eq!(warning["level"], "WARN", "{warning}");
-    assert!(
-        warning["message"]
-            .as_str()
-            .unwrap()
-            .contains("every replica"),
-        "{warning}"
-    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1332,24 +1317,21 @@ async fn killing_the_supervisor_kills_command_exits_3_and_keeps_the_lease() {
 
     let killed = Instant::now();
     signal(supervisor as u32, "KILL");
-    wait_for("COMMAND dies with its supervisor", Duration::from_secs(10), || {
-        (!alive(command)).then_some(())
-    });
+    wait_for(
+        "COMMAND dies with its supervisor",
+        Duration::from_secs(10),
+        || (!alive(command)).then_some(()),
+    );
     let died = killed.elapsed();
     let code = a.wait_exit(WAIT);
     eprintln!("COMMAND died {died:?} after its supervisor was killed");
     assert_eq!(code.code(), Some(3), "a loss: {}", a.log_text());
     let status = status_json(cp, ns.name(), "killsup", "lease");
     assert_eq!(
-        status["holder"],
-        "a",
+        status["holder"], "a",
         "not released (COMMAND's end was not orderly): {status}"
     );
-    assert!(
-        !a.log_text().contains("released the lock"),
-        "{}",
-        a.log_text()
-    );
+    assert!(!a.log_text().contains("released the lock"), "{}", a.log_text());
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1417,7 +1399,11 @@ async fn orphans_of_command_are_adopted_and_reaped() {
     let command = a.command_pid().unwrap();
     let supervisor = parent_of(command);
     let orphan: i32 = wait_for("the orphan's pid", WAIT, || {
-        fs::read_to_string(dir.join("orphan.pid")).ok()?.trim().parse().ok()
+        fs::read_to_string(dir.join("orphan.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     });
     // Its parent (the subshell) exits at once: the orphan is re-parented.
     let adopter = wait_for("the orphan is re-parented", Duration::from_secs(5), || {
@@ -1470,7 +1456,17 @@ fn grace_beyond_the_lease_is_refused_unless_allowed() {
             "--",
             "true",
         ][..],
-        &["run", "--lock", "l", "--grace", "60s", "--connect-timeout", "100ms", "--", "true"][..],
+        &[
+            "run",
+            "--lock",
+            "l",
+            "--grace",
+            "60s",
+            "--connect-timeout",
+            "100ms",
+            "--",
+            "true",
+        ][..],
         &[
             "run",
             "--lock",
@@ -1567,14 +1563,22 @@ async fn a_connection_flood_does_not_starve_the_leader_or_its_probes() {
         // A full accept backlog (nobody accepting) ends the flood early.
         match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
             Ok(s) => flood.push(s),
-            Err(_) => break,
+            Err(e) => {
+                eprintln!("the flood stops at {} connections: {e}", flood.len());
+                break;
+            }
         }
     }
     // Slowloris: half of them start a request and never finish its headers.
     for s in flood.iter_mut().step_by(2) {
         let _ = s.write_all(b"GET /leader HTTP/1.1\r\nHost: x\r\n");
     }
-    eprintln!("{} flood connections open in {:?}", flood.len(), started.elapsed());
+    eprintln!(
+        "{} flood connections open in {:?}; kube-leader has {} open files",
+        flood.len(),
+        started.elapsed(),
+        fs::read_dir(format!("/proc/{}/fd", a.pid())).map_or(0, |d| d.count())
+    );
     // While they are held open, /healthz answers (a few retries: the cap closes what is over it).
     let healthy = Instant::now();
     wait_for("/healthz during the flood", Duration::from_secs(20), || {
