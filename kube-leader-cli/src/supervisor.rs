@@ -387,7 +387,7 @@ impl Supervise {
                     warn!(pid = pid.as_raw(), since_last_heartbeat = ?since,
                         "kube-leader has not confirmed leadership in time (paused or stuck?); stopping COMMAND");
                     self.send(format!("expired {}", since.as_millis())).await;
-                    state = self.stop(group);
+                    state = self.stop(group, valid_until);
                 }
                 line = self.lines.next_line(), if !closed => match parse(line) {
                     Msg::Until(at) => {
@@ -397,7 +397,7 @@ impl Supervise {
                     Msg::Stop => {
                         if state == State::Running {
                             info!(pid = pid.as_raw(), "leadership lost: stopping COMMAND");
-                            state = self.stop(group);
+                            state = self.stop(group, valid_until);
                         }
                     }
                     Msg::Signal(sig) => {
@@ -409,7 +409,7 @@ impl Supervise {
                         closed = true;
                         if state == State::Running {
                             warn!(pid = pid.as_raw(), "kube-leader is gone; stopping COMMAND");
-                            state = self.stop(group);
+                            state = self.stop(group, valid_until);
                         }
                     }
                 },
@@ -439,11 +439,14 @@ impl Supervise {
         Ok(Pid::from_raw(i32::try_from(child.id()).unwrap_or(0)))
     }
 
-    /// SIGTERM now, SIGKILL after the grace.
-    fn stop(&self, group: Pid) -> State {
+    /// SIGTERM now, SIGKILL after the grace, counted from the end of the last confirmed
+    /// validity at the latest: a `stop` that comes late (kube-leader noticed its loss after the
+    /// renew deadline) does not push COMMAND's end past renew deadline + grace from the last
+    /// renewal, that is the lease duration with the default grace.
+    fn stop(&self, group: Pid, valid_until: Instant) -> State {
         send_group(group, Signal::SIGTERM);
         State::Stopping {
-            kill_at: Instant::now() + self.args.grace,
+            kill_at: (Instant::now() + self.args.grace).min(valid_until + self.args.grace),
         }
     }
 }
