@@ -16,6 +16,7 @@
 mod cli;
 mod elector;
 mod exit;
+mod label;
 mod metrics;
 mod rbac;
 mod run;
@@ -45,6 +46,11 @@ fn main() -> ExitCode {
     if let Err(msg) = init_logging(cli.log_format) {
         cli::usage_error(&msg);
     }
+    let command = match cli.command {
+        // No runtime: this process becomes COMMAND at once.
+        Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
+        command => command,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -54,12 +60,13 @@ fn main() -> ExitCode {
     };
     let log_format = cli.log_format;
     let code = runtime.block_on(async move {
-        let result = match cli.command {
+        let result = match command {
             Command::Run(args) => run::run(args, log_format).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
             Command::Completions(args) => Ok(cli::completions(args.shell)),
-            Command::Supervise(args) => Ok(supervisor::supervise(args).await),
+            Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),
+            Command::Exec(_) => unreachable!("handled before the runtime starts"),
         };
         result.unwrap_or_else(|fail| {
             error!(error = %fail, code = fail.code, "kube-leader failed");
