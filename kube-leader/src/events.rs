@@ -1,5 +1,5 @@
-//! client-go's leader-election Events: `LeaderElection` on the lock object, "<identity> became
-//! leader" when a term starts and "<identity> stopped leading" when it ends, for both
+//! client-go's leader-election Events: `LeaderElection` on the lock object, "ID became
+//! leader" when a term starts and "ID stopped leading" when it ends, for both
 //! strategies, as client-go's `resourcelock` records them (so `kubectl describe lease NAME` and
 //! `kubectl get events` show the same history for Go and Rust candidates).
 //!
