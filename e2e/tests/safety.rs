@@ -27,11 +27,12 @@ const SOON: Duration = Duration::from_secs(20);
 
 /// 2 s / 1 s / 200 ms, and the default API timeout (half the renew deadline).
 fn timings() -> LeaseConfig {
-    let mut c = LeaseConfig::default();
-    c.lease_duration = Duration::from_secs(2);
-    c.renew_deadline = Duration::from_secs(1);
-    c.retry_period = Duration::from_millis(200);
-    c
+    LeaseConfig {
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_secs(1),
+        retry_period: Duration::from_millis(200),
+        ..LeaseConfig::default()
+    }
 }
 
 fn elector(client: &Client, ns: &str, lease: &str, id: &str) -> LeaseElector {
