@@ -44,7 +44,7 @@ step "release checks: documentation, packages, a TLS-free library, the MSRV"
 # The library's documentation with no flags (docs.rs: [package.metadata.docs.rs]).
 RUSTDOCFLAGS="-D warnings" cargo doc -p kube-leader --no-deps
 # The library picks no TLS stack: the binary does.
-tls=$(cargo tree -p kube-leader -e normal -i ring 2>/dev/null || true)
+tls=$(cargo tree -p kube-leader -e normal -i ring 2>/dev/null)
 if [ -n "$tls" ]; then
   echo "kube-leader depends on ring (a TLS provider) in a normal build:" >&2
   echo "$tls" >&2
