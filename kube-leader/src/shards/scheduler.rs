@@ -196,6 +196,7 @@ impl Timers {
         keys
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.set.len()
     }
