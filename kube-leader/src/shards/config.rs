@@ -35,7 +35,9 @@ pub struct ShardsConfig {
     pub handover_grace: Duration,
     /// How long a new candidate waits after it announced itself before it takes free shards,
     /// so that candidates started together see each other first and do not take everything
-    /// to hand it over again a moment later. Default: the retry period (`None`).
+    /// to hand it over again a moment later. Default: the retry period (`None`). A candidate
+    /// that finds every shard held (it joins a running set) does not wait: the others hand
+    /// its share over as soon as they see it.
     pub join_settle: Option<Duration>,
 }
 

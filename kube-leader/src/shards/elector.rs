@@ -736,8 +736,18 @@ impl Engine {
                 }
                 if !self.synced {
                     self.synced = true;
-                    self.acquire_from = Some(now + self.cfg.join_settle());
-                    self.timers.at(now + self.cfg.join_settle(), Key::Rebalance);
+                    // Joining a set whose shards are all held: nothing to race for, the others
+                    // hand over as soon as they see this candidate. Otherwise (candidates
+                    // starting together) let them see each other first.
+                    let fallback = self.cfg.lease.lease_duration;
+                    let established = self.slots.iter().all(|s| {
+                        s.observed
+                            .as_ref()
+                            .is_some_and(|o| o.record.holder.is_some() && now < o.expires_at(fallback))
+                    });
+                    let settle = if established { Duration::ZERO } else { self.cfg.join_settle() };
+                    self.acquire_from = Some(now + settle);
+                    self.timers.at(now + settle, Key::Rebalance);
                     self.timers.at(now, Key::Member);
                 }
                 self.dirty = true;
