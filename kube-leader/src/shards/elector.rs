@@ -532,6 +532,9 @@ enum Reply {
         sent: Instant,
         result: Result<Lease, Failure>,
     },
+    MemberRead {
+        result: Result<Option<Lease>, Failure>,
+    },
 }
 
 impl Engine {
@@ -1044,6 +1047,8 @@ impl Engine {
         let secs = self.cfg.lease.lease_duration_seconds();
         let slot = &mut self.slots[index as usize];
         if slot.busy {
+            // A renewal or read is in flight: a renewal comes again from its timer, a release
+            // is queued again when the call returns (see `on_reply`).
             return;
         }
         let Some(t) = slot.term.as_mut() else {
@@ -1183,6 +1188,21 @@ impl Engine {
         });
     }
 
+    fn read_member(&mut self) {
+        let name = self.member.name.clone();
+        let api = self.api.clone();
+        let op = OwnedOp {
+            name: name.clone(),
+            ..self.op("get")
+        };
+        let timeout = self.cfg.api_timeout();
+        self.member.busy = true;
+        self.push(async move {
+            let result = call(op.op(), timeout, api.get_opt(&name)).await;
+            Reply::MemberRead { result }
+        });
+    }
+
     fn new_lease(&self, name: &str, record: &LeaseRecord, role: &str) -> Lease {
         let mut spec = LeaseSpec::default();
         record.write_to(&mut spec, self.cfg.lease.lease_duration_seconds());
@@ -1213,6 +1233,28 @@ impl Engine {
     }
 
     fn on_reply(&mut self, reply: Reply, now: Instant) {
+        let index = match &reply {
+            Reply::Renewed { index, .. } | Reply::Read { index, .. } => Some(*index),
+            _ => None,
+        };
+        self.answer(reply, now);
+        // What waited for the call on the shard to return: a release goes out now; a term
+        // that is not ours any more and whose work stopped ends.
+        if let Some(index) = index {
+            let slot = &self.slots[index as usize];
+            if !slot.busy {
+                match slot.term.as_ref().map(|t| t.state) {
+                    Some(State::Releasing) => {
+                        self.queue.insert((1, now, Key::Shard(index)));
+                    }
+                    Some(State::Gone) => self.finish_term(index),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, reply: Reply, now: Instant) {
         match reply {
             Reply::Acquired {
                 index,
@@ -1261,6 +1303,18 @@ impl Engine {
                 self.timers.at(now, Key::Shard(index));
                 self.dirty = true;
             }
+            Reply::MemberRead { result } => {
+                self.member.busy = false;
+                match result {
+                    Ok(lease) => self.member.lease = lease,
+                    Err(e) => {
+                        self.overloaded(&e, now);
+                        debug!(error = ?e, "reading the membership Lease failed");
+                    }
+                }
+                self.member.next = Some(now);
+                self.timers.at(now, Key::Member);
+            }
             Reply::Member { sent, result } => {
                 self.member.busy = false;
                 let retry = self.cfg.lease.retry_period;
@@ -1275,10 +1329,15 @@ impl Engine {
                         renewal.succeeded(&self.phases, sent);
                         self.member.next = Some(renewal.next);
                     }
-                    Err(Failure::Conflict | Failure::NotFound) => {
-                        // Re-read through the watch: it shows the current object soon.
+                    Err(Failure::NotFound) => {
                         self.member.lease = None;
-                        self.member.next = Some(now + retry / 4);
+                        self.member.next = Some(now);
+                    }
+                    Err(Failure::Conflict) => {
+                        // Written meanwhile (a write that timed out but landed, an edit): read
+                        // it again before the next write.
+                        self.read_member();
+                        return;
                     }
                     Err(Failure::Fatal(e)) => {
                         warn!(error = %e, "cannot write the membership Lease");
