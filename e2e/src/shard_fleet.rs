@@ -236,6 +236,25 @@ impl ShardFleet {
         single && counts.values().all(|c| (*c as f64 - fair).abs() < 1.0)
     }
 
+    /// The shards candidate `key` holds now, as the events tell.
+    pub fn held_by(&self, key: &str) -> Vec<u32> {
+        self.holding
+            .iter()
+            .filter(|(_, h)| h.iter().any(|k| k == key))
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    /// The holders of shard `shard` now, as the events tell.
+    pub fn holders(&self, shard: u32) -> &[String] {
+        self.holding.get(&shard).map_or(&[], Vec::as_slice)
+    }
+
+    /// Mutable access to shard `shard`'s history (to record freezes).
+    pub fn history_mut(&mut self, shard: u32) -> Option<&mut History> {
+        self.histories.get_mut(&shard)
+    }
+
     /// The leadership history of every shard.
     pub fn histories(&self) -> &BTreeMap<u32, History> {
         &self.histories
