@@ -81,7 +81,7 @@ impl ShardsConfig {
 
     /// The bound on each API call.
     pub(crate) fn api_timeout(&self) -> Duration {
-        self.lease.api_timeout.unwrap_or(self.lease.renew_deadline / 2)
+        self.lease.api_timeout()
     }
 
     pub(crate) fn join_settle(&self) -> Duration {

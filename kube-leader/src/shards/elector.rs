@@ -35,7 +35,7 @@ use crate::{
     leadership::{Keeper, Leadership, LossReason, Strategy, Term},
     lease::{
         decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
-        record::{now_micro, set_fencing_token, LeaseRecord},
+        record::{new_instance_id, now_micro, set_fencing_token, set_writer, written_by, LeaseRecord},
         LeaseConfig,
     },
     lock::{self, LockRef},
@@ -45,10 +45,6 @@ use crate::{
 pub const SHARDS_LABEL: &str = "kube-leader.io/shards";
 /// The label telling a shard Lease (`shard`) from a membership Lease (`member`).
 pub const ROLE_LABEL: &str = "kube-leader.io/shard-role";
-/// The annotation naming the process (a random id per [`Shards::start`]) that wrote a Lease:
-/// a write with this candidate's identity but another instance comes from another process with
-/// the same identity, and ends this one's hold.
-pub const INSTANCE_ANNOTATION: &str = "kube-leader.io/instance";
 
 const RESOURCE: &str = "leases.coordination.k8s.io";
 const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
@@ -558,7 +554,7 @@ impl Engine {
                 ..Member::default()
             },
             identity,
-            instance: format!("{:016x}", rand::random::<u64>()),
+            instance: new_instance_id(),
             phases: Phases {
                 epoch: Instant::now(),
                 retry,
@@ -816,8 +812,9 @@ impl Engine {
 
     fn absorb_shard(&mut self, index: u32, lease: Lease, now: Instant) {
         let record = LeaseRecord::from_lease(&lease);
-        let instance = instance_of(&lease);
-        let ours = record.is_held_by(&self.identity) && instance.as_deref() == Some(self.instance.as_str());
+        // Ours only if this process wrote it: a twin with the same identity writes another
+        // instance id into `INSTANCE_ANNOTATION` (issue 16).
+        let ours = record.is_held_by(&self.identity) && written_by(&lease, &record, &self.instance);
         let slot = &mut self.slots[index as usize];
         if let Some(known) = &slot.lease {
             if !newer(&lease, known) && slot.observed.is_some() {
@@ -830,6 +827,10 @@ impl Engine {
                 if ours {
                     // Our own write, echoed before its answer came, or an edit of its metadata.
                     t.lease = lease.clone();
+                } else if record.is_held_by(&self.identity) {
+                    lost = Some(LossReason::DuplicateIdentity {
+                        identity: self.identity.clone(),
+                    });
                 } else {
                     lost = Some(LossReason::OtherHolder {
                         holder: record.holder.clone().unwrap_or_default(),
@@ -1067,7 +1068,7 @@ impl Engine {
                 let mut lease = t.lease.clone();
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
                 set_fencing_token(&mut lease, Some((&self.identity, t.fencing_token)));
-                set_instance(&mut lease, Some(&self.instance));
+                set_writer(&mut lease, &self.instance, &record);
                 let timeout = timeout_cap
                     .min(deadline.saturating_duration_since(now))
                     .max(Duration::from_millis(1));
@@ -1102,7 +1103,7 @@ impl Engine {
                 let mut lease = t.lease.clone();
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
                 set_fencing_token(&mut lease, None);
-                set_instance(&mut lease, None);
+                set_writer(&mut lease, &self.instance, &record);
                 let gen = t.gen;
                 slot.busy = true;
                 let op = OwnedOp {
@@ -1146,7 +1147,7 @@ impl Engine {
                     .filter(|t| *t < i32::MAX.unsigned_abs())
                     .map_or(0, |t| t + 1);
                 let mut lease = self.new_lease(&name, &record, "shard");
-                set_instance(&mut lease, Some(&self.instance));
+                set_writer(&mut lease, &self.instance, &record);
                 let op = OwnedOp { verb: "create", ..op };
                 async move { call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await }.boxed()
             }
@@ -1154,7 +1155,7 @@ impl Engine {
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
                 // The previous term's token does not belong to this one.
                 set_fencing_token(&mut lease, None);
-                set_instance(&mut lease, Some(&self.instance));
+                set_writer(&mut lease, &self.instance, &record);
                 self.label(&mut lease, "shard");
                 async move { call(op.op(), timeout, api.replace(&name, &PostParams::default(), &lease)).await }.boxed()
             }
@@ -1398,6 +1399,14 @@ impl Engine {
             }
         };
         self.throttle.succeeded();
+        if now >= sent + self.renew_deadline() {
+            // Answered after its own renew deadline: by the fail-stop rule the term is over
+            // before it began, so it is not handed out (issue 16). The Lease names us: it is
+            // taken again as a new term by the next decision.
+            warn!(shard = index, "the acquisition was answered after the renew deadline; not acting on it");
+            self.absorb_shard(index, lease, now);
+            return;
+        }
         let fencing_token = lock::parse_resource_version(lease.metadata.resource_version.as_deref())
             .unwrap_or_else(|| u64::from(record.transitions));
         let name = self.shard_name(index);
@@ -1819,32 +1828,6 @@ pub fn member_lease_name(name: &str, identity: &str) -> String {
         format!("{name}-member-{hash:08x}")
     } else {
         format!("{name}-member-{clean}-{hash:08x}")
-    }
-}
-
-fn instance_of(lease: &Lease) -> Option<String> {
-    lease
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(INSTANCE_ANNOTATION)
-        .cloned()
-}
-
-fn set_instance(lease: &mut Lease, instance: Option<&str>) {
-    match instance {
-        Some(i) => {
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(INSTANCE_ANNOTATION.to_string(), i.to_string());
-        }
-        None => {
-            if let Some(a) = lease.metadata.annotations.as_mut() {
-                a.remove(INSTANCE_ANNOTATION);
-            }
-        }
     }
 }
 

@@ -12,6 +12,7 @@ mod scheduler;
 
 pub use config::{ShardsConfig, MAX_SHARDS};
 pub use elector::{
-    member_lease_name, Assignments, Shard, ShardSet, Shards, INSTANCE_ANNOTATION, ROLE_LABEL,
-    SHARDS_LABEL,
+    member_lease_name, Assignments, Shard, ShardSet, Shards, ROLE_LABEL, SHARDS_LABEL,
 };
+/// The annotation telling which process wrote a Lease (shared with the Lease strategy).
+pub use crate::lease::INSTANCE_ANNOTATION;
