@@ -791,7 +791,8 @@ impl Engine {
         match self.classify(&name) {
             Some(Role::Shard(index)) => self.absorb_shard(index, lease, now),
             Some(Role::Member) if name == self.member.name => {
-                if self.member.lease.as_ref().is_none_or(|m| newer(&lease, m)) {
+                let newer = self.member.lease.as_ref().is_none_or(|m| newer(&lease, m));
+                if newer {
                     self.member.lease = Some(lease);
                 }
             }
