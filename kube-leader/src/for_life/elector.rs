@@ -74,7 +74,17 @@ const FREEZE_SLACK: Duration = Duration::from_millis(750);
 /// [`pod_name`](Self::pod_name) or `POD_NAME` (set it with the Downward API), and recognised by
 /// its UID: a Pod recreated under the same name is another candidate.
 ///
-/// Needs, in the lock's namespace: `get, list, watch, create, update, delete` on ConfigMaps,
+/// # One process per Pod
+/// A process that finds the lock owned by its own Pod (same name and UID) continues as the
+/// leader: that is how a restarted container keeps leading, as with operator-sdk. It follows
+/// that two live processes in one Pod (two containers running candidates for the same lock, or
+/// a second process started beside the first) cannot be told apart from a restart by the lock
+/// alone, and both lead. Run one candidate per Pod and lock. (The Lease strategy detects its
+/// equivalent, two processes with one identity: see
+/// [`LossReason::DuplicateIdentity`](crate::LossReason::DuplicateIdentity).)
+///
+/// Needs, in the lock's namespace: `create` on ConfigMaps, `get, list, watch, update, delete`
+/// on the lock ConfigMap (by name),
 /// `get, list, watch, delete` on Pods and `create` on Events; see `deploy/rbac-for-life.yaml`.
 #[derive(Clone)]
 pub struct ForLife {

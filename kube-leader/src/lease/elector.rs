@@ -182,6 +182,15 @@ impl LeaseElector {
     }
 
     /// Sets this candidate's identity (`holderIdentity`); it must be unique among candidates.
+    ///
+    /// Every candidate also has a random instance id, written beside each record it writes
+    /// ([`INSTANCE_ANNOTATION`](crate::lease::INSTANCE_ANNOTATION)). A Lease held under this
+    /// identity that this candidate did not write (a second process with the same identity, or
+    /// this candidate's process before a restart) is waited out like any other holder's, and a
+    /// leader that sees such a write stops with
+    /// [`LossReason::DuplicateIdentity`](crate::LossReason::DuplicateIdentity) and an error log.
+    /// A restarted candidate therefore takes its old lease over only when it expires (or at
+    /// once, if the old process released it on its way out).
     #[must_use]
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = Some(identity.into());
