@@ -17,7 +17,8 @@
 //! - `sigterm`: a candidate is asked to stop (a rolling update): it hands its shards back; a
 //!   fresh one replaces it.
 //! - `join`: a fourth candidate joins, and leaves again (SIGTERM) once the spread is fair.
-//! - `apiserver-restart`: kube-apiserver killed and started again on the same etcd.
+//! - `apiserver-restart`: kube-apiserver killed and started again on the same etcd (CI mode
+//!   only).
 //!
 //! Checks: no shard has two holders outside post-pause windows; each shard's fencing token
 //! grows from holder to holder; after every fault the set comes back to every shard held once,
@@ -328,7 +329,10 @@ async fn chaos_shards() {
     if long {
         let mut last = tokio::time::Instant::now();
         while run.fleet.transitions < target {
-            let kinds: Vec<(Kind, u32)> = KINDS.to_vec();
+            // No kube-apiserver restarts in the long mode: on this loaded 2-core machine a
+            // restarted kube-apiserver often dies in its post-start hooks (TLS handshake
+            // timeouts to itself), which ends the run; the CI mode restarts it once.
+            let kinds: Vec<(Kind, u32)> = KINDS.iter().copied().filter(|(k, _)| *k != Kind::ApiserverRestart).collect();
             let kind = run.rng.weighted(&kinds);
             run.inject(kind).await;
             run.settle(kind.name()).await;

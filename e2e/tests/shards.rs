@@ -158,3 +158,83 @@ async fn a_foreign_holder_is_waited_out() {
     assert_safe(&fleet);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kube-leader run --shards`: COMMAND gets its shards in its environment, then in the file
+/// and a SIGHUP on every change; a shard handed over to a joining replica is released only once
+/// COMMAND acknowledged the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_tells_command_its_shards_and_waits_for_its_acknowledgement() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
+    let bin = kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_shard-candidate"));
+    let dir = log_dir("sidecar");
+    std::fs::create_dir_all(&dir).unwrap();
+    // COMMAND: logs its shards at start and on every SIGHUP, then acknowledges.
+    let script = r#"
+log="$LOG_DIR/$KUBE_LEADER_IDENTITY.txt"
+echo "start $KUBE_LEADER_SHARDS count $KUBE_LEADER_SHARD_COUNT" >> "$log"
+ack() {
+  g=$(head -1 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f2)
+  s=$(tail -n +2 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f1 | tr '\n' ',')
+  echo "gen $g $s" >> "$log"
+  echo "$g" > "$KUBE_LEADER_SHARDS_ACK"
+}
+trap ack HUP
+trap 'echo stop >> "$log"; exit 0' TERM
+while true; do sleep 0.05; done
+"#;
+    let start = |identity: &str| {
+        let mut c = tokio::process::Command::new(&bin);
+        c.args(["run", "--strategy", "lease", "--lock", "side", "--namespace", ns.name()])
+            .args(["--identity", identity, "--shards", "4"])
+            .args(["--lease-duration", "2s", "--renew-deadline", "1s", "--retry-period", "200ms"])
+            .args(["--", "sh", "-c", script])
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .env("LOG_DIR", &dir)
+            .env_remove("POD_NAMESPACE")
+            .stderr(std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap())
+            .kill_on_drop(true);
+        c.spawn().expect("start kube-leader run --shards")
+    };
+    let read = |identity: &str| std::fs::read_to_string(dir.join(format!("{identity}.txt"))).unwrap_or_default();
+    let holders = || async {
+        let mut h = Vec::new();
+        for i in 0..4 {
+            let l = leases.get_opt(&format!("side-{i}")).await.unwrap();
+            h.push(l.and_then(|l| LeaseRecord::from_lease(&l).holder).unwrap_or_default());
+        }
+        h
+    };
+    let mut a = start("a");
+    kube_leader_e2e::wait_for("a's COMMAND to start with shards", SOON, || async {
+        read("a").lines().next().filter(|l| l.contains("count 4") && !l.contains("start  ")).map(|_| ())
+    })
+    .await;
+    kube_leader_e2e::wait_for("a to hold all 4 shards", SOON, || async {
+        (holders().await.iter().all(|h| h == "a")).then_some(())
+    })
+    .await;
+    let mut b = start("b");
+    kube_leader_e2e::wait_for("2 shards each", SOON, || async {
+        let h = holders().await;
+        (h.iter().filter(|x| *x == "a").count() == 2 && h.iter().filter(|x| *x == "b").count() == 2).then_some(())
+    })
+    .await;
+    let a_log = read("a");
+    println!("a's COMMAND:\n{a_log}b's COMMAND:\n{}", read("b"));
+    // a was told (and acknowledged) a generation with 2 shards.
+    assert!(
+        a_log.lines().any(|l| l.starts_with("gen ") && l.split(' ').nth(2).is_some_and(|s| s.matches(',').count() == 2)),
+        "{a_log}"
+    );
+    for (name, child) in [("a", &mut a), ("b", &mut b)] {
+        let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+        let status = tokio::time::timeout(SOON, child.wait()).await.expect("exits").unwrap();
+        assert_eq!(status.code(), Some(0), "{name}: {status:?}");
+    }
+    assert!(holders().await.iter().all(String::is_empty), "every shard released");
+    assert!(read("a").contains("stop") && read("b").contains("stop"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

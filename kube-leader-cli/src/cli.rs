@@ -181,6 +181,17 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub(crate) connect_timeout: Duration,
 
+    /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
+    /// for the life of kube-leader, telling it its shards: KUBE_LEADER_SHARDS at start, then
+    /// the file KUBE_LEADER_SHARDS_FILE rewritten and --shards-signal on every change; COMMAND
+    /// acknowledges by writing the file's generation to KUBE_LEADER_SHARDS_ACK.
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) shards: Option<u32>,
+
+    /// The signal sent to COMMAND's process group when its shards change (with --shards).
+    #[arg(long, value_name = "SIGNAL", default_value = "HUP", value_parser = crate::shards::parse_signal)]
+    pub(crate) shards_signal: nix::sys::signal::Signal,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -339,6 +350,9 @@ impl RunArgs {
                 kube_leader::lease::JITTER_FACTOR,
                 ms(self.retry_period)
             ));
+        }
+        if self.shards.is_some() && self.lock.strategy != StrategyArg::Lease {
+            return Err("invalid value for '--shards': shards are Leases: add --strategy lease".into());
         }
         if self.lock.strategy == StrategyArg::Lease {
             self.lease_config().validate().map_err(|e| e.to_string())?;

@@ -1461,19 +1461,22 @@ impl Engine {
             fencing_token,
             renewal,
         });
-        info!(shard = index, fencing_token, "acquired shard");
-        if self.out.send(Shard { index, leadership }).is_err() {
-            debug!(shard = index, "nobody takes the shards; giving it up");
-        }
         if self.stopping {
-            let slot = &mut self.slots[index as usize];
-            if let Some(t) = slot.term.as_mut() {
+            // Acquired while handing everything back: nobody works on it; released at once
+            // (dropping the handle tells the engine so).
+            if let Some(t) = self.slots[index as usize].term.as_mut() {
                 t.keeper.lose(LossReason::Cancelled);
                 t.state = State::Leaving {
                     until: now + self.cfg.lease.shutdown_grace,
-                    release: self.cfg.lease.release_on_cancel,
+                    release: true,
                 };
             }
+            drop(leadership);
+            return;
+        }
+        info!(shard = index, fencing_token, "acquired shard");
+        if self.out.send(Shard { index, leadership }).is_err() {
+            debug!(shard = index, "nobody takes the shards; giving it up");
         }
         self.publish();
     }
