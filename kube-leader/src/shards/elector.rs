@@ -610,6 +610,18 @@ impl Engine {
             if self.stopping && self.finished() {
                 break;
             }
+            // Deadlines first: after a freeze (SIGSTOP, a paused VM) the renew deadlines that
+            // passed meanwhile end their shards before a backlog of watch events is read.
+            let now = Instant::now();
+            if self.timers.next().is_some_and(|t| t <= now) {
+                for key in self.timers.due(now) {
+                    self.on_timer(key, now);
+                }
+                if self.dirty {
+                    self.rebalance(now);
+                }
+                self.dispatch(now);
+            }
             let wake = self.timers.next();
             tokio::select! {
                 biased;
