@@ -269,7 +269,11 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
         ));
         match shards::one_process(&b, plan.shard_leases, t, plan.shard_window).await {
             Ok(m) => r.shard_process = Some(m),
-            Err(e) => failed(&mut r, format!("shards: {} Leases in one process", plan.shard_leases), e),
+            Err(e) => failed(
+                &mut r,
+                format!("shards: {} Leases in one process", plan.shard_leases),
+                e,
+            ),
         }
         let t = plan.replica_timings;
         step(&format!(

@@ -555,12 +555,18 @@ impl Results {
 
     fn shard_tables(&self, s: &mut String) {
         if let Some(m) = &self.shard_process {
-            let _ = writeln!(s, "### Shards: one process holding N shard Leases (`kube_leader::Shards`, one client)\n");
+            let _ = writeln!(
+                s,
+                "### Shards: one process holding N shard Leases (`kube_leader::Shards`, one client)\n"
+            );
             let _ = writeln!(
                 s,
                 "| Leases | timings | all held after | window | writes/s | requests/s | 429s | CPU | peak RSS | RSS | Leases lost |"
             );
-            let _ = writeln!(s, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+            let _ = writeln!(
+                s,
+                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            );
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {:.0} s | {:.1} (ideal {:.1}, {:.3}×) | {:.1} | {} | {:.1}% of a core | {} | {} | {} |\n",
@@ -595,7 +601,11 @@ impl Results {
             );
         }
         if let Some(r) = &self.shard_replicas {
-            let _ = writeln!(s, "### Shards: {} replicas sharing {} shards\n", r.replicas, r.shards);
+            let _ = writeln!(
+                s,
+                "### Shards: {} replicas sharing {} shards\n",
+                r.replicas, r.shards
+            );
             let _ = writeln!(s, "| moment | timings | shards per replica | worst distance from fair | time to the fair spread |");
             let _ = writeln!(s, "| --- | --- | --- | ---: | ---: |");
             for (what, sp) in [
@@ -637,7 +647,11 @@ impl Results {
                     m.lost
                 ),
                 met: Some(m.lost == 0),
-                cause: if m.lost == 0 { String::new() } else { format!("429s: {}", m.refused()) },
+                cause: if m.lost == 0 {
+                    String::new()
+                } else {
+                    format!("429s: {}", m.refused())
+                },
             },
             None => not_measured(g),
         });
@@ -647,7 +661,11 @@ impl Results {
                 let ratio = m.writes_per_second() / m.ideal();
                 Goal {
                     goal: g.into(),
-                    measured: format!("{:.1} writes/s, ideal {:.1}: {ratio:.3}×", m.writes_per_second(), m.ideal()),
+                    measured: format!(
+                        "{:.1} writes/s, ideal {:.1}: {ratio:.3}×",
+                        m.writes_per_second(),
+                        m.ideal()
+                    ),
                     met: Some(ratio <= 1.02),
                     cause: if ratio <= 1.02 {
                         String::new()
@@ -674,7 +692,11 @@ impl Results {
                         r.crash.describe()
                     ),
                     met: Some(met),
-                    cause: if met { String::new() } else { "see the shard table".into() },
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "see the shard table".into()
+                    },
                 }
             }
             None => not_measured(g),
@@ -692,7 +714,11 @@ impl Results {
                         fmt(r.timings.retry)
                     ),
                     met: Some(met),
-                    cause: if met { String::new() } else { "from the start of the joining process".into() },
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "from the start of the joining process".into()
+                    },
                 }
             }
             None => not_measured(g),
@@ -711,7 +737,11 @@ impl Results {
                         fmt(r.timings.retry)
                     ),
                     met: Some(met),
-                    cause: if met { String::new() } else { "see the shard table".into() },
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "see the shard table".into()
+                    },
                 }
             }
             None => not_measured(g),

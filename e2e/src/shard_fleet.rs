@@ -72,7 +72,14 @@ pub struct ShardFleet {
 impl ShardFleet {
     /// A fleet of `binary` (the `shard-candidate` program) candidates for the set `name` of
     /// `count` shards in `namespace`; logs go to `log_dir`.
-    pub fn new(binary: &Path, namespace: &str, name: &str, count: u32, timings: Timings, log_dir: &Path) -> Self {
+    pub fn new(
+        binary: &Path,
+        namespace: &str,
+        name: &str,
+        count: u32,
+        timings: Timings,
+        log_dir: &Path,
+    ) -> Self {
         let (tx, rx) = mpsc::channel();
         let _ = std::fs::create_dir_all(log_dir);
         Self {
@@ -102,7 +109,11 @@ impl ShardFleet {
             .arg(&self.binary)
             .arg(kubeconfig)
             .args([&self.namespace, &self.name, &self.count.to_string(), key])
-            .args([ms(self.timings.lease), ms(self.timings.renew), ms(self.timings.retry)])
+            .args([
+                ms(self.timings.lease),
+                ms(self.timings.renew),
+                ms(self.timings.retry),
+            ])
             .env("RUST_LOG", "kube_leader=debug")
             .env_remove("POD_NAMESPACE")
             .stdin(Stdio::null())
@@ -147,7 +158,13 @@ impl ShardFleet {
     /// The candidate `key` was frozen from `froze` to `thawed`: it could not act meanwhile.
     pub fn frozen(&mut self, key: &str, froze: u64, thawed: u64) {
         for h in self.histories.values_mut() {
-            h.frozen_span(key, crate::checker::Span { start: froze, end: thawed });
+            h.frozen_span(
+                key,
+                crate::checker::Span {
+                    start: froze,
+                    end: thawed,
+                },
+            );
         }
     }
 
@@ -161,7 +178,11 @@ impl ShardFleet {
                         p.exited = true;
                         let _ = p.child.wait();
                     }
-                    let at = self.procs.get(&key).and_then(|p| p.killed_at).unwrap_or_else(mono_ns);
+                    let at = self
+                        .procs
+                        .get(&key)
+                        .and_then(|p| p.killed_at)
+                        .unwrap_or_else(mono_ns);
                     for (shard, holders) in &mut self.holding {
                         if let Some(pos) = holders.iter().position(|h| *h == key) {
                             holders.remove(pos);

@@ -110,12 +110,16 @@ impl Run {
 
     /// Waits until every shard has one holder and the spread is fair; records how long.
     async fn settle(&mut self, after: &str) {
-        let took = self.fleet.until(SETTLE, |f| f.balanced()).await.unwrap_or_else(|| {
-            panic!(
-                "no fair spread {SETTLE:?} after {after}: {:?}",
-                self.fleet.counts()
-            )
-        });
+        let took = self
+            .fleet
+            .until(SETTLE, |f| f.balanced())
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "no fair spread {SETTLE:?} after {after}: {:?}",
+                    self.fleet.counts()
+                )
+            });
         self.settle_times.push((after.to_string(), took));
     }
 
@@ -160,7 +164,9 @@ impl Run {
                 // Thaw once every shard it held has another holder.
                 let k = key.clone();
                 self.fleet
-                    .until(SETTLE, |f| held.iter().all(|s| f.holders(*s).iter().any(|h| *h != k)))
+                    .until(SETTLE, |f| {
+                        held.iter().all(|s| f.holders(*s).iter().any(|h| *h != k))
+                    })
                     .await
                     .expect("the shards of a frozen candidate are taken over");
                 let thawed = mono_ns();
@@ -200,9 +206,15 @@ impl Run {
             }
             Kind::LockDelete => {
                 let held = self.fleet.held_by(&key);
-                let shard = if held.is_empty() { 0 } else { held[self.rng.index(held.len())] };
+                let shard = if held.is_empty() {
+                    0
+                } else {
+                    held[self.rng.index(held.len())]
+                };
                 let api: Api<Lease> = Api::namespaced(self.cp.client().await, &self.ns);
-                let _ = api.delete(&format!("chaos-{shard}"), &DeleteParams::default()).await;
+                let _ = api
+                    .delete(&format!("chaos-{shard}"), &DeleteParams::default())
+                    .await;
                 target = Some(format!("{key} shard {shard}"));
             }
             Kind::Join => {
@@ -235,7 +247,9 @@ impl Run {
                     };
                     match result {
                         Ok(()) => break,
-                        Err(e) if attempt < 3 => eprintln!("kube-apiserver did not start again ({e}); retrying"),
+                        Err(e) if attempt < 3 => {
+                            eprintln!("kube-apiserver did not start again ({e}); retrying")
+                        }
                         Err(e) => panic!("kube-apiserver does not start again: {e}"),
                     }
                 }
@@ -285,7 +299,9 @@ async fn chaos_shards() {
     let cp = tokio::task::spawn_blocking(ControlPlane::start)
         .await
         .unwrap()
-        .unwrap_or_else(|e| panic!("a private control plane is needed (run ./scripts/testenv-assets.sh): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("a private control plane is needed (run ./scripts/testenv-assets.sh): {e}")
+        });
     let ns = cp.namespace().await;
     let dir = std::env::temp_dir().join(format!("kube-leader-shard-chaos-{}", std::process::id()));
     let fleet = ShardFleet::new(
@@ -332,7 +348,11 @@ async fn chaos_shards() {
             // No kube-apiserver restarts in the long mode: on this loaded 2-core machine a
             // restarted kube-apiserver often dies in its post-start hooks (TLS handshake
             // timeouts to itself), which ends the run; the CI mode restarts it once.
-            let kinds: Vec<(Kind, u32)> = KINDS.iter().copied().filter(|(k, _)| *k != Kind::ApiserverRestart).collect();
+            let kinds: Vec<(Kind, u32)> = KINDS
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != Kind::ApiserverRestart)
+                .collect();
             let kind = run.rng.weighted(&kinds);
             run.inject(kind).await;
             run.settle(kind.name()).await;
@@ -377,8 +397,19 @@ async fn chaos_shards() {
         }
         .run();
         terms += findings.report.terms;
-        malformed.extend(findings.report.malformed.iter().map(|m| format!("shard {shard}: {m}")));
-        unexplained.extend(findings.unexplained_overlaps.iter().map(|o| format!("shard {shard}: {o}")));
+        malformed.extend(
+            findings
+                .report
+                .malformed
+                .iter()
+                .map(|m| format!("shard {shard}: {m}")),
+        );
+        unexplained.extend(
+            findings
+                .unexplained_overlaps
+                .iter()
+                .map(|o| format!("shard {shard}: {o}")),
+        );
         post_pause_overlaps += findings.post_pause_overlaps.len();
         regressions.extend(
             findings
@@ -415,9 +446,16 @@ async fn chaos_shards() {
         dir.display(),
         unexplained.join("\n")
     );
-    assert!(regressions.is_empty(), "fencing token regressions: {regressions:?}");
+    assert!(
+        regressions.is_empty(),
+        "fencing token regressions: {regressions:?}"
+    );
     if long {
-        assert!(run.fleet.transitions >= target, "only {} transitions", run.fleet.transitions);
+        assert!(
+            run.fleet.transitions >= target,
+            "only {} transitions",
+            run.fleet.transitions
+        );
     }
     if std::env::var_os("KUBE_LEADER_CHAOS_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&dir);

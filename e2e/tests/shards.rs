@@ -43,7 +43,10 @@ fn assert_safe(fleet: &ShardFleet) {
         );
         // The fencing token grows from term to term of the shard.
         let tokens: Vec<u64> = h.terms().iter().filter_map(|t| t.fencing_token).collect();
-        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "shard {shard}: tokens {tokens:?}");
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "shard {shard}: tokens {tokens:?}"
+        );
     }
 }
 
@@ -61,7 +64,13 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
     let took = fleet
         .until(SOON, |f| f.counts().len() == 3 && f.balanced())
         .await
-        .unwrap_or_else(|| panic!("not balanced after start: {:?} (logs {})", fleet.counts(), dir.display()));
+        .unwrap_or_else(|| {
+            panic!(
+                "not balanced after start: {:?} (logs {})",
+                fleet.counts(),
+                dir.display()
+            )
+        });
     println!("3 candidates: {:?} after {took:?}", fleet.counts());
 
     // Plain client-go Leases, labelled for the one watch.
@@ -72,7 +81,10 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
     assert_eq!(list.items.len(), SHARDS as usize);
     for l in &list.items {
         let r = LeaseRecord::from_lease(l);
-        assert!(["a", "b", "c"].contains(&r.holder.as_deref().unwrap_or("")), "{r:?}");
+        assert!(
+            ["a", "b", "c"].contains(&r.holder.as_deref().unwrap_or("")),
+            "{r:?}"
+        );
         assert_eq!(r.lease_duration, Some(Duration::from_secs(2)));
         assert!(r.renew_time.is_some() && r.acquire_time.is_some());
     }
@@ -83,8 +95,19 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
     fleet
         .until(SOON, |f| f.counts().len() == 4 && f.balanced())
         .await
-        .unwrap_or_else(|| panic!("not balanced after a join: {:?} (logs {})", fleet.counts(), dir.display()));
-    println!("join: {:?} after {:?} (retry period {:?})", fleet.counts(), t0.elapsed(), T.retry);
+        .unwrap_or_else(|| {
+            panic!(
+                "not balanced after a join: {:?} (logs {})",
+                fleet.counts(),
+                dir.display()
+            )
+        });
+    println!(
+        "join: {:?} after {:?} (retry period {:?})",
+        fleet.counts(),
+        t0.elapsed(),
+        T.retry
+    );
 
     // A crash: its shards are taken over when their leases expire.
     let t0 = tokio::time::Instant::now();
@@ -92,8 +115,19 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
     fleet
         .until(SOON, |f| f.counts().len() == 3 && f.balanced())
         .await
-        .unwrap_or_else(|| panic!("not balanced after a crash: {:?} (logs {})", fleet.counts(), dir.display()));
-    println!("crash: {:?} after {:?} (lease {:?})", fleet.counts(), t0.elapsed(), T.lease);
+        .unwrap_or_else(|| {
+            panic!(
+                "not balanced after a crash: {:?} (logs {})",
+                fleet.counts(),
+                dir.display()
+            )
+        });
+    println!(
+        "crash: {:?} after {:?} (lease {:?})",
+        fleet.counts(),
+        t0.elapsed(),
+        T.lease
+    );
 
     // Shutdown: every shard released, the membership Leases of the living deleted.
     for key in fleet.running() {
@@ -104,11 +138,20 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
         .await
         .expect("every candidate exits after SIGTERM");
     assert!(fleet.errors.is_empty(), "{:?}", fleet.errors);
-    let all = leases.list(&ListParams::default().labels(&format!("{SHARDS_LABEL}=work"))).await.unwrap();
+    let all = leases
+        .list(&ListParams::default().labels(&format!("{SHARDS_LABEL}=work")))
+        .await
+        .unwrap();
     let mut members = BTreeSet::new();
     for l in &all.items {
         let r = LeaseRecord::from_lease(l);
-        match l.metadata.labels.as_ref().and_then(|m| m.get(ROLE_LABEL)).map(String::as_str) {
+        match l
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|m| m.get(ROLE_LABEL))
+            .map(String::as_str)
+        {
             Some("shard") => assert_eq!(r.holder, None, "{:?} not released", l.metadata.name),
             _ => {
                 members.insert(r.holder.unwrap_or_default());
@@ -143,11 +186,20 @@ async fn a_foreign_holder_is_waited_out() {
     fleet
         .until(SOON, |f| f.counts().get("a") == Some(&2))
         .await
-        .unwrap_or_else(|| panic!("both shards not held: {:?} (logs {})", fleet.counts(), dir.display()));
+        .unwrap_or_else(|| {
+            panic!(
+                "both shards not held: {:?} (logs {})",
+                fleet.counts(),
+                dir.display()
+            )
+        });
     let began = fleet.histories()[&0].terms()[0].start;
     let waited = Duration::from_nanos(began - t0);
     println!("the foreign holder's shard was taken after {waited:?}");
-    assert!(waited >= Duration::from_secs(3), "taken after {waited:?}, before its 3 s lease expired");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "taken after {waited:?}, before its 3 s lease expired"
+    );
     let l = leases.get("solo-0").await.unwrap();
     let r = LeaseRecord::from_lease(&l);
     assert_eq!(r.holder.as_deref(), Some("a"));
@@ -186,29 +238,52 @@ while true; do sleep 0.05; done
 "#;
     let start = |identity: &str| {
         let mut c = tokio::process::Command::new(&bin);
-        c.args(["run", "--strategy", "lease", "--lock", "side", "--namespace", ns.name()])
-            .args(["--identity", identity, "--shards", "4"])
-            .args(["--lease-duration", "2s", "--renew-deadline", "1s", "--retry-period", "200ms"])
-            .args(["--", "sh", "-c", script])
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("LOG_DIR", &dir)
-            .env_remove("POD_NAMESPACE")
-            .stderr(std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap())
-            .kill_on_drop(true);
+        c.args([
+            "run",
+            "--strategy",
+            "lease",
+            "--lock",
+            "side",
+            "--namespace",
+            ns.name(),
+        ])
+        .args(["--identity", identity, "--shards", "4"])
+        .args([
+            "--lease-duration",
+            "2s",
+            "--renew-deadline",
+            "1s",
+            "--retry-period",
+            "200ms",
+        ])
+        .args(["--", "sh", "-c", script])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("LOG_DIR", &dir)
+        .env_remove("POD_NAMESPACE")
+        .stderr(std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap())
+        .kill_on_drop(true);
         c.spawn().expect("start kube-leader run --shards")
     };
-    let read = |identity: &str| std::fs::read_to_string(dir.join(format!("{identity}.txt"))).unwrap_or_default();
+    let read =
+        |identity: &str| std::fs::read_to_string(dir.join(format!("{identity}.txt"))).unwrap_or_default();
     let holders = || async {
         let mut h = Vec::new();
         for i in 0..4 {
             let l = leases.get_opt(&format!("side-{i}")).await.unwrap();
-            h.push(l.and_then(|l| LeaseRecord::from_lease(&l).holder).unwrap_or_default());
+            h.push(
+                l.and_then(|l| LeaseRecord::from_lease(&l).holder)
+                    .unwrap_or_default(),
+            );
         }
         h
     };
     let mut a = start("a");
     kube_leader_e2e::wait_for("a's COMMAND to start with shards", SOON, || async {
-        read("a").lines().next().filter(|l| l.contains("count 4") && !l.contains("start  ")).map(|_| ())
+        read("a")
+            .lines()
+            .next()
+            .filter(|l| l.contains("count 4") && !l.contains("start  "))
+            .map(|_| ())
     })
     .await;
     kube_leader_e2e::wait_for("a to hold all 4 shards", SOON, || async {
@@ -218,23 +293,32 @@ while true; do sleep 0.05; done
     let mut b = start("b");
     kube_leader_e2e::wait_for("2 shards each", SOON, || async {
         let h = holders().await;
-        (h.iter().filter(|x| *x == "a").count() == 2 && h.iter().filter(|x| *x == "b").count() == 2).then_some(())
+        (h.iter().filter(|x| *x == "a").count() == 2 && h.iter().filter(|x| *x == "b").count() == 2)
+            .then_some(())
     })
     .await;
     let a_log = read("a");
     println!("a's COMMAND:\n{a_log}b's COMMAND:\n{}", read("b"));
     // a was told (and acknowledged) a generation with 2 shards.
     assert!(
-        a_log.lines().any(|l| l.starts_with("gen ") && l.split(' ').nth(2).is_some_and(|s| s.matches(',').count() == 2)),
+        a_log.lines().any(
+            |l| l.starts_with("gen ") && l.split(' ').nth(2).is_some_and(|s| s.matches(',').count() == 2)
+        ),
         "{a_log}"
     );
     for (name, child) in [("a", &mut a), ("b", &mut b)] {
         let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
         nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(SOON, child.wait()).await.expect("exits").unwrap();
+        let status = tokio::time::timeout(SOON, child.wait())
+            .await
+            .expect("exits")
+            .unwrap();
         assert_eq!(status.code(), Some(0), "{name}: {status:?}");
     }
-    assert!(holders().await.iter().all(String::is_empty), "every shard released");
+    assert!(
+        holders().await.iter().all(String::is_empty),
+        "every shard released"
+    );
     assert!(read("a").contains("stop") && read("b").contains("stop"));
     let _ = std::fs::remove_dir_all(&dir);
 }

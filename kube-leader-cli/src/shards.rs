@@ -103,12 +103,18 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
         });
     shards.validate().map_err(|e| Fail::new(exit::USAGE, e))?;
     let dir = std::env::temp_dir();
-    let file = dir.join(format!("kube-leader-{}-{}.shards", args.lock.lock, std::process::id()));
+    let file = dir.join(format!(
+        "kube-leader-{}-{}.shards",
+        args.lock.lock,
+        std::process::id()
+    ));
     let ack = file.with_extension("ack");
     let _ = std::fs::remove_file(&ack);
 
     let shutdown = CancellationToken::new();
-    let mut assignments = shards.start(&shutdown).map_err(|e| Fail::new(exit::for_error(&e), e))?;
+    let mut assignments = shards
+        .start(&shutdown)
+        .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let mut held = assignments.held();
     info!(set = %args.lock.lock, identity = %identity, shards = count, "campaigning for shards");
     // COMMAND starts with the first share, or after a lease duration with what there is.
@@ -261,8 +267,14 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 /// Parses `--shards-signal`: `HUP`, `SIGHUP`, `USR1`, ...
 pub(crate) fn parse_signal(s: &str) -> Result<Signal, String> {
     let name = s.trim().to_ascii_uppercase();
-    let name = if name.starts_with("SIG") { name } else { format!("SIG{name}") };
-    let sig: Signal = name.parse().map_err(|_| format!("unknown signal {s:?} (for example HUP or USR1)"))?;
+    let name = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    let sig: Signal = name
+        .parse()
+        .map_err(|_| format!("unknown signal {s:?} (for example HUP or USR1)"))?;
     if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
         return Err(format!("{s} cannot be caught: use HUP, USR1 or USR2"));
     }

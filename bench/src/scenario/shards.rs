@@ -104,7 +104,16 @@ pub(crate) struct Replicas {
     pub(crate) idle: ByVerb,
 }
 
-fn spawn(b: &Bench, fleet: &mut Fleet, ns: &str, user: &str, name: &str, count: u32, identity: &str, t: Timings) -> anyhow::Result<()> {
+fn spawn(
+    b: &Bench,
+    fleet: &mut Fleet,
+    ns: &str,
+    user: &str,
+    name: &str,
+    count: u32,
+    identity: &str,
+    t: Timings,
+) -> anyhow::Result<()> {
     let ms = |d: Duration| d.as_millis().to_string();
     let mut command = guarded(&b.bins.shard_candidate);
     command
@@ -163,7 +172,12 @@ async fn spread(fleet: &mut Fleet, live: &[String], shards: u32, since_ns: u64, 
 }
 
 /// One process holding `leases` shard Leases for `window`.
-pub(crate) async fn one_process(b: &Bench, leases: u32, t: Timings, window: Duration) -> anyhow::Result<OneProcess> {
+pub(crate) async fn one_process(
+    b: &Bench,
+    leases: u32,
+    t: Timings,
+    window: Duration,
+) -> anyhow::Result<OneProcess> {
     let users = b.users(1)?;
     let ns = b.lease_namespace(&users).await?;
     let mut fleet = Fleet::new(&b.log_dir);
@@ -185,8 +199,17 @@ async fn measure_one(
     started: u64,
 ) -> anyhow::Result<OneProcess> {
     let pid = fleet.proc("holder").context("no shard candidate")?.pid;
-    let all = spread(fleet, &["holder".to_string()], leases, started, Duration::from_secs(600)).await;
-    let all_held = all.took.with_context(|| format!("only {} of {leases} shards held after 600 s", all.describe()))?;
+    let all = spread(
+        fleet,
+        &["holder".to_string()],
+        leases,
+        started,
+        Duration::from_secs(600),
+    )
+    .await;
+    let all_held = all
+        .took
+        .with_context(|| format!("only {} of {leases} shards held after 600 s", all.describe()))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = fleet.events().len();
     let log = audit::log_path(b.cp.dir());
@@ -206,7 +229,10 @@ async fn measure_one(
             .entry(r.code.unwrap_or(0))
             .or_default() += 1;
     }
-    let lost = fleet.events()[before..].iter().filter(|e| e.is("stopped_leading")).count();
+    let lost = fleet.events()[before..]
+        .iter()
+        .filter(|e| e.is("stopped_leading"))
+        .count();
     Ok(OneProcess {
         leases,
         timings: t,
@@ -255,7 +281,11 @@ async fn measure_replicas(
         spawn(b, fleet, ns, &users[i], "bench", shards, id, t)?;
     }
     let start = spread(fleet, &live, shards, t0, bound).await;
-    anyhow::ensure!(start.took.is_some(), "no fair spread after start: {}", start.describe());
+    anyhow::ensure!(
+        start.took.is_some(),
+        "no fair spread after start: {}",
+        start.describe()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Idle: requests per replica.

@@ -27,7 +27,8 @@ fn emit(mut v: Value) {
     let _ = out.flush();
 }
 
-const USAGE: &str = "usage: shard-candidate KUBECONFIG NAMESPACE NAME COUNT IDENTITY LEASE_MS RENEW_MS RETRY_MS";
+const USAGE: &str =
+    "usage: shard-candidate KUBECONFIG NAMESPACE NAME COUNT IDENTITY LEASE_MS RENEW_MS RETRY_MS";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -84,8 +85,10 @@ async fn run(args: &[String]) -> Result<()> {
         tokio::spawn(async move {
             while held.changed().await.is_ok() {
                 let set = held.borrow_and_update().clone();
-                emit(json!({"event": "held", "identity": identity, "count": set.held.len(),
-                    "members": set.members, "quota": set.quota}));
+                emit(
+                    json!({"event": "held", "identity": identity, "count": set.held.len(),
+                    "members": set.members, "quota": set.quota}),
+                );
             }
         })
     };

@@ -11,10 +11,7 @@
 /// containing `me`) are the live candidates.
 pub(crate) fn quota(shards: u32, members: &[String], me: &str) -> u32 {
     let n = u32::try_from(members.len()).unwrap_or(u32::MAX).max(1);
-    let rank = members
-        .iter()
-        .position(|m| m == me)
-        .unwrap_or(members.len());
+    let rank = members.iter().position(|m| m == me).unwrap_or(members.len());
     let rank = u32::try_from(rank).unwrap_or(u32::MAX);
     shards / n + u32::from(rank < shards % n)
 }
@@ -77,7 +74,11 @@ mod tests {
             for n in 1..=12 {
                 let m = members(n);
                 let q: Vec<u32> = m.iter().map(|me| quota(shards, &m, me)).collect();
-                assert_eq!(q.iter().sum::<u32>(), shards, "{shards} shards, {n} members: {q:?}");
+                assert_eq!(
+                    q.iter().sum::<u32>(),
+                    shards,
+                    "{shards} shards, {n} members: {q:?}"
+                );
                 let (min, max) = (q.iter().min().unwrap(), q.iter().max().unwrap());
                 assert!(max - min <= 1, "{q:?}");
                 assert_eq!(*max, shards.div_ceil(n as u32));
@@ -131,8 +132,7 @@ mod tests {
             for _round in 0..10 {
                 for me in live {
                     let q = quota(shards, live, me);
-                    let held: Vec<u32> =
-                        holder.iter().filter(|(_, h)| *h == me).map(|(i, _)| *i).collect();
+                    let held: Vec<u32> = holder.iter().filter(|(_, h)| *h == me).map(|(i, _)| *i).collect();
                     let free: Vec<u32> = (0..shards).filter(|i| !holder.contains_key(i)).collect();
                     let p = plan(me, q, &held, &free);
                     for i in p.release {

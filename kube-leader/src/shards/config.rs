@@ -60,9 +60,7 @@ impl ShardsConfig {
     pub fn validate(&self) -> Result<()> {
         self.lease.validate()?;
         if self.max_in_flight == 0 {
-            return Err(Error::InvalidConfig(
-                "max in flight must be at least 1".into(),
-            ));
+            return Err(Error::InvalidConfig("max in flight must be at least 1".into()));
         }
         if self.handover_grace > Duration::from_secs(365 * 24 * 3600) {
             return Err(Error::InvalidConfig(format!(

@@ -668,11 +668,10 @@ impl Engine {
     /// Whether everything is handed back after a shutdown.
     fn finished(&self) -> bool {
         self.in_flight == 0
-            && self.slots.iter().all(|s| {
-                s.term
-                    .as_ref()
-                    .is_none_or(|t| t.state == State::Gone)
-            })
+            && self
+                .slots
+                .iter()
+                .all(|s| s.term.as_ref().is_none_or(|t| t.state == State::Gone))
     }
 
     /// Deletes the membership Lease (best effort) after the last shard is handed back.
@@ -689,7 +688,10 @@ impl Engine {
         }
         let name = self.member.name.clone();
         let op = self.op("delete");
-        let op = OwnedOp { name: name.clone(), ..op };
+        let op = OwnedOp {
+            name: name.clone(),
+            ..op
+        };
         match call(op.op(), self.cfg.api_timeout(), self.api.delete(&name, &params)).await {
             Ok(_) => debug!(lease = %name, "membership Lease deleted"),
             Err(e) => debug!(lease = %name, error = ?e, "could not delete the membership Lease; it expires"),
@@ -756,7 +758,11 @@ impl Engine {
                             .as_ref()
                             .is_some_and(|o| o.record.holder.is_some() && now < o.expires_at(fallback))
                     });
-                    let settle = if established { Duration::ZERO } else { self.cfg.join_settle() };
+                    let settle = if established {
+                        Duration::ZERO
+                    } else {
+                        self.cfg.join_settle()
+                    };
                     self.acquire_from = Some(now + settle);
                     self.timers.at(now + settle, Key::Rebalance);
                     self.timers.at(now, Key::Member);
@@ -788,7 +794,10 @@ impl Engine {
         if rest.starts_with("member-") {
             return Some(Role::Member);
         }
-        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) || (rest.len() > 1 && rest.starts_with('0')) {
+        if rest.is_empty()
+            || !rest.bytes().all(|b| b.is_ascii_digit())
+            || (rest.len() > 1 && rest.starts_with('0'))
+        {
             return None;
         }
         rest.parse::<u32>()
@@ -855,7 +864,10 @@ impl Engine {
             .observed
             .as_ref()
             .is_none_or(|o| o.record.holder != record.holder);
-        slot.transitions_seen = Some(slot.transitions_seen.map_or(record.transitions, |t| t.max(record.transitions)));
+        slot.transitions_seen = Some(
+            slot.transitions_seen
+                .map_or(record.transitions, |t| t.max(record.transitions)),
+        );
         slot.foreign_self = record.is_held_by(&self.identity) && !ours;
         slot.observed = Some(Observed::update(
             slot.observed.as_ref(),
@@ -943,13 +955,26 @@ impl Engine {
         }
         if now >= t.renewal.deadline(renew) {
             let since = now - t.renewal.last_sent;
-            warn!(shard = index, ?since, "renew deadline passed; stopping work on the shard");
-            self.lose(index, LossReason::RenewDeadline { since_last_renewal: since }, now);
+            warn!(
+                shard = index,
+                ?since,
+                "renew deadline passed; stopping work on the shard"
+            );
+            self.lose(
+                index,
+                LossReason::RenewDeadline {
+                    since_last_renewal: since,
+                },
+                now,
+            );
             return;
         }
         if let State::Leaving { until, .. } = t.state {
             if now >= until {
-                warn!(shard = index, "the work on the shard did not stop in time; not releasing it, its lease will expire");
+                warn!(
+                    shard = index,
+                    "the work on the shard did not stop in time; not releasing it, its lease will expire"
+                );
                 t.state = State::Gone;
                 if t.done {
                     self.finish_term(index);
@@ -1039,7 +1064,12 @@ impl Engine {
                 self.label(&mut lease, "member");
                 let name = op.name.clone();
                 self.push(async move {
-                    let result = call(op.op(), timeout, api.replace(&name, &PostParams::default(), &lease)).await;
+                    let result = call(
+                        op.op(),
+                        timeout,
+                        api.replace(&name, &PostParams::default(), &lease),
+                    )
+                    .await;
                     Reply::Member { sent, result }
                 });
             }
@@ -1094,7 +1124,12 @@ impl Engine {
                 };
                 let sent = Instant::now();
                 self.push(async move {
-                    let result = call(op.op(), timeout, api.replace(&name, &PostParams::default(), &lease)).await;
+                    let result = call(
+                        op.op(),
+                        timeout,
+                        api.replace(&name, &PostParams::default(), &lease),
+                    )
+                    .await;
                     Reply::Renewed {
                         index,
                         gen,
@@ -1125,7 +1160,12 @@ impl Engine {
                     name: name.clone(),
                 };
                 self.push(async move {
-                    let result = call(op.op(), timeout_cap, api.replace(&name, &PostParams::default(), &lease)).await;
+                    let result = call(
+                        op.op(),
+                        timeout_cap,
+                        api.replace(&name, &PostParams::default(), &lease),
+                    )
+                    .await;
                     Reply::Released { index, gen, result }
                 });
             }
@@ -1162,7 +1202,8 @@ impl Engine {
                 let mut lease = self.new_lease(&name, &record, "shard");
                 set_writer(&mut lease, &self.instance, &record);
                 let op = OwnedOp { verb: "create", ..op };
-                async move { call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await }.boxed()
+                async move { call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await }
+                    .boxed()
             }
             (_, Some(mut lease)) => {
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
@@ -1170,7 +1211,15 @@ impl Engine {
                 set_fencing_token(&mut lease, None);
                 set_writer(&mut lease, &self.instance, &record);
                 self.label(&mut lease, "shard");
-                async move { call(op.op(), timeout, api.replace(&name, &PostParams::default(), &lease)).await }.boxed()
+                async move {
+                    call(
+                        op.op(),
+                        timeout,
+                        api.replace(&name, &PostParams::default(), &lease),
+                    )
+                    .await
+                }
+                .boxed()
             }
         };
         self.slots[index as usize].busy = true;
@@ -1297,7 +1346,11 @@ impl Engine {
                         debug!(shard = index, error = ?e, "could not release the shard; it will expire");
                     }
                 }
-                if self.slots[index as usize].term.as_ref().is_some_and(|t| t.gen == gen) {
+                if self.slots[index as usize]
+                    .term
+                    .as_ref()
+                    .is_some_and(|t| t.gen == gen)
+                {
                     if let Some(t) = self.slots[index as usize].term.as_mut() {
                         t.state = State::Gone;
                     }
@@ -1416,7 +1469,10 @@ impl Engine {
             // Answered after its own renew deadline: by the fail-stop rule the term is over
             // before it began, so it is not handed out (issue 16). The Lease names us: it is
             // taken again as a new term by the next decision.
-            warn!(shard = index, "the acquisition was answered after the renew deadline; not acting on it");
+            warn!(
+                shard = index,
+                "the acquisition was answered after the renew deadline; not acting on it"
+            );
             self.absorb_shard(index, lease, now);
             return;
         }
@@ -1456,7 +1512,10 @@ impl Engine {
             lease.metadata.resource_version.clone(),
             sent,
         ));
-        slot.transitions_seen = Some(slot.transitions_seen.map_or(record.transitions, |t| t.max(record.transitions)));
+        slot.transitions_seen = Some(
+            slot.transitions_seen
+                .map_or(record.transitions, |t| t.max(record.transitions)),
+        );
         slot.lease = Some(lease.clone());
         slot.deleted = None;
         slot.absent_since = None;
@@ -1850,7 +1909,12 @@ pub fn member_lease_name(name: &str, identity: &str) -> String {
 /// Whether `a`'s resourceVersion is newer than `b`'s (numerically, as etcd revisions are;
 /// unparsable versions count as newer, so the cache follows the watch).
 fn newer(a: &Lease, b: &Lease) -> bool {
-    let rv = |l: &Lease| l.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+    let rv = |l: &Lease| {
+        l.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
     match (rv(a), rv(b)) {
         (Some(a), Some(b)) => a > b,
         _ => a.metadata.resource_version != b.metadata.resource_version,

@@ -10,9 +10,7 @@ mod config;
 mod elector;
 mod scheduler;
 
-pub use config::{ShardsConfig, MAX_SHARDS};
-pub use elector::{
-    member_lease_name, Assignments, Shard, ShardSet, Shards, ROLE_LABEL, SHARDS_LABEL,
-};
 /// The annotation telling which process wrote a Lease (shared with the Lease strategy).
 pub use crate::lease::INSTANCE_ANNOTATION;
+pub use config::{ShardsConfig, MAX_SHARDS};
+pub use elector::{member_lease_name, Assignments, Shard, ShardSet, Shards, ROLE_LABEL, SHARDS_LABEL};

@@ -46,7 +46,8 @@ pub(crate) struct Phases {
 impl Phases {
     /// Where in the period slot `slot` renews.
     pub(crate) fn offset(&self, slot: u32) -> Duration {
-        let nanos = self.retry.as_nanos() * u128::from(slot % self.slots.max(1)) / u128::from(self.slots.max(1));
+        let nanos =
+            self.retry.as_nanos() * u128::from(slot % self.slots.max(1)) / u128::from(self.slots.max(1));
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
@@ -149,16 +150,18 @@ impl Renewal {
     /// renew deadline for one more attempt.
     pub(crate) fn failed(&mut self, now: Instant, renew_deadline: Duration, last_try: Duration) {
         let delay = self.backoff.next_delay();
-        let latest = self
-            .deadline(renew_deadline)
-            .checked_sub(last_try)
-            .unwrap_or(now);
+        let latest = self.deadline(renew_deadline).checked_sub(last_try).unwrap_or(now);
         self.next = (now + delay).min(latest).max(now);
     }
 
     /// When to send the renewal that is due at `now`: `None` now, or the later instant to wait
     /// for while the API server asked to pause (never later than [`Renewal::urgent_from`]).
-    pub(crate) fn hold_back(&self, now: Instant, throttle: &Throttle, renew_deadline: Duration) -> Option<Instant> {
+    pub(crate) fn hold_back(
+        &self,
+        now: Instant,
+        throttle: &Throttle,
+        renew_deadline: Duration,
+    ) -> Option<Instant> {
         let until = throttle.paused_until(now)?;
         let urgent = self.urgent_from(renew_deadline);
         (now < urgent).then(|| until.min(urgent))
@@ -257,7 +260,10 @@ mod tests {
         // A late success (the API server was slow) keeps the phase.
         let late = r.next + Duration::from_millis(700);
         r.succeeded(&p, late);
-        assert_eq!((r.next - p.epoch).as_nanos() % RETRY.as_nanos(), p.offset(3).as_nanos());
+        assert_eq!(
+            (r.next - p.epoch).as_nanos() % RETRY.as_nanos(),
+            p.offset(3).as_nanos()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -354,7 +360,13 @@ mod tests {
         let mut waiting: Vec<u32> = Vec::new();
         // The server accepts `capacity` calls per 100 ms window, the rest get 429.
         let mut window: (u128, usize) = (0, 0);
-        let capacity = |at: Duration| if (10..20).contains(&at.as_secs()) { 20 } else { 1000 };
+        let capacity = |at: Duration| {
+            if (10..20).contains(&at.as_secs()) {
+                20
+            } else {
+                1000
+            }
+        };
         let (mut ok, mut refused, mut lost) = (0usize, 0usize, 0usize);
         let mut ok_after = 0usize;
         let end = t0 + Duration::from_secs(40);
