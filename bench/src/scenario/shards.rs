@@ -104,6 +104,7 @@ pub(crate) struct Replicas {
     pub(crate) idle: ByVerb,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn(
     b: &Bench,
     fleet: &mut Fleet,
