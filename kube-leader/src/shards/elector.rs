@@ -297,9 +297,10 @@ impl Shards {
     }
 }
 
-/// The shards of one candidate, as they are acquired; see [`Shards::start`].
+/// The shards of one candidate, as they are acquired; see [`Shards::start`]. Dropping it
+/// hands every shard back, as a shutdown does.
 #[derive(Debug)]
-#[must_use = "the shards acquired must be taken from `next`; dropping this stops nothing"]
+#[must_use = "the shards acquired are taken from `next`; dropping this hands every shard back"]
 pub struct Assignments {
     rx: mpsc::UnboundedReceiver<Shard>,
     held: watch::Receiver<ShardSet>,
@@ -604,7 +605,9 @@ impl Engine {
         let mut watch = watcher(self.api.clone(), config).default_backoff().boxed();
         info!(instance = %self.instance, "campaigning for shards");
         loop {
-            if self.fatal.is_some() && !self.stopping {
+            if (self.fatal.is_some() || self.out.is_closed()) && !self.stopping {
+                // An error ended the campaign, or nobody takes the shards any more (the
+                // `Assignments` were dropped): hand everything back.
                 self.stop(Instant::now(), LossReason::Cancelled);
             }
             if self.stopping && self.finished() {
