@@ -454,6 +454,31 @@ mod tests {
         s.split_whitespace().map(OsString::from).collect()
     }
 
+    #[test]
+    fn shards_are_leases_with_a_catchable_signal() {
+        let parse = |s: &str| Cli::try_parse_from(args(s));
+        let run = |s: &str| {
+            let Command::Run(run) = parse(s).unwrap().command else {
+                panic!("not run")
+            };
+            run
+        };
+        let r = run("kube-leader run --lock l --strategy lease --shards 64 -- true");
+        assert_eq!(r.shards, Some(64));
+        assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGHUP);
+        r.validate().unwrap();
+        let r = run("kube-leader run --lock l --strategy lease --shards 4 --shards-signal usr1 -- true");
+        assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGUSR1);
+        let e = run("kube-leader run --lock l --shards 4 -- true").validate().unwrap_err();
+        assert!(e.contains("--shards") && e.contains("--strategy lease"), "{e}");
+        for bad in [
+            "kube-leader run --lock l --strategy lease --shards 0 -- true",
+            "kube-leader run --lock l --strategy lease --shards 4 --shards-signal KILL -- true",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
     fn err(s: &str) -> String {
         let e = Cli::try_parse_from(args(s)).unwrap_err();
         one_line(&e)
