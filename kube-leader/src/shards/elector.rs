@@ -931,7 +931,6 @@ impl Engine {
         if t.done {
             self.finish_term(index);
         }
-        let _ = now;
         self.publish();
     }
 
