@@ -22,11 +22,13 @@
 mod api;
 pub mod backoff;
 pub mod error;
+pub mod events;
 pub mod for_life;
 pub mod leadership;
 pub mod lease;
 pub mod lock;
 mod object_watch;
+pub mod observer;
 pub mod shards;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
@@ -51,8 +53,3 @@ pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
 pub use shards::{ShardSet, Shards, ShardsConfig};
-
-/// The README's examples, compiled as doc tests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
