@@ -225,7 +225,7 @@ async fn the_sidecar_tells_command_its_shards_and_waits_for_its_acknowledgement(
     // COMMAND: logs its shards at start and on every SIGHUP, then acknowledges.
     let script = r#"
 log="$LOG_DIR/$KUBE_LEADER_IDENTITY.txt"
-echo "start $KUBE_LEADER_SHARDS count $KUBE_LEADER_SHARD_COUNT" >> "$log"
+echo "start $KUBE_LEADER_SHARD_SET count $KUBE_LEADER_SHARD_COUNT" >> "$log"
 ack() {
   g=$(head -1 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f2)
   s=$(tail -n +2 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f1 | tr '\n' ',')

@@ -197,7 +197,7 @@ pub(crate) struct RunArgs {
     pub(crate) not_ready_takeover: Option<Duration>,
 
     /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
-    /// for the life of kube-leader, telling it its shards: KUBE_LEADER_SHARDS at start, then
+    /// for the life of kube-leader, telling it its shards: KUBE_LEADER_SHARD_SET at start, then
     /// the file KUBE_LEADER_SHARDS_FILE rewritten and --shards-signal on every change; COMMAND
     /// acknowledges by writing the file's generation to KUBE_LEADER_SHARDS_ACK.
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]

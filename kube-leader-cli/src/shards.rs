@@ -3,7 +3,7 @@
 //! COMMAND runs for the life of `kube-leader` (not only while it holds shards), and learns
 //! its shards the way a program in any language can:
 //!
-//! - at start, in its environment: `KUBE_LEADER_SHARDS` (`0,3,7`), `KUBE_LEADER_SHARD_COUNT`,
+//! - at start, in its environment: `KUBE_LEADER_SHARD_SET` (`0,3,7`), `KUBE_LEADER_SHARD_COUNT`,
 //!   `KUBE_LEADER_SHARDS_FILE`, `KUBE_LEADER_SHARDS_ACK`, and `KUBE_LEADER_IDENTITY`,
 //!   `KUBE_LEADER_LOCK` (the set's name), `KUBE_LEADER_NAMESPACE`;
 //! - on every change, the file `KUBE_LEADER_SHARDS_FILE` is rewritten atomically (written
@@ -126,7 +126,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
     let mut command = tokio::process::Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
-        .env("KUBE_LEADER_SHARDS", list(&current))
+        .env("KUBE_LEADER_SHARD_SET", list(&current))
         .env("KUBE_LEADER_SHARD_COUNT", count.to_string())
         .env("KUBE_LEADER_SHARDS_FILE", &file)
         .env("KUBE_LEADER_SHARDS_ACK", &ack)

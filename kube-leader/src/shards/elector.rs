@@ -917,7 +917,7 @@ impl Engine {
     }
 
     /// Shard `index` is not ours any more: its loss token fires, renewals stop.
-    fn lose(&mut self, index: u32, reason: LossReason, now: Instant) {
+    fn lose(&mut self, index: u32, reason: LossReason, _now: Instant) {
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
