@@ -54,7 +54,16 @@ echo "cargo tree -p kube-leader -e normal -i ring: empty"
 # Both crates package and build from their packaged sources; the CLI against the packaged
 # library (cargo resolves an unpublished workspace crate of the same publish locally). It reads
 # the registry's index for the dependencies: retried once, as a network hiccup is not a defect.
-publish() { cargo publish --dry-run --allow-dirty -p kube-leader -p kube-leader-cli; }
+# Cargo treats the packaged library as a registry crate of a version it already knows: both its
+# unpacked source (`-<hash>` in the registry cache) and its build are reused, however old. Drop
+# both, so that the CLI is verified against this run's library.
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+rm -rf "$cargo_home"/registry/src/-*/kube-leader-[0-9]* "$cargo_home"/registry/cache/-*/kube-leader-[0-9]*
+rm -rf target/publish/debug/.fingerprint/kube-leader-* target/publish/debug/deps/libkube_leader-* \
+  target/publish/debug/deps/kube_leader-*
+publish() {
+  cargo publish --dry-run --allow-dirty --target-dir target/publish -p kube-leader -p kube-leader-cli
+}
 publish || { echo "cargo publish --dry-run failed; retrying once in 10 s" >&2; sleep 10; publish; }
 # The MSRV (rust-version) builds. rustup installs the toolchain once; where it cannot,
 # KUBE_LEADER_SKIP_MSRV=1 skips this step (and says so).
