@@ -7,6 +7,7 @@
 use std::{
     ffi::OsString,
     io::{BufRead, BufReader, Write as _},
+    os::unix::process::CommandExt,
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
@@ -17,7 +18,7 @@ use std::{
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::{
     api::{DeleteParams, PostParams},
-    Api, Client,
+    Api,
 };
 
 use crate::{
@@ -169,6 +170,22 @@ impl Node {
         }
         if let Err(e) = node_ip() {
             return Some(e);
+        }
+        if let Some(home) = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        {
+            let pause = home
+                .join("kube-leader/build")
+                .join(crate::KUBERNETES_VERSION)
+                .join("build/pause/linux/pause.c");
+            if !pause.is_file() {
+                return Some(format!(
+                    "missing {} for the pause image (run ./scripts/testenv-assets.sh)",
+                    pause.display()
+                ));
+            }
         }
         None
     }
@@ -578,6 +595,11 @@ serializeImagePulls: false
         let mut command = Command::new("ctr");
         command.arg("--address").arg(&self.socket).args(["--namespace", "k8s.io"]);
         command
+    }
+
+    /// The socket of this node's containerd (`ctr --address`, `CONTAINERD_ADDRESS`).
+    pub fn containerd_address(&self) -> &Path {
+        &self.socket
     }
 
     /// The control plane: the API server, etcd, the controller manager.

@@ -24,9 +24,9 @@ say() { printf '%s %s\n' "$(date -u +%H:%M:%S.%N | cut -c1-12)" "$*" >&2; }
 kill_holding() {
   local p cmd
   for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$( { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
     case "$cmd" in
-      *"$1"*) kill -KILL "${p#/proc/}" 2>/dev/null && say "killed ${p#/proc/}: ${cmd:0:100}" ;;
+      *"$1"*) kill -KILL "${p#/proc/}" 2>/dev/null && say "killed ${p#/proc/}: $(printf %.100s "$cmd")" ;;
     esac
   done
 }

@@ -151,11 +151,6 @@ impl Process {
         tail(&self.log, TAIL_LINES)
     }
 
-    /// The process id.
-    pub(crate) fn id(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Kills the process (SIGKILL) and reaps it.
     pub(crate) fn kill(&mut self) {
         if let Ok(None) = self.child.try_wait() {
