@@ -96,7 +96,7 @@ async fn kubelet_stopped_no_second_leader() {
     let leaders = [for_life.leader_after(0).await, lease.leader_after(0).await];
 
     let stopped = mono_ns();
-    env.node.stop_kubelet();
+    let kubelet = KubeletStopped::stop(env.node);
     let client = env.node.control_plane().client().await;
     let nodes = Api::<NodeObject>::all(client);
     wait_for("the node to turn NotReady", Duration::from_secs(60), || async {
@@ -136,7 +136,7 @@ async fn kubelet_stopped_no_second_leader() {
     }
 
     let restarted = mono_ns();
-    env.node.start_kubelet().await.expect("the kubelet starts again");
+    kubelet.start().await;
     say(&format!(
         "kubelet started again → node Ready: {}",
         ms(mono_ns() - restarted)
@@ -144,6 +144,39 @@ async fn kubelet_stopped_no_second_leader() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     for (deployed, leader) in [&for_life, &lease].into_iter().zip(&leaders) {
         deployed.assert_one_leader(leader).await;
+    }
+}
+
+/// The kubelet stopped; started again when dropped, also when the test fails, so that the tests
+/// after it find a Ready node.
+struct KubeletStopped(Option<&'static Node>);
+
+impl KubeletStopped {
+    fn stop(node: &'static Node) -> Self {
+        node.stop_kubelet();
+        Self(Some(node))
+    }
+
+    async fn start(mut self) {
+        let node = self.0.take().expect("stopped");
+        node.start_kubelet().await.expect("the kubelet starts again");
+    }
+}
+
+impl Drop for KubeletStopped {
+    fn drop(&mut self) {
+        if let Some(node) = self.0.take() {
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(node.start_kubelet())
+            })
+            .join()
+            .expect("no panic")
+            .expect("the kubelet starts again");
+        }
     }
 }
 
@@ -193,7 +226,7 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
 
     // COMMAND crashes (exit 1): the container restarts in place.
     let crashed = mono_ns();
-    deployed.exec(&leader, &["pkill", "-USR1", "-x", "sleep"]);
+    deployed.exec(&leader, &["killall", "-USR1", "sleep"]);
     let restarted_in_place = wait_for("the crashed container to restart", Duration::from_secs(60), || async {
         (deployed.restart_count(&leader).await >= 1).then_some(())
     });
@@ -222,23 +255,27 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
 
     // A real kubelet eviction of the leader: ephemeral-storage limit exceeded.
     let filled = mono_ns();
-    deployed.exec(&leader, &["pkill", "-USR2", "-x", "sleep"]);
+    deployed.exec(&leader, &["killall", "-USR2", "sleep"]);
     let evicted = deployed.wait_evicted(&leader).await;
     let next = deployed.leader_after(filled).await;
     assert_ne!(next, leader);
     let next_start = deployed.start_after(&next, filled);
-    let stop = deployed
+    // The kubelet kills an evicted Pod's containers with grace period 0 (SIGKILL) for a limit
+    // eviction; a leader for life that saw its own Pod fail stopped COMMAND gracefully before.
+    let end = deployed
         .logs
-        .stops_of(&leader)
-        .into_iter()
-        .find(|r| r.mono_ns > filled)
-        .expect("the evicted leader's COMMAND wrote a stop record");
+        .end_of(&leader, filled)
+        .expect("the evicted leader's COMMAND ended");
     say(&format!(
-        "{s}: eviction: limit exceeded → Pod Failed/Evicted seen {}, old COMMAND stopped {}, next leader's COMMAND {} (evicted → next leader {})",
+        "{s}: eviction: limit exceeded → Pod Failed/Evicted seen {}, old COMMAND ended ({}) {}, next leader's COMMAND {} (old COMMAND ended → next leader {})",
         ms(evicted - filled),
-        ms(stop.mono_ns - filled),
+        match end.kind.as_str() {
+            "gone" => "killed: no stop record".to_owned(),
+            kind => format!("{kind} record, signal {:?}", end.signal),
+        },
+        ms(end.mono_ns - filled),
         ms(next_start - filled),
-        ms(next_start.saturating_sub(stop.mono_ns)),
+        ms(next_start.saturating_sub(end.mono_ns)),
     ));
     deployed.history().report(mono_ns()).assert_safe();
     let leader = next;
@@ -392,11 +429,15 @@ impl Deployed {
             "-f",
             &path.to_string_lossy(),
         ]);
-        let value: Value = serde_json::from_str(&out).expect("kubectl prints JSON");
-        match value["kind"].as_str() {
-            Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
-            _ => vec![value],
-        }
+        // One JSON document per object (or a List).
+        serde_json::Deserializer::from_str(&out)
+            .into_iter::<Value>()
+            .map(|value| value.expect("kubectl prints JSON"))
+            .flat_map(|value| match value["kind"].as_str() {
+                Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
+                _ => vec![value],
+            })
+            .collect()
     }
 
     fn kubectl(&self, args: &[&str]) -> String {
@@ -508,7 +549,7 @@ impl Deployed {
             .expect("a start record")
     }
 
-    /// Asks every Pod whether its COMMAND runs (exec: `pgrep -x sleep`) and whether it leads
+    /// Asks every Pod whether its COMMAND runs (exec: `pidof sleep`) and whether it leads
     /// (its status server's `/leader`), asks `kube-leader status`; all must name `leader` alone.
     /// Followers learn of a new leader from a watch: this waits up to 15 s for them to agree.
     async fn assert_one_leader(&self, leader: &str) {
@@ -574,7 +615,7 @@ impl Deployed {
                 continue;
             }
             let mut args = vec!["-n", self.namespace(), "exec", &name, "-c", CONTAINER, "--"];
-            args.extend(["pgrep", "-x", "sleep"]);
+            args.extend(["pidof", "sleep"]);
             if self.env.node.control_plane().kubectl_with_stdin(&args, "").is_ok() {
                 running.push(name);
             }
@@ -605,13 +646,20 @@ impl Deployed {
         value["holder"].as_str().map(str::to_owned)
     }
 
-    /// The workload's own start and stop records as the checker's history.
+    /// The workload's own start and stop records as the checker's history; a COMMAND killed
+    /// by SIGKILL (no record) ends when its process was seen gone.
     fn history(&self) -> History {
         let mut history = History::new();
+        let mut open = std::collections::HashSet::new();
         for record in self.logs.records() {
             match record.kind.as_str() {
-                "start" => history.began(&record.pod, record.mono_ns),
-                "stop" | "crash" => history.ended(&record.pod, record.mono_ns),
+                "start" => {
+                    open.insert(record.pod.clone());
+                    history.began(&record.pod, record.mono_ns);
+                }
+                "stop" | "crash" | "gone" if open.remove(&record.pod) => {
+                    history.ended(&record.pod, record.mono_ns);
+                }
                 _ => {}
             }
         }
@@ -666,7 +714,7 @@ fn running_terms(records: &[Record]) -> BTreeMap<String, u64> {
             "start" => {
                 running.insert(record.pod.clone(), record.mono_ns);
             }
-            "stop" | "crash" => {
+            "stop" | "crash" | "gone" => {
                 running.remove(&record.pod);
             }
             _ => {}
@@ -718,6 +766,8 @@ struct LogState {
     records: Vec<Record>,
     /// The last status server address each Pod logged.
     status_addrs: HashMap<String, String>,
+    /// The workload processes alive at the last look at `/proc`: host pid → (Pod, start time).
+    alive: HashMap<u32, (String, String)>,
 }
 
 /// Tails the logs of one namespace's containers in `/var/log/pods` every 50 ms, keeping what
@@ -736,8 +786,12 @@ impl PodLogs {
             let state = state.clone();
             let stop = stop.clone();
             std::thread::spawn(move || {
+                let namespace = prefix.trim_end_matches('_').to_owned();
                 while !stop.load(Ordering::Relaxed) {
-                    poll_logs(dir, &prefix, &mut state.lock().unwrap());
+                    let mut state = state.lock().unwrap();
+                    poll_logs(dir, &prefix, &mut state);
+                    poll_processes(&namespace, &mut state);
+                    drop(state);
                     std::thread::sleep(Duration::from_millis(50));
                 }
             });
@@ -763,6 +817,14 @@ impl PodLogs {
             .into_iter()
             .filter(|r| r.pod == pod && r.kind == "stop")
             .collect()
+    }
+
+    /// The first record after `after` that says `pod`'s COMMAND ended: stop, crash, or gone
+    /// (its process disappeared without a record: SIGKILL).
+    fn end_of(&self, pod: &str, after: u64) -> Option<Record> {
+        self.records()
+            .into_iter()
+            .find(|r| r.pod == pod && r.mono_ns > after && matches!(r.kind.as_str(), "stop" | "crash" | "gone"))
     }
 
     fn status_addr(&self, pod: &str) -> Option<String> {
@@ -816,7 +878,7 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
                 } else if text.contains("status server listening") {
                     if let Some(addr) = serde_json::from_str::<Value>(text)
                         .ok()
-                        .and_then(|v| v["fields"]["addr"].as_str().map(str::to_owned))
+                        .and_then(|v| v["addr"].as_str().map(str::to_owned))
                     {
                         state.status_addrs.insert(pod.to_owned(), addr);
                     }
@@ -824,6 +886,54 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
             }
         }
     }
+}
+
+/// Notes when a workload process of `namespace` disappears from `/proc` (a SIGKILL leaves no
+/// record): a `gone` record at the time it was first seen missing (within 50 ms).
+fn poll_processes(namespace: &str, state: &mut LogState) {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return };
+    let mut seen = HashMap::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let path = entry.path();
+        if std::fs::read_to_string(path.join("comm")).map_or(true, |c| c.trim() != "sleep") {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(path.join("environ")) else { continue };
+        let mut pod = None;
+        let mut in_namespace = false;
+        for var in environ.split(|&b| b == 0) {
+            let var = String::from_utf8_lossy(var);
+            if let Some(identity) = var.strip_prefix("KUBE_LEADER_IDENTITY=") {
+                pod = Some(identity.to_owned());
+            } else if var.strip_prefix("KUBE_LEADER_NAMESPACE=") == Some(namespace) {
+                in_namespace = true;
+            }
+        }
+        let (Some(pod), true) = (pod, in_namespace) else { continue };
+        // Field 22 of stat: the start time, which tells a reused pid from the same process.
+        let started = std::fs::read_to_string(path.join("stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_owned()))
+            .unwrap_or_default();
+        seen.insert(pid, (pod, started));
+    }
+    let now = mono_ns();
+    for (pid, (pod, started)) in std::mem::take(&mut state.alive) {
+        if seen.get(&pid).is_none_or(|(_, s)| *s != started) {
+            state.records.push(Record {
+                pod,
+                kind: "gone".into(),
+                mono_ns: now,
+                identity: String::new(),
+                namespace: namespace.to_owned(),
+                signal: None,
+            });
+        }
+    }
+    state.alive = seen;
 }
 
 fn parse_record(pod: &str, text: &str) -> Option<Record> {
