@@ -132,7 +132,9 @@ async fn kubelet_stopped_no_second_leader() {
         deployed
             .one_leader(leader, false)
             .await
-            .unwrap_or_else(|problem| panic!("{:?} while the kubelet was stopped: {problem}", deployed.strategy));
+            .unwrap_or_else(|problem| {
+                panic!("{:?} while the kubelet was stopped: {problem}", deployed.strategy)
+            });
     }
 
     let restarted = mono_ns();
@@ -189,7 +191,10 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     let leader = deployed.leader_after(0).await;
     deployed.assert_one_leader(&leader).await;
     let start = deployed.logs.starts_of(&leader).pop().expect("a start record");
-    assert_eq!(start.identity, leader, "identity from the Downward API (POD_NAME)");
+    assert_eq!(
+        start.identity, leader,
+        "identity from the Downward API (POD_NAME)"
+    );
     assert_eq!(
         start.namespace,
         deployed.namespace(),
@@ -227,9 +232,11 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     // COMMAND crashes (exit 1): the container restarts in place.
     let crashed = mono_ns();
     deployed.exec(&leader, &["killall", "-USR1", "sleep"]);
-    let restarted_in_place = wait_for("the crashed container to restart", Duration::from_secs(60), || async {
-        (deployed.restart_count(&leader).await >= 1).then_some(())
-    });
+    let restarted_in_place = wait_for(
+        "the crashed container to restart",
+        Duration::from_secs(60),
+        || async { (deployed.restart_count(&leader).await >= 1).then_some(()) },
+    );
     restarted_in_place.await;
     let after_crash = deployed.leader_after(crashed).await;
     let after_crash_start = deployed.start_after(&after_crash, crashed);
@@ -285,7 +292,10 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     deployed.kubectl(&["rollout", "restart", "deployment", DEPLOYMENT]);
     deployed.kubectl(&["rollout", "status", "deployment", DEPLOYMENT, "--timeout=180s"]);
     let new_leader = deployed.leader_after(rollout).await;
-    assert_ne!(new_leader, leader, "leadership moved to a Pod of the new ReplicaSet");
+    assert_ne!(
+        new_leader, leader,
+        "leadership moved to a Pod of the new ReplicaSet"
+    );
     wait_for("the old Pods to be gone", Duration::from_secs(120), || async {
         let pods = deployed.pods().await;
         let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
@@ -299,9 +309,7 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     say(&format!(
         "{s}: rollout restart: {} transition(s), longest leaderless gap {}, rollout took {}",
         report.transitions,
-        report
-            .longest_gap
-            .map_or("none".to_owned(), |g| ms(g.len_ns())),
+        report.longest_gap.map_or("none".to_owned(), |g| ms(g.len_ns())),
         ms(done - rollout)
     ));
     deployed.assert_one_leader(&new_leader).await;
@@ -381,12 +389,7 @@ impl Deployed {
         objects.push(limits);
         for mut object in deployed.manifest("deploy/deployment.yaml") {
             if object["kind"] == "Deployment" {
-                for_the_node(
-                    &mut object,
-                    strategy,
-                    &env.image,
-                    control_plane.apiserver_port(),
-                );
+                for_the_node(&mut object, strategy, &env.image, control_plane.apiserver_port());
             }
             objects.push(object);
         }
@@ -491,7 +494,9 @@ impl Deployed {
                 // after its COMMAND stopped was evicted too, if the kubelet said so.
                 let status = pods.get_opt(pod).await.ok()?.and_then(|p| p.status);
                 match status {
-                    Some(s) if s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("Evicted") => {
+                    Some(s)
+                        if s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("Evicted") =>
+                    {
                         Some(mono_ns())
                     }
                     Some(_) => None,
@@ -593,7 +598,10 @@ impl Deployed {
                 leading.push(name.clone());
             }
             if answer["holder"] != leader {
-                return Err(format!("{name}'s /leader names {} as the holder", answer["holder"]));
+                return Err(format!(
+                    "{name}'s /leader names {} as the holder",
+                    answer["holder"]
+                ));
             }
         }
         if leading != [leader] {
@@ -616,7 +624,13 @@ impl Deployed {
             }
             let mut args = vec!["-n", self.namespace(), "exec", &name, "-c", CONTAINER, "--"];
             args.extend(["pidof", "sleep"]);
-            if self.env.node.control_plane().kubectl_with_stdin(&args, "").is_ok() {
+            if self
+                .env
+                .node
+                .control_plane()
+                .kubectl_with_stdin(&args, "")
+                .is_ok()
+            {
                 running.push(name);
             }
         }
@@ -641,7 +655,11 @@ impl Deployed {
             .output()
             .await
             .expect("run kube-leader status");
-        assert!(out.status.success(), "kube-leader status: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kube-leader status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let value: Value = serde_json::from_slice(&out.stdout).expect("JSON");
         value["holder"].as_str().map(str::to_owned)
     }
@@ -822,9 +840,9 @@ impl PodLogs {
     /// The first record after `after` that says `pod`'s COMMAND ended: stop, crash, or gone
     /// (its process disappeared without a record: SIGKILL).
     fn end_of(&self, pod: &str, after: u64) -> Option<Record> {
-        self.records()
-            .into_iter()
-            .find(|r| r.pod == pod && r.mono_ns > after && matches!(r.kind.as_str(), "stop" | "crash" | "gone"))
+        self.records().into_iter().find(|r| {
+            r.pod == pod && r.mono_ns > after && matches!(r.kind.as_str(), "stop" | "crash" | "gone")
+        })
     }
 
     fn status_addr(&self, pod: &str) -> Option<String> {
@@ -842,20 +860,30 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
     let Ok(pods) = std::fs::read_dir(dir) else { return };
     for pod_dir in pods.flatten() {
         let name = pod_dir.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(prefix) else { continue };
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
         // <namespace>_<pod>_<uid>
-        let Some((pod, _uid)) = rest.rsplit_once('_') else { continue };
-        let Ok(files) = std::fs::read_dir(pod_dir.path().join(CONTAINER)) else { continue };
+        let Some((pod, _uid)) = rest.rsplit_once('_') else {
+            continue;
+        };
+        let Ok(files) = std::fs::read_dir(pod_dir.path().join(CONTAINER)) else {
+            continue;
+        };
         let mut files: Vec<PathBuf> = files.flatten().map(|f| f.path()).collect();
         files.sort();
         for file in files {
             let (offset, partial) = state.files.entry(file.clone()).or_default();
-            let Ok(mut f) = std::fs::File::open(&file) else { continue };
+            let Ok(mut f) = std::fs::File::open(&file) else {
+                continue;
+            };
             if f.seek(SeekFrom::Start(*offset)).is_err() {
                 continue;
             }
             let mut bytes = Vec::new();
-            let Ok(n) = f.read_to_end(&mut bytes) else { continue };
+            let Ok(n) = f.read_to_end(&mut bytes) else {
+                continue;
+            };
             *offset += n as u64;
             partial.push_str(&String::from_utf8_lossy(&bytes));
             let complete = match partial.rfind('\n') {
@@ -891,7 +919,9 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
 /// Notes when a workload process of `namespace` disappears from `/proc` (a SIGKILL leaves no
 /// record): a `gone` record at the time it was first seen missing (within 50 ms).
 fn poll_processes(namespace: &str, state: &mut LogState) {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
     let mut seen = HashMap::new();
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
@@ -901,7 +931,9 @@ fn poll_processes(namespace: &str, state: &mut LogState) {
         if std::fs::read_to_string(path.join("comm")).map_or(true, |c| c.trim() != "sleep") {
             continue;
         }
-        let Ok(environ) = std::fs::read(path.join("environ")) else { continue };
+        let Ok(environ) = std::fs::read(path.join("environ")) else {
+            continue;
+        };
         let mut pod = None;
         let mut in_namespace = false;
         for var in environ.split(|&b| b == 0) {
@@ -912,11 +944,16 @@ fn poll_processes(namespace: &str, state: &mut LogState) {
                 in_namespace = true;
             }
         }
-        let (Some(pod), true) = (pod, in_namespace) else { continue };
+        let (Some(pod), true) = (pod, in_namespace) else {
+            continue;
+        };
         // Field 22 of stat: the start time, which tells a reused pid from the same process.
         let started = std::fs::read_to_string(path.join("stat"))
             .ok()
-            .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_owned()))
+            .and_then(|stat| {
+                stat.rsplit_once(')')
+                    .map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_owned())
+            })
             .unwrap_or_default();
         seen.insert(pid, (pod, started));
     }
@@ -969,7 +1006,15 @@ fn records_parse() {
         "kl-workload start mono_ns=12 pid=7 identity=p-1 namespace=ns token=42",
     )
     .unwrap();
-    assert_eq!((r.kind.as_str(), r.mono_ns, r.identity.as_str(), r.namespace.as_str()), ("start", 12, "p-1", "ns"));
+    assert_eq!(
+        (
+            r.kind.as_str(),
+            r.mono_ns,
+            r.identity.as_str(),
+            r.namespace.as_str()
+        ),
+        ("start", 12, "p-1", "ns")
+    );
     let r = parse_record("p-1", "kl-workload stop mono_ns=13 signal=15").unwrap();
     assert_eq!(r.signal, Some(15));
     assert!(parse_record("p-1", "leading as p-1").is_none());
@@ -999,7 +1044,17 @@ fn the_deployment_changes_are_only_those_documented() {
     assert_eq!(c["image"], "img");
     assert_eq!(
         c["args"],
-        json!(["run", "--strategy", "lease", "--lock", "kube-leader-demo", "--status-addr", "127.0.0.1:0", "--", "sh"])
+        json!([
+            "run",
+            "--strategy",
+            "lease",
+            "--lock",
+            "kube-leader-demo",
+            "--status-addr",
+            "127.0.0.1:0",
+            "--",
+            "sh"
+        ])
     );
     assert_eq!(c["env"].as_array().unwrap().len(), 3);
     assert!(c.get("ports").is_none() && c.get("readinessProbe").is_none());

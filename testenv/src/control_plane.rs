@@ -374,7 +374,10 @@ impl ControlPlane {
                 &pki,
                 "apiserver",
                 "/CN=kube-apiserver",
-                Some((&ca, "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")),
+                Some((
+                    &ca,
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
+                )),
             )?;
             certificate(
                 &pki,

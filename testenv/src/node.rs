@@ -7,8 +7,8 @@
 use std::{
     ffi::OsString,
     io::{BufRead, BufReader, Write as _},
-    os::unix::process::CommandExt,
     net::Ipv4Addr,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
     sync::{Mutex, MutexGuard, OnceLock},
@@ -153,10 +153,17 @@ impl Node {
             .filter(|b| !assets.binary(b).is_file())
             .map(|b| format!("{} (run ./scripts/testenv-assets.sh)", assets.binary(b).display()))
             .chain(
-                ["containerd", "containerd-shim-runc-v2", "runc", "ctr", "gcc", "strip"]
-                    .iter()
-                    .filter(|b| which(b).is_none())
-                    .map(|b| format!("{b} (run ./scripts/node-deps.sh)")),
+                [
+                    "containerd",
+                    "containerd-shim-runc-v2",
+                    "runc",
+                    "ctr",
+                    "gcc",
+                    "strip",
+                ]
+                .iter()
+                .filter(|b| which(b).is_none())
+                .map(|b| format!("{b} (run ./scripts/node-deps.sh)")),
             )
             .chain(
                 ["/usr/lib/cni/loopback", "/bin/busybox", "/bin/dash"]
@@ -338,7 +345,13 @@ disabled_plugins = [
             if let Some(e) = self.processes().containerd.as_mut().and_then(Process::exited) {
                 return Err(e);
             }
-            if self.socket.exists() && self.ctr().arg("version").output().is_ok_and(|o| o.status.success()) {
+            if self.socket.exists()
+                && self
+                    .ctr()
+                    .arg("version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            {
                 return Ok(());
             }
             if started.elapsed() > CONTAINERD_READY_TIMEOUT {
@@ -347,7 +360,10 @@ disabled_plugins = [
                     .containerd
                     .as_ref()
                     .expect("containerd was started")
-                    .not_ready(started.elapsed(), format!("no answer on {}", self.socket.display())));
+                    .not_ready(
+                        started.elapsed(),
+                        format!("no answer on {}", self.socket.display()),
+                    ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -361,7 +377,12 @@ disabled_plugins = [
             "--port=0".into(),
             "--secure-port=0".into(),
         ];
-        let process = Process::spawn("kube-scheduler", &assets.binary("kube-scheduler"), &args, &self.log_dir)?;
+        let process = Process::spawn(
+            "kube-scheduler",
+            &assets.binary("kube-scheduler"),
+            &args,
+            &self.log_dir,
+        )?;
         self.processes().scheduler = Some(process);
         Ok(())
     }
@@ -564,7 +585,10 @@ serializeImagePulls: false
                     .kubelet
                     .as_ref()
                     .expect("the kubelet was started")
-                    .not_ready(started.elapsed(), format!("probe Pod default/{name} is {phase:?}, not Running")));
+                    .not_ready(
+                        started.elapsed(),
+                        format!("probe Pod default/{name} is {phase:?}, not Running"),
+                    ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -593,7 +617,10 @@ serializeImagePulls: false
     #[must_use]
     pub fn ctr(&self) -> Command {
         let mut command = Command::new("ctr");
-        command.arg("--address").arg(&self.socket).args(["--namespace", "k8s.io"]);
+        command
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", "k8s.io"]);
         command
     }
 
@@ -635,7 +662,9 @@ serializeImagePulls: false
     }
 
     fn processes(&self) -> MutexGuard<'_, NodeProcesses> {
-        self.processes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -733,7 +762,11 @@ fn node_ready(node: &NodeObject) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
 }
 
 /// The first IPv4 address of an interface that is up and not loopback: the node's InternalIP
@@ -810,7 +843,9 @@ fn run_image_script(args: &[&str]) -> Result<(String, PathBuf)> {
 }
 
 fn run(mut command: Command) -> Result<()> {
-    let output = command.output().map_err(|e| Error::io("run", format!("{command:?}"), e))?;
+    let output = command
+        .output()
+        .map_err(|e| Error::io("run", format!("{command:?}"), e))?;
     if output.status.success() {
         Ok(())
     } else {
