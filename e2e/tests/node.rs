@@ -220,6 +220,13 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         .find(|r| r.mono_ns > deleted)
         .expect("the deleted leader's COMMAND wrote a stop record");
     assert_eq!(stop.signal, Some(15), "COMMAND stopped by SIGTERM");
+    // The old leader stepped down: a lease released, a leader-for-life lock deleted by its
+    // holder (it saw its Pod being deleted, stopped COMMAND, then deleted the lock rather than
+    // leave it to the garbage collector once the Pod object is gone, seconds later).
+    wait_for("the old leader to release its lock", Duration::from_secs(10), || async {
+        deployed.logs.logged(&leader, "released the lock").then_some(())
+    })
+    .await;
     let next_start = deployed.start_after(&next, deleted);
     say(&format!(
         "{s}: kubectl delete pod → old COMMAND stopped (SIGTERM) {}, next leader's COMMAND {}",
@@ -784,6 +791,8 @@ struct LogState {
     records: Vec<Record>,
     /// The last status server address each Pod logged.
     status_addrs: HashMap<String, String>,
+    /// kube-leader's log messages per Pod.
+    messages: HashMap<String, Vec<String>>,
     /// The workload processes alive at the last look at `/proc`: host pid → (Pod, start time).
     alive: HashMap<u32, (String, String)>,
 }
@@ -845,6 +854,16 @@ impl PodLogs {
         })
     }
 
+    /// Whether kube-leader in `pod` logged `message`.
+    fn logged(&self, pod: &str, message: &str) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .messages
+            .get(pod)
+            .is_some_and(|m| m.iter().any(|m| m == message))
+    }
+
     fn status_addr(&self, pod: &str) -> Option<String> {
         self.state.lock().unwrap().status_addrs.get(pod).cloned()
     }
@@ -903,13 +922,18 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
                 };
                 if let Some(record) = parse_record(pod, text) {
                     state.records.push(record);
-                } else if text.contains("status server listening") {
-                    if let Some(addr) = serde_json::from_str::<Value>(text)
-                        .ok()
-                        .and_then(|v| v["addr"].as_str().map(str::to_owned))
-                    {
-                        state.status_addrs.insert(pod.to_owned(), addr);
+                } else if let Ok(log) = serde_json::from_str::<Value>(text) {
+                    let message = log["message"].as_str().unwrap_or_default();
+                    if message == "status server listening" {
+                        if let Some(addr) = log["addr"].as_str() {
+                            state.status_addrs.insert(pod.to_owned(), addr.to_owned());
+                        }
                     }
+                    state
+                        .messages
+                        .entry(pod.to_owned())
+                        .or_default()
+                        .push(message.to_owned());
                 }
             }
         }

@@ -259,7 +259,17 @@ impl Leading<'_> {
         }
         if lost {
             info!(lock = %lock, code, "COMMAND stopped after the loss of leadership");
-            self.step_down(leadership, false).await;
+            // A leader for life whose own Pod is ending (deleted, evicted) deletes its lock now
+            // that COMMAND has stopped (UID precondition: never a newer lock). The lock goes with
+            // the Pod anyway, and the successor need not wait until the Pod object is gone: on a
+            // real node that takes seconds after `kubectl delete pod` (the kubelet stops every
+            // container first). The leader usually sees its Pod's deletion before the kubelet's
+            // SIGTERM reaches it, so this is the common path of a deletion, not the signal's.
+            let pod_ending = matches!(
+                leadership.loss_reason(),
+                Some(kube_leader::LossReason::PodEnding { .. })
+            );
+            self.step_down_after_loss(leadership, pod_ending).await;
             return exit::LOST;
         }
         info!(lock = %lock, code, "COMMAND exited");
@@ -272,10 +282,18 @@ impl Leading<'_> {
     }
 
     async fn step_down(&self, leadership: Leadership, release: bool) {
+        let release = release && leadership.is_leader();
+        self.step_down_after_loss(leadership, release).await;
+    }
+
+    /// Steps down; releases the lock if `release`, also when leadership was already lost (only
+    /// for a lock that cannot have a newer holder without this candidate's knowledge: a
+    /// leader-for-life lock, deleted with its UID as precondition).
+    async fn step_down_after_loss(&self, leadership: Leadership, release: bool) {
         if let Some(label) = self.label {
             label.set(false);
         }
-        if !release || leadership.is_skipped() || !leadership.is_leader() {
+        if !release || leadership.is_skipped() {
             return;
         }
         let lock = &self.status.lock;

@@ -455,12 +455,13 @@ nodeStatusUpdateFrequency: 4s
 nodeLeaseDurationSeconds: 8
 syncFrequency: 10s
 volumeStatsAggPeriod: 5s
-# 1 %: the machine's real disk and memory never cause pressure evictions; limits still do.
+# Small absolute thresholds: a crowded build machine's disk (or memory) does not cause pressure
+# evictions, which would hit the tests' Pods; limits still cause evictions.
 evictionHard:
-  memory.available: "1%"
-  nodefs.available: "1%"
+  memory.available: "100Mi"
+  nodefs.available: "100Mi"
   nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
+  imagefs.available: "100Mi"
 evictionPressureTransitionPeriod: 5s
 containerLogMaxSize: 50Mi
 serializeImagePulls: false
