@@ -137,7 +137,7 @@ say "ready in $(( ($(now_ms) - t0) )) ms: https://127.0.0.1:$API_PORT, namespace
 # works (sleeps) until it is stopped.
 COMMAND='echo "$(date +%s%N) $KUBE_LEADER_IDENTITY $KUBE_LEADER_FENCING_TOKEN $$" >>"$LEADERS"; exec sleep 100000'
 declare -A CANDIDATE_PID
-TIMINGS=(--lease-duration 4s --renew-deadline 3s --retry-period 500ms --grace 2s)
+TIMINGS=(--lease-duration 4s --renew-deadline 3s --retry-period 500ms --grace 1s)
 
 candidates() { # STRATEGY
   local strategy=$1 i

@@ -20,12 +20,27 @@
 //!   window); its writes then must be refused by fencing.
 //! - `freeze-kube-leader`: SIGSTOP of the `kube-leader` process only (not its supervisor, not
 //!   COMMAND): the supervisor must stop COMMAND by the renew deadline; the delay is measured.
+//! - `kill-supervisor`: SIGKILL of the leader's supervisor only: COMMAND must die with it at once
+//!   (parent-death signal) and nothing be released (a lease expires; a leader-for-life lock
+//!   stays with the Pod, and the restarted candidate leads again); the delay is measured.
+//! - `deaf-command` (lease): the leader's COMMAND is made to ignore SIGTERM (SIGUSR1 to
+//!   `chaos-candidate child`), then the leader is cut off: COMMAND must be SIGKILLed by the lease
+//!   duration after its last renewal (default grace = lease − renew deadline), before any
+//!   successor leads; the delay from the cut is measured.
+//! - `pause-acquiring` (lease): the leader is stopped gracefully (it releases) and a follower's
+//!   `kube-leader` is frozen for half to twice the renew deadline while it takes over; a term
+//!   won before or during the freeze must not start (or keep) COMMAND past the renew deadline
+//!   counted from the acquiring write.
 //! - `partition` / `partition-follower`: the proxy of the leader / of a follower blackholes
 //!   everything, then heals.
 //! - `delay`: the leader's proxy delays every chunk past the renew deadline, then heals.
 //! - `apiserver-restart`: kube-apiserver killed and started again on the same etcd.
 //! - `lock-delete`: an administrator deletes the lock.
 //! - `sigterm`: the leader is asked to stop (a rolling update): it releases.
+//! - Lease: `twin` (a follower is replaced by a candidate with the leader's identity, as a
+//!   copied `--identity` would do: it must not lead while the leader renews), `acquire-pause`
+//!   (the leader is asked to stop and a follower is paused right away, past the lease, so that
+//!   an acquiring write may be answered after its renew deadline: that term must not start).
 //! - leader for life: `pod-delete` (the leader's Pod deleted, its process alive: no kubelet),
 //!   `evict` (the leader's Pod `Failed`/`Evicted`), `recreate` (the leader's Pod deleted and
 //!   created again under the same name, with a new candidate in it while the old process runs),
@@ -138,6 +153,11 @@ enum Kind {
     Evict,
     Recreate,
     KillThenPodDelete,
+    Twin,
+    AcquirePause,
+    KillSupervisor,
+    DeafCommand,
+    PauseAcquiring,
 }
 
 impl Kind {
@@ -157,6 +177,11 @@ impl Kind {
             Kind::Evict => "evict",
             Kind::Recreate => "recreate",
             Kind::KillThenPodDelete => "kill-then-pod-delete",
+            Kind::Twin => "twin",
+            Kind::AcquirePause => "acquire-pause",
+            Kind::KillSupervisor => "kill-supervisor",
+            Kind::DeafCommand => "deaf-command",
+            Kind::PauseAcquiring => "pause-acquiring",
         }
     }
 
@@ -173,6 +198,8 @@ impl Kind {
                 (Kind::Delay, 2),
                 (Kind::LockDelete, 4),
                 (Kind::Sigterm, 10),
+                (Kind::Twin, 2),
+                (Kind::AcquirePause, 3),
             ],
             Strategy::ForLife => vec![
                 (Kind::KillThenPodDelete, 6),
@@ -188,8 +215,13 @@ impl Kind {
         };
         if cli {
             kinds.push((Kind::FreezeKubeLeader, 2));
+            kinds.push((Kind::KillSupervisor, 2));
             if strategy == Strategy::Lease {
                 kinds.push((Kind::KillKubeLeader, 4));
+                // Leader for life has no lease for a grace to stay within: a successor may
+                // start as soon as the lock is gone.
+                kinds.push((Kind::DeafCommand, 2));
+                kinds.push((Kind::PauseAcquiring, 2));
             }
         }
         if restarts {
@@ -201,7 +233,7 @@ impl Kind {
     /// Faults after which the leader they aimed at must have stopped leading.
     fn deposes(self, strategy: Strategy) -> bool {
         match self {
-            Kind::PartitionFollower | Kind::ApiserverRestart => false,
+            Kind::PartitionFollower | Kind::ApiserverRestart | Kind::Twin => false,
             Kind::Partition | Kind::Delay => strategy == Strategy::Lease,
             _ => true,
         }
@@ -309,8 +341,35 @@ fn spawn(command: Command) -> std::io::Result<Child> {
     result.recv().map_err(|_| std::io::Error::other("spawner gone"))?
 }
 
+/// `(state, ppid)` of a process, from `/proc/<pid>/stat`.
+fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut f = rest.split_whitespace();
+    Some((f.next()?.chars().next()?, f.next()?.parse().ok()?))
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn process_alive(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// The parent of `pid` (0 if unknown).
+fn parent_of(pid: i32) -> i32 {
+    proc_stat(pid).map_or(0, |(_, ppid)| ppid)
+}
+
+/// `chaos-candidate`; `KUBE_LEADER_CHAOS_BIN_DIR` runs copies (`chaos-candidate` and
+/// `kube-leader` in that directory), so that a long run is not disturbed by a rebuild.
+fn chaos_candidate_bin() -> String {
+    match std::env::var("KUBE_LEADER_CHAOS_BIN_DIR") {
+        Ok(dir) => format!("{dir}/chaos-candidate"),
+        Err(_) => env!("CARGO_BIN_EXE_chaos-candidate").to_string(),
+    }
+}
+
 fn kube_leader_bin() -> PathBuf {
-    kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate"))
+    kube_leader_e2e::kube_leader_bin_beside(&chaos_candidate_bin())
 }
 
 /// One line of a candidate's stdout, or the end of it.
@@ -366,6 +425,10 @@ struct Shared {
     /// restart of kube-apiserver, which both live through, runs alone: faults hold this for
     /// reading, a restart for writing.
     gate: tokio::sync::RwLock<()>,
+    /// Whether kube-apiserver is down for a restart now. A writer merely waiting for `gate`
+    /// must not stop the other set from restarting its candidates: that set may be inside a
+    /// fault that needs a restarted candidate to end, and the writer waits for that fault.
+    restarting: std::sync::atomic::AtomicBool,
     /// kube-apiserver restarts, which every set of candidates lives through.
     restarts: Mutex<Vec<Fault>>,
     /// Long mode: the transitions of each set of candidates so far (the run stops when their sum
@@ -427,6 +490,10 @@ struct Arena {
     freeze_stops: Vec<Duration>,
     /// `kill-kube-leader`: from the kill to COMMAND's stop.
     orphan_stops: Vec<Duration>,
+    /// `kill-supervisor`: from the kill to COMMAND's death.
+    supervisor_kill_stops: Vec<Duration>,
+    /// `deaf-command`: from cutting the leader off to its deaf COMMAND's death.
+    deaf_kills: Vec<Duration>,
     /// Terms whose end the harness had to infer (the process died without saying).
     inferred_ends: Vec<String>,
     errors: Vec<String>,
@@ -509,6 +576,8 @@ impl Arena {
             deposed: Vec::new(),
             freeze_stops: Vec::new(),
             orphan_stops: Vec::new(),
+            supervisor_kill_stops: Vec::new(),
+            deaf_kills: Vec::new(),
             inferred_ends: Vec::new(),
             errors: Vec::new(),
             exit_codes: BTreeMap::new(),
@@ -552,7 +621,11 @@ impl Arena {
         let generation = self.slots[slot].generation;
         let fresh = format!("{}{}-{generation}", self.prefix(), slot + 1);
         let (name, key) = match self.strategy {
-            Strategy::Lease => (fresh.clone(), fresh),
+            // `reuse`: a twin, with another candidate's identity (the key stays unique).
+            Strategy::Lease => match reuse {
+                Some(identity) => (identity.clone(), format!("{fresh}-twin-of-{identity}")),
+                None => (fresh.clone(), fresh),
+            },
             Strategy::ForLife => {
                 let pod_name = match reuse {
                     Some(p) => p,
@@ -566,7 +639,7 @@ impl Arena {
             }
         };
         let t = self.timings;
-        let me = env!("CARGO_BIN_EXE_chaos-candidate");
+        let me = &chaos_candidate_bin();
         let kubeconfig = self.slots[slot].kubeconfig.display().to_string();
         let ns = self.ns.name().to_string();
         let mut command = Command::new("setpriv");
@@ -746,7 +819,7 @@ impl Arena {
         }
         // No candidate is started while kube-apiserver restarts (leader for life needs the API
         // to give it a Pod).
-        if self.shared.gate.try_read().is_err() {
+        if self.shared.restarting.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         for slot in 0..self.slots.len() {
@@ -862,7 +935,7 @@ impl Arena {
             if let Some(v) = f(self) {
                 return v;
             }
-            if self.shared.gate.try_read().is_err() {
+            if self.shared.restarting.load(std::sync::atomic::Ordering::SeqCst) {
                 // The other set of candidates is restarting kube-apiserver: the clock stops.
                 deadline = deadline.max(Instant::now() + timeout);
             }
@@ -957,6 +1030,27 @@ impl Arena {
             let _ = killpg(g, Signal::SIGKILL);
         }
         self.procs[i].killed_at = Some(mono_ns());
+    }
+
+    /// Polls `pid` every millisecond (absorbing events meanwhile) until it is dead or a zombie;
+    /// returns when it was first seen so.
+    async fn death_of(&mut self, pid: i32, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !process_alive(pid) {
+                return mono_ns();
+            }
+            while let Ok(line) = self.rx.try_recv() {
+                self.absorb(line);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: process {pid} still alive after {timeout:?}; logs in {}",
+                self.name,
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     // --- faults ---
@@ -1098,6 +1192,62 @@ impl Arena {
                 }
                 let _ = kill(pid, Signal::SIGCONT);
             }
+            Kind::Twin => {
+                // A follower's slot gets a candidate with the leader's identity, for a few
+                // lease durations: it must not lead while the leader renews.
+                let followers: Vec<usize> = (0..CANDIDATES)
+                    .filter(|s| *s != self.procs[leader].slot)
+                    .filter(|s| self.slots[*s].current.is_some_and(|i| self.procs[i].alive()))
+                    .collect();
+                let slot = followers[self.rng.index(followers.len())];
+                self.slots[slot].hold = true;
+                let follower = self.slots[slot].current.expect("alive");
+                self.kill_all(follower);
+                self.until("the replaced follower to be gone", SOON, |a| {
+                    a.procs[follower].finalized.then_some(())
+                })
+                .await;
+                let identity = self.procs[leader].name.clone();
+                self.start(slot, Some(identity)).await;
+                let twin = self.slots[slot].current.expect("started");
+                self.sleep(3 * t.lease).await;
+                self.kill_all(twin);
+                self.slots[slot].hold = false;
+            }
+            Kind::AcquirePause => {
+                // The leader steps down (releases); a follower is stopped at once, maybe with
+                // its acquiring write in flight, past the lease, and resumed.
+                let followers: Vec<usize> = (0..CANDIDATES)
+                    .filter(|s| *s != self.procs[leader].slot)
+                    .filter_map(|s| self.slots[s].current)
+                    .filter(|i| self.procs[*i].alive())
+                    .collect();
+                let paused = followers[self.rng.index(followers.len())];
+                let _ = kill(Pid::from_raw(self.procs[leader].pid), Signal::SIGTERM);
+                let wait = self.rng.duration(Duration::ZERO, Duration::from_millis(15));
+                std::thread::sleep(wait);
+                let groups = self.groups(paused);
+                for g in &groups {
+                    let _ = killpg(*g, Signal::SIGSTOP);
+                }
+                let froze = mono_ns();
+                let paused_key = self.procs[paused].key.clone();
+                self.history.froze(&paused_key, froze);
+                self.sleep(t.lease + t.renew).await;
+                for g in groups.iter().rev() {
+                    let _ = killpg(*g, Signal::SIGCONT);
+                }
+                let thawed = mono_ns();
+                self.history.thawed(&paused_key, thawed);
+                // A pause like any other: if it caught the follower already leading, the window
+                // after the thaw is a post-pause window. If it caught it acquiring (no term
+                // yet), there is none: a term it starts after the thaw must not overlap.
+                self.pauses.push(Pause {
+                    key: paused_key,
+                    froze,
+                    thawed,
+                });
+            }
             Kind::Partition | Kind::PartitionFollower | Kind::Delay => {
                 let slot = if kind == Kind::PartitionFollower {
                     let followers: Vec<usize> = (0..CANDIDATES)
@@ -1128,6 +1278,7 @@ impl Arena {
             Kind::ApiserverRestart => {
                 let shared = self.shared.clone();
                 let start = mono_ns();
+                shared.restarting.store(true, std::sync::atomic::Ordering::SeqCst);
                 shared.cp.stop_apiserver();
                 let down = self.rng.duration(Duration::ZERO, Duration::from_secs(1));
                 self.sleep(down).await;
@@ -1147,6 +1298,9 @@ impl Arena {
                         () = tokio::time::sleep(Duration::from_millis(20)) => self.poll().await,
                     }
                 }
+                shared
+                    .restarting
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
                 let end = mono_ns();
                 let took = Duration::from_nanos(end - start);
                 if took > Duration::from_secs(20) {
@@ -1159,6 +1313,53 @@ impl Arena {
                     end,
                 });
                 return;
+            }
+            Kind::KillSupervisor => {
+                let command = self.procs[leader].command_pid.expect("COMMAND's pid");
+                let supervisor = parent_of(command);
+                assert!(
+                    supervisor > 1 && supervisor != self.procs[leader].pid,
+                    "{}: COMMAND's parent {supervisor} is not a supervisor",
+                    self.name
+                );
+                let _ = kill(Pid::from_raw(supervisor), Signal::SIGKILL);
+                let died = self.death_of(command, SOON).await;
+                self.history.ended(&key, died);
+                self.supervisor_kill_stops
+                    .push(Duration::from_nanos(died - start));
+            }
+            Kind::DeafCommand => {
+                let command = self.procs[leader].command_pid.expect("COMMAND's pid");
+                let _ = kill(Pid::from_raw(command), Signal::SIGUSR1);
+                // Let the signal land before SIGTERM can come.
+                self.sleep(Duration::from_millis(50)).await;
+                let slot = self.procs[leader].slot;
+                self.slots[slot].proxy.set(NetFault::Blackhole);
+                let cut = mono_ns();
+                let died = self.death_of(command, t.lease + SOON).await;
+                self.history.ended(&key, died);
+                self.deaf_kills.push(Duration::from_nanos(died - cut));
+                self.slots[slot].proxy.set(NetFault::Pass);
+            }
+            Kind::PauseAcquiring => {
+                let followers: Vec<usize> = self
+                    .slots
+                    .iter()
+                    .filter_map(|s| s.current)
+                    .filter(|i| *i != leader && self.procs[*i].alive())
+                    .collect();
+                let _ = kill(Pid::from_raw(self.procs[leader].pid), Signal::SIGTERM);
+                if !followers.is_empty() {
+                    let f = followers[self.rng.index(followers.len())];
+                    // The release lands some 10-100 ms after the SIGTERM (COMMAND exits first).
+                    let after = self.rng.duration(Duration::ZERO, Duration::from_millis(120));
+                    let hold = self.rng.duration(t.renew / 2, t.renew * 2);
+                    self.sleep(after).await;
+                    let pid = Pid::from_raw(self.procs[f].pid);
+                    let _ = kill(pid, Signal::SIGSTOP);
+                    self.sleep(hold).await;
+                    let _ = kill(pid, Signal::SIGCONT);
+                }
             }
             Kind::LockDelete => self.delete_lock().await,
             Kind::Sigterm => {
@@ -1304,6 +1505,12 @@ impl Arena {
             }
         } else {
             let mut order: Vec<Kind> = kinds.iter().map(|(k, _)| *k).collect();
+            if self.flavor == Flavor::Cli {
+                // Time: network faults of the leader are the library's business (the library
+                // set has them); the CLI set keeps its own kinds, and `deaf-command` cuts its
+                // leader off too.
+                order.retain(|k| !matches!(k, Kind::Partition | Kind::PartitionFollower | Kind::Delay));
+            }
             self.rng.shuffle(&mut order);
             // kube-apiserver restarts last: after it only liveness is measured (see WATCH_SETTLE).
             order.sort_by_key(|k| *k == Kind::ApiserverRestart);
@@ -1362,7 +1569,8 @@ impl Arena {
         let summary = format!(
             "== {} (seed {:#x}, {} mode, lease {:?}/{:?}/{:?}, {:?} of faults)\n{findings}\n\
              liveness bound {:?}; freeze-kube-leader: COMMAND stopped after {:?} (renew deadline {:?}); \
-             kill-kube-leader: COMMAND stopped after {:?}\n\
+             kill-kube-leader: COMMAND stopped after {:?}; kill-supervisor: COMMAND died after {:?}; \
+             deaf-command: COMMAND killed {:?} after the leader was cut off (lease {:?})\n\
              exits {:?}; term ends inferred {}; candidate errors {}",
             self.name,
             self.mode.seed,
@@ -1375,6 +1583,9 @@ impl Arena {
             self.freeze_stops,
             self.timings.renew,
             self.orphan_stops,
+            self.supervisor_kill_stops,
+            self.deaf_kills,
+            self.timings.lease,
             self.exit_codes,
             self.inferred_ends.len(),
             self.errors.len(),
@@ -1544,6 +1755,7 @@ async fn chaos(strategy: Strategy) {
         cp,
         token,
         gate: tokio::sync::RwLock::new(()),
+        restarting: std::sync::atomic::AtomicBool::new(false),
         restarts: Mutex::default(),
         transitions: Mutex::default(),
     });

@@ -223,9 +223,11 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     // The old leader stepped down: a lease released, a leader-for-life lock deleted by its
     // holder (it saw its Pod being deleted, stopped COMMAND, then deleted the lock rather than
     // leave it to the garbage collector once the Pod object is gone, seconds later).
-    wait_for("the old leader to release its lock", Duration::from_secs(10), || async {
-        deployed.logs.logged(&leader, "released the lock").then_some(())
-    })
+    wait_for(
+        "the old leader to release its lock",
+        Duration::from_secs(10),
+        || async { deployed.logs.logged(&leader, "released the lock").then_some(()) },
+    )
     .await;
     let next_start = deployed.start_after(&next, deleted);
     say(&format!(

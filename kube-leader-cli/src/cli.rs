@@ -48,6 +48,10 @@ pub(crate) enum Command {
     /// kube-leader's heartbeats stop.
     #[command(name = "__supervise", hide = true)]
     Supervise(SuperviseArgs),
+    /// Internal: the supervisor's child, which asks to die with the supervisor
+    /// (`PR_SET_PDEATHSIG`) and then executes COMMAND in its place.
+    #[command(name = "__exec", hide = true)]
+    Exec(ExecArgs),
 }
 
 /// The election strategy.
@@ -80,9 +84,10 @@ pub(crate) enum LogFormat {
 /// What to do outside a cluster (leader for life).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum OutsideClusterArg {
-    /// Skip the election and run COMMAND at once, with fencing token 0 (operator-sdk's behaviour).
+    /// Skip the election and run COMMAND at once, with fencing token 0 (operator-sdk's
+    /// behaviour): every replica that finds no namespace runs it.
     Skip,
-    /// Exit with a configuration error.
+    /// Exit with a configuration error (the default: a sidecar fails closed).
     Fail,
 }
 
@@ -138,11 +143,17 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub(crate) retry_period: Duration,
 
-    /// After SIGTERM to COMMAND on loss of leadership, how long to wait before SIGKILL. Choose at
-    /// most lease-duration − renew-deadline if COMMAND must be gone before another candidate can
-    /// take over an expired lease.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
-    pub(crate) grace: Duration,
+    /// After SIGTERM to COMMAND on loss of leadership, how long to wait before SIGKILL
+    /// [default: lease: --lease-duration − --renew-deadline, so that COMMAND is gone before
+    /// another candidate can take over an expired lease; for-life: 10s]. A lease refuses more
+    /// unless --allow-grace-beyond-lease.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) grace: Option<Duration>,
+
+    /// Accept a --grace longer than --lease-duration − --renew-deadline (lease): a COMMAND slow
+    /// to stop may then still run when another candidate has taken over the expired lease.
+    #[arg(long)]
+    pub(crate) allow_grace_beyond_lease: bool,
 
     /// Serve status, health and metrics over HTTP on this address (IP:PORT, or :PORT for
     /// 127.0.0.1:PORT). Off by default.
@@ -161,8 +172,9 @@ pub(crate) struct RunArgs {
     pub(crate) label_pod: bool,
 
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
-    /// namespace file): skip the election and run COMMAND, or fail.
-    #[arg(long, value_enum, default_value_t = OutsideClusterArg::Skip, value_name = "POLICY")]
+    /// namespace file): fail (exit 2), or skip the election and run COMMAND — in every replica
+    /// that finds no namespace.
+    #[arg(long, value_enum, default_value_t = OutsideClusterArg::Fail, value_name = "POLICY")]
     pub(crate) on_outside_cluster: OutsideClusterArg,
 
     /// How long to retry reaching the API server at start before giving up (exit code 4).
@@ -216,6 +228,18 @@ pub(crate) struct SuperviseArgs {
     pub(crate) command: Vec<OsString>,
 }
 
+/// `kube-leader __exec` (internal).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ExecArgs {
+    /// The supervisor's pid: if the parent is another process, the supervisor is already gone.
+    #[arg(long)]
+    pub(crate) parent: i32,
+
+    /// COMMAND and its arguments.
+    #[arg(last = true, required = true)]
+    pub(crate) command: Vec<OsString>,
+}
+
 // === parsing ===
 
 /// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s` (at most 365 days).
@@ -235,6 +259,11 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     Ok(d)
 }
+
+/// Leader for life's default grace. A successor can start as soon as the lock is gone (its Pod
+/// deleted), so any grace may overlap it; 10 s, as the seed's default and within Kubernetes'
+/// 30 s termination grace period, leaves COMMAND time to stop cleanly when its Pod goes away.
+pub(crate) const FOR_LIFE_GRACE: Duration = Duration::from_secs(10);
 
 /// The longest duration any flag accepts.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -313,8 +342,35 @@ impl RunArgs {
         }
         if self.lock.strategy == StrategyArg::Lease {
             self.lease_config().validate().map_err(|e| e.to_string())?;
+            let bound = self.lease_duration.saturating_sub(self.renew_deadline);
+            match self.grace {
+                Some(grace) if grace > bound && !self.allow_grace_beyond_lease => {
+                    return Err(format!(
+                        "invalid value for '--grace': {} outlasts the lease: a COMMAND slow on SIGTERM \
+                         could still run when another candidate takes over the expired lease; at most \
+                         --lease-duration − --renew-deadline = {} (or accept the risk with \
+                         --allow-grace-beyond-lease)",
+                        ms(grace),
+                        ms(bound)
+                    ));
+                }
+                _ => {}
+            }
         }
         Ok(())
+    }
+
+    /// The SIGTERM → SIGKILL grace: `--grace`, else for a lease lease duration − renew
+    /// deadline (the supervisor's SIGTERM comes a renew deadline after the last renewal was
+    /// sent at the latest, so COMMAND is gone a lease duration after it, before any successor
+    /// can take the expired lease over), else (leader for life: no lease to outlast)
+    /// [`FOR_LIFE_GRACE`].
+    pub(crate) fn grace(&self) -> Duration {
+        match (self.grace, self.lock.strategy) {
+            (Some(grace), _) => grace,
+            (None, StrategyArg::Lease) => self.lease_duration.saturating_sub(self.renew_deadline),
+            (None, StrategyArg::ForLife) => FOR_LIFE_GRACE,
+        }
     }
 
     /// The Lease timings.
@@ -434,9 +490,39 @@ mod tests {
         };
         assert_eq!(run.lock.strategy, StrategyArg::ForLife);
         assert_eq!(run.lease_config(), LeaseConfig::default());
-        assert_eq!(run.grace, Duration::from_secs(10));
+        assert_eq!(run.grace(), Duration::from_secs(10));
+        assert_eq!(run.on_outside_cluster, OutsideClusterArg::Fail);
         assert!(run.status_addr.is_none());
         run.validate().unwrap();
+    }
+
+    #[test]
+    fn a_lease_grace_defaults_to_what_the_lease_leaves_and_is_bounded_by_it() {
+        let run = |s: &str| {
+            let Command::Run(run) = Cli::try_parse_from(args(s)).unwrap().command else {
+                panic!("not run")
+            };
+            run
+        };
+        let r = run("kube-leader run --lock l --strategy lease -- true");
+        assert_eq!(r.grace(), Duration::from_secs(5));
+        let r = run("kube-leader run --lock l --strategy lease --lease-duration 2s --renew-deadline 1s --retry-period 200ms -- true");
+        assert_eq!(r.grace(), Duration::from_secs(1));
+        r.validate().unwrap();
+        let r = run("kube-leader run --lock l --strategy lease --grace 5s -- true");
+        r.validate().unwrap();
+        let r = run("kube-leader run --lock l --strategy lease --grace 5001ms -- true");
+        let e = r.validate().unwrap_err();
+        assert!(
+            e.contains("--grace") && e.contains("5s 1ms") && e.contains("= 5s"),
+            "{e}"
+        );
+        let r =
+            run("kube-leader run --lock l --strategy lease --grace 1m --allow-grace-beyond-lease -- true");
+        r.validate().unwrap();
+        assert_eq!(r.grace(), Duration::from_secs(60));
+        let r = run("kube-leader run --lock l --grace 1m -- true");
+        r.validate().unwrap();
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::fmt;
 /// A usage or configuration error: bad flag, invalid lock name, bad duration, missing COMMAND,
 /// no namespace or Pod name to be found. (Clap's own code for usage errors.)
 pub(crate) const USAGE: u8 = 2;
-/// Leadership was lost while COMMAND ran; COMMAND was stopped.
+/// Leadership was lost while COMMAND ran, and COMMAND was stopped; or the supervisor died and
+/// COMMAND was killed with it.
 pub(crate) const LOST: u8 = 3;
 /// The cluster could not be used: no configuration, unreachable, unauthenticated, or a missing
 /// permission (the log names it).
@@ -22,7 +23,8 @@ Exit codes:
   1-255    COMMAND's own exit code once it exited by itself or after a forwarded signal
            (128+N if it died of signal N); the lease is released first
   2        usage or configuration error (bad flag, invalid lock name, bad duration, missing COMMAND)
-  3        leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace
+  3        leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace; or the
+           supervisor died and COMMAND with it (the lock is not released)
   4        the cluster could not be used: no configuration, unreachable, or a missing permission
   126/127  COMMAND could not be executed / was not found";
 

@@ -16,6 +16,7 @@
 mod cli;
 mod elector;
 mod exit;
+mod label;
 mod metrics;
 mod rbac;
 mod run;
@@ -42,6 +43,11 @@ const DEFAULT_FILTER: &str =
 fn main() -> ExitCode {
     let cli = cli::parse();
     init_logging(cli.log_format);
+    let command = match cli.command {
+        // No runtime: this process becomes COMMAND at once.
+        Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
+        command => command,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -51,11 +57,12 @@ fn main() -> ExitCode {
     };
     let log_format = cli.log_format;
     let code = runtime.block_on(async move {
-        let result = match cli.command {
+        let result = match command {
             Command::Run(args) => run::run(args, log_format).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
-            Command::Supervise(args) => Ok(supervisor::supervise(args).await),
+            Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),
+            Command::Exec(_) => unreachable!("handled before the runtime starts"),
         };
         result.unwrap_or_else(|fail| {
             error!(error = %fail, code = fail.code, "kube-leader failed");

@@ -42,12 +42,20 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
         // The same rules as deploy/rbac-for-life.yaml, which explains each verb.
         StrategyArg::ForLife => vec![
             Rule {
-                why: "the lock: get, list, watch it; create: become leader; update: write the fencing \
-                      token; delete: remove a stale lock (UID precondition) and step down",
+                why: "create: become leader (create cannot be limited by name)",
                 api_group: "",
                 resource: "configmaps",
                 resource_names: vec![],
-                verbs: &["get", "list", "watch", "create", "update", "delete"],
+                verbs: &["create"],
+            },
+            Rule {
+                why: "the lock only: get, list, watch it (by name, with a field selector); update: \
+                      write the fencing token; delete: remove a stale lock (UID precondition) and \
+                      step down",
+                api_group: "",
+                resource: "configmaps",
+                resource_names: vec![lock.to_string()],
+                verbs: &["get", "list", "watch", "update", "delete"],
             },
             Rule {
                 why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
@@ -68,7 +76,11 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
     };
     if label_pod {
         rules.push(Rule {
-            why: "--label-pod: label this candidate's Pod kube-leader.io/leader=true|false",
+            why: "--label-pod: label this candidate's Pod kube-leader.io/leader=true|false. Beware: \
+                  patch pods is namespace-wide (a Pod's name is not known when the Role is written), \
+                  so it lets this ServiceAccount patch any Pod in the namespace: relabel it in or out \
+                  of a Service, or change its container image and run code as that Pod. Grant it \
+                  only where that is acceptable",
             api_group: "",
             resource: "pods",
             resource_names: vec![],
@@ -205,6 +217,10 @@ mod tests {
             "ns",
         );
         assert!(y.contains("resources: [\"pods\"]\n    verbs: [\"patch\"]"), "{y}");
+        // Least privilege, said plainly: patch cannot be limited to the candidate's own Pod.
+        for s in ["namespace-wide", "any Pod", "image"] {
+            assert!(y.contains(s), "the --label-pod rule should say {s}: {y}");
+        }
     }
 
     #[test]

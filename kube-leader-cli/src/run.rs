@@ -3,12 +3,9 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::anyhow;
-use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    api::{Patch, PatchParams},
-    Api, Client,
-};
+use kube::Client;
 use kube_leader::{lease::Renewals, lock, LeaderInfo, Leadership, LockRef};
+use nix::unistd::Pid;
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
     sync::watch,
@@ -21,19 +18,20 @@ use crate::{
     cli::{LogFormat, RunArgs, StrategyArg},
     elector::Elector,
     exit::{self, Fail, OrExit},
+    label::PodLabel,
     metrics::secs,
     server,
     state::Status,
     supervisor::{self, Report, Supervisor},
 };
 
-/// The label `--label-pod` sets on this candidate's Pod.
-pub(crate) const LEADER_LABEL: &str = "kube-leader.io/leader";
-
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
     // Before anything else, so that a signal during start-up is not lost.
     let mut signals = Signals::new().or_exit(1)?;
+    // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
+    supervisor::become_subreaper();
+    tokio::spawn(supervisor::reap_orphans());
     let client = connect(args.connect_timeout).await?;
     let namespace = resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
@@ -76,7 +74,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         label.set(false);
     }
 
-    info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(), "campaigning");
+    info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
+        grace = %humantime::format_duration(args.grace()), "campaigning");
     let started = Instant::now();
     let cancel = CancellationToken::new();
     let campaign = elector.become_leader(&cancel);
@@ -107,8 +106,10 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     }
     status.metrics.acquire.observe(secs(started.elapsed()));
     if leadership.is_skipped() {
-        info!(lock = %lock, identity = %identity,
-            "not running in a cluster: skipping the election and running COMMAND (--on-outside-cluster skip)");
+        warn!(lock = %lock, identity = %identity,
+            "not running in a cluster: skipping the election and running COMMAND in every replica \
+             that finds no namespace (--on-outside-cluster skip); set --namespace or POD_NAMESPACE \
+             to elect one leader");
     }
     status.lead(leadership.fencing_token(), leadership.acquired_at());
     if let Some(label) = &label {
@@ -123,7 +124,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     };
     let code = leading.run(leadership, elector.renewals(), &mut signals).await;
     if let Some(label) = &label {
-        let _ = label.set(false).await;
+        label.set(false);
+        label.settle(Duration::from_secs(10)).await;
     }
     Ok(code)
 }
@@ -134,6 +136,22 @@ struct Leading<'a> {
     log_format: LogFormat,
     status: &'a Status,
     label: Option<&'a PodLabel>,
+}
+
+/// How kube-leader steps down once COMMAND is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepDown {
+    /// Release the lock: another candidate takes over at once.
+    Release,
+    /// Keep the lock as it is: it expires (a lease), or stays with the Pod (leader for life).
+    Keep,
+    /// COMMAND's end is not known to be orderly (its supervisor died): neither release nor
+    /// touch anything; the lease runs out as if this process had crashed.
+    Abandon,
+    /// Leadership was lost because this candidate's own Pod is ending (leader for life):
+    /// delete the lock anyway (UID precondition: never a newer lock), since COMMAND has stopped
+    /// and the lock goes with the Pod.
+    ReleaseOwnPodEnding,
 }
 
 impl Leading<'_> {
@@ -154,20 +172,19 @@ impl Leading<'_> {
         let Supervisor {
             mut process,
             control: mut sup,
-        } = match Supervisor::spawn(&self.args.command, self.args.grace, self.log_format, &env) {
+        } = match Supervisor::spawn(&self.args.command, self.args.grace(), self.log_format, &env) {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "cannot start the supervisor");
-                self.step_down(leadership, false).await;
+                self.step_down(leadership, StepDown::Keep).await;
                 return 1;
             }
         };
         let deadline = self.args.renew_deadline;
-        // The term was won by a write that has just succeeded.
-        sup.beat(deadline).await;
-        // Lease: a heartbeat per successful renewal, confirming leadership for the renew deadline
-        // counted from when that renewal was sent (the library's fail-stop rule, on the same
-        // monotonic clock). Leader for life: liveness pings from this loop.
+        // Lease: leadership is confirmed for the renew deadline counted from when the acquiring
+        // write, then each successful renewal, was sent (the library's fail-stop rule, on the
+        // same monotonic clock), never from "now": time spent since (a slow answer, a pause)
+        // is not given again. Leader for life: liveness pings from this loop.
         let lease = renewals.is_some() && !leadership.is_skipped();
         let (mut renewals, mut seen) = match renewals {
             Some(r) => {
@@ -176,11 +193,21 @@ impl Leading<'_> {
             }
             None => (watch::channel(Renewals::default()).1, Renewals::default()),
         };
+        let first = match (lease, seen.leading, seen.last_success) {
+            (true, true, Some(sent)) => sent + deadline,
+            // The lease handle says it leads, but no renewal is known: nothing is confirmed.
+            (true, _, _) => Instant::now(),
+            (false, _, _) => Instant::now() + deadline,
+        };
+        sup.confirm_until(first).await;
         let mut ping = tokio::time::interval(self.args.retry_period);
         ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut watching = lease;
         let mut lost = false;
         let mut stop_signal = false;
+        let mut command_pid: Option<u32> = None;
+        // Whether the supervisor said its last word (`exited`): COMMAND ended in order.
+        let mut orderly = false;
 
         let code = loop {
             tokio::select! {
@@ -195,7 +222,10 @@ impl Leading<'_> {
                     }
                 }
                 report = sup.report() => match report {
-                    Report::Started(pid) => info!(lock = %lock, pid, "started COMMAND"),
+                    Report::Started(pid) => {
+                        command_pid = Some(pid);
+                        info!(lock = %lock, pid, "started COMMAND");
+                    }
                     Report::Expired(since) => {
                         if !lost {
                             lost = true;
@@ -206,6 +236,8 @@ impl Leading<'_> {
                         }
                     }
                     Report::Failed(code) => debug!(code, "COMMAND could not be started"),
+                    // Its exit status follows.
+                    Report::Exited(_) => orderly = true,
                 },
                 kind = signals.recv() => {
                     info!(lock = %lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
@@ -227,7 +259,7 @@ impl Leading<'_> {
                         self.status.metrics.renew_failures.inc_by(now.failures - seen.failures);
                     }
                     if let (true, false, Some(sent)) = (now.leading, lost, now.last_success) {
-                        sup.beat(deadline.saturating_sub(sent.elapsed())).await;
+                        sup.confirm_until(sent + deadline).await;
                     }
                     seen = now;
                 }
@@ -235,23 +267,48 @@ impl Leading<'_> {
                     // No renewals to wait for: heartbeats say that kube-leader's loop runs and
                     // the strategy has not reported a loss.
                     if !lost {
-                        sup.beat(deadline).await;
+                        sup.confirm_until(Instant::now() + deadline).await;
                     }
                 }
             }
         };
 
-        // A loss that came together with the exit (kube-leader was frozen while the supervisor
-        // stopped COMMAND) still counts: read what the supervisor said last, and the handle.
-        while let Ok(report) = tokio::time::timeout(Duration::from_millis(50), sup.report()).await {
-            if let (Report::Expired(_), false) = (report, lost) {
-                lost = true;
-                self.status.lose(
-                    token,
-                    "the supervisor stopped COMMAND: leadership not confirmed in time",
-                    false,
-                );
+        // What the supervisor said last: a loss that came together with the exit (kube-leader
+        // was frozen while the supervisor stopped COMMAND), and whether it ended in order.
+        let drain = async {
+            while let Some(report) = sup.next_report().await {
+                match report {
+                    Report::Expired(_) if !lost => {
+                        lost = true;
+                        self.status.lose(
+                            token,
+                            "the supervisor stopped COMMAND: leadership not confirmed in time",
+                            false,
+                        );
+                    }
+                    Report::Started(pid) => command_pid = Some(pid),
+                    Report::Exited(_) => orderly = true,
+                    _ => {}
+                }
             }
+        };
+        // The supervisor has exited: its side of the socket is closed, the rest is buffered.
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        if !orderly {
+            // Killed, or crashed: COMMAND (which dies with it) and what it left may still be
+            // going away. Kill its group and wait for it; then nothing is released, as if this
+            // process had crashed: only the lease's expiry can tell that COMMAND is gone.
+            warn!(lock = %lock, code, command_pid,
+                "the supervisor died unexpectedly; killing COMMAND's process group, not releasing the lock");
+            if let Some(pid) = command_pid {
+                let group = Pid::from_raw(i32::try_from(pid).unwrap_or(0));
+                if !supervisor::kill_group_and_wait(group, Duration::from_secs(2)).await {
+                    warn!(lock = %lock, pgid = pid, "COMMAND's process group would not die");
+                }
+            }
+            self.status.lose(token, "the supervisor died unexpectedly", false);
+            self.step_down(leadership, StepDown::Abandon).await;
+            return exit::LOST;
         }
         if let (Some(reason), false) = (leadership.loss_reason(), lost) {
             lost = true;
@@ -265,11 +322,15 @@ impl Leading<'_> {
             // real node that takes seconds after `kubectl delete pod` (the kubelet stops every
             // container first). The leader usually sees its Pod's deletion before the kubelet's
             // SIGTERM reaches it, so this is the common path of a deletion, not the signal's.
-            let pod_ending = matches!(
+            let how = if matches!(
                 leadership.loss_reason(),
                 Some(kube_leader::LossReason::PodEnding { .. })
-            );
-            self.step_down_after_loss(leadership, pod_ending).await;
+            ) {
+                StepDown::ReleaseOwnPodEnding
+            } else {
+                StepDown::Keep
+            };
+            self.step_down(leadership, how).await;
             return exit::LOST;
         }
         info!(lock = %lock, code, "COMMAND exited");
@@ -277,23 +338,27 @@ impl Leading<'_> {
         // A lease is always released; a leader-for-life lock only when asked to stop (the Pod is
         // going away), since a restarted kube-leader in the same Pod continues on it.
         let release = self.status.strategy == StrategyArg::Lease || stop_signal;
-        self.step_down(leadership, release).await;
+        let how = if release {
+            StepDown::Release
+        } else {
+            StepDown::Keep
+        };
+        self.step_down(leadership, how).await;
         code
     }
 
-    async fn step_down(&self, leadership: Leadership, release: bool) {
-        let release = release && leadership.is_leader();
-        self.step_down_after_loss(leadership, release).await;
-    }
-
-    /// Steps down; releases the lock if `release`, also when leadership was already lost (only
-    /// for a lock that cannot have a newer holder without this candidate's knowledge: a
-    /// leader-for-life lock, deleted with its UID as precondition).
-    async fn step_down_after_loss(&self, leadership: Leadership, release: bool) {
+    async fn step_down(&self, leadership: Leadership, how: StepDown) {
         if let Some(label) = self.label {
             label.set(false);
         }
-        if !release || leadership.is_skipped() {
+        if how == StepDown::Abandon {
+            // Dropping the handle would let the library step down (release a lease) in the
+            // background; the process exits right after, so the handle is leaked instead.
+            std::mem::forget(leadership);
+            return;
+        }
+        let lost = !leadership.is_leader() && how != StepDown::ReleaseOwnPodEnding;
+        if how == StepDown::Keep || leadership.is_skipped() || lost {
             return;
         }
         let lock = &self.status.lock;
@@ -374,39 +439,6 @@ fn resolve_identity(explicit: Option<&str>) -> Option<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-/// `--label-pod`: the leader label on this candidate's Pod, best effort.
-#[derive(Debug)]
-struct PodLabel {
-    api: Api<Pod>,
-    pod: String,
-}
-
-impl PodLabel {
-    fn new(client: Client, namespace: &str, pod: String) -> Self {
-        Self {
-            api: Api::namespaced(client, namespace),
-            pod,
-        }
-    }
-
-    /// Sets the label in the background; await the handle to wait for it.
-    fn set(&self, leader: bool) -> tokio::task::JoinHandle<()> {
-        let (api, pod) = (self.api.clone(), self.pod.clone());
-        let patch = serde_json::json!({ "metadata": { "labels": { LEADER_LABEL: leader.to_string() } } });
-        tokio::spawn(async move {
-            let params = PatchParams::default();
-            let patch = Patch::Merge(&patch);
-            let call = api.patch(&pod, &params, &patch);
-            match tokio::time::timeout(Duration::from_secs(10), call).await {
-                Ok(Ok(_)) => debug!(pod = %pod, leader, "labelled the Pod"),
-                Ok(Err(e)) => warn!(pod = %pod, leader, error = %e,
-                    "cannot label the Pod (needs patch pods: kube-leader rbac --label-pod)"),
-                Err(_) => warn!(pod = %pod, leader, "labelling the Pod timed out"),
-            }
-        })
-    }
 }
 
 // === signals ===

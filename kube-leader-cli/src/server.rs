@@ -20,8 +20,11 @@ use hyper::{
     body::{Frame, Incoming},
     header, Method, Request, Response, StatusCode,
 };
-use hyper_util::rt::TokioIo;
-use tokio::{net::TcpListener, sync::broadcast};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    net::TcpListener,
+    sync::{broadcast, Semaphore},
+};
 use tracing::{debug, info};
 
 use crate::state::Status;
@@ -38,11 +41,22 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, Sock
     Ok((listener, local))
 }
 
+/// At most this many connections at once; more are closed as soon as accepted. Probes,
+/// scrapers and a few `/events` readers need far fewer; the cap keeps a flood of connections
+/// from taking the file descriptors and the memory that the election needs (it shares one
+/// thread with the renewals).
+pub(crate) const MAX_CONNECTIONS: usize = 64;
+
+/// A client must send a request's headers within this time, from the connection's start or
+/// from the end of its previous request (slowloris, idle keep-alive connections).
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves until the process ends.
 pub(crate) async fn serve(listener: TcpListener, status: Arc<Status>) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "status server listening");
     }
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -52,13 +66,26 @@ pub(crate) async fn serve(listener: TcpListener, status: Arc<Status>) {
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Over the cap: close it now rather than let it wait in the backlog, where it
+            // would hold a probe's place.
+            debug!(
+                max = MAX_CONNECTIONS,
+                "too many status connections; closing a new one"
+            );
+            drop(stream);
+            continue;
+        };
         let status = status.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let status = status.clone();
                 async move { Ok::<_, Infallible>(handle(&req, &status)) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {

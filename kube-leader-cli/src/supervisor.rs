@@ -6,39 +6,62 @@
 //! stops it (SIGTERM, `--grace`, SIGKILL, to COMMAND's whole process group) as soon as
 //!
 //! - kube-leader says so (leadership lost),
-//! - kube-leader's heartbeats stop: each heartbeat says for how long leadership is confirmed
-//!   (for a lease: the renew deadline counted from the last successful renewal), and the
-//!   supervisor stops COMMAND when that time passes without a newer heartbeat, or
+//! - kube-leader's heartbeats stop: each heartbeat says until when leadership is confirmed, as
+//!   an absolute CLOCK_MONOTONIC instant (for a lease: the renew deadline counted from when the
+//!   last successful renewal, or the acquiring write, was sent), and the supervisor stops
+//!   COMMAND when that instant passes without a newer heartbeat. Both processes read the same
+//!   clock, so a heartbeat read late (the supervisor was frozen, or busy) cannot confirm
+//!   leadership for longer than it was confirmed when written; or
 //! - kube-leader dies (the control socket closes).
+//!
+//! COMMAND must not outlive the supervisor either: the supervisor starts
+//! `kube-leader __exec --parent <pid> -- COMMAND`, which sets `PR_SET_PDEATHSIG` (SIGKILL),
+//! checks that its parent is still the supervisor, and executes COMMAND in its place (the
+//! parent-death signal survives `execve` for binaries that gain no privileges). The signal
+//! follows the thread that forked: the supervisor runs a current-thread runtime and spawns
+//! from it, the process's main thread, which lives as long as the process. If the supervisor
+//! dies (SIGKILL, or `kill -9` of kube-leader's whole process group), COMMAND is killed at once;
+//! kube-leader, told nothing, treats it as a loss (exit 3) and does not release the lock.
+//!
+//! Both kube-leader and the supervisor are child subreapers (`PR_SET_CHILD_SUBREAPER`): what
+//! COMMAND leaves behind (a double fork, a daemon) is re-parented to them rather than to init,
+//! reaped when it exits, and killed with COMMAND's process group when COMMAND exits.
 //!
 //! The control channel is a Unix socket pair that is the supervisor's stdin; COMMAND gets
 //! `/dev/null` as stdin and inherits stdout and stderr. Messages are lines:
 //!
-//! | direction            | line            | meaning                                            |
-//! |----------------------|-----------------|----------------------------------------------------|
-//! | kube-leader → sup.   | `beat <ms>`     | leadership confirmed for `<ms>` from now           |
-//! | kube-leader → sup.   | `stop`          | leadership lost: SIGTERM, grace, SIGKILL           |
-//! | kube-leader → sup.   | `signal <n>`    | forward signal `<n>` to COMMAND's process group    |
-//! | sup. → kube-leader   | `started <pid>` | COMMAND runs                                       |
-//! | sup. → kube-leader   | `expired <ms>`  | no heartbeat in time; stopping COMMAND             |
-//! | sup. → kube-leader   | `failed <code>` | COMMAND could not be started (126/127)             |
+//! | direction            | line            | meaning                                                 |
+//! |----------------------|-----------------|---------------------------------------------------------|
+//! | kube-leader → sup.   | `until <ns>`    | leadership confirmed until CLOCK_MONOTONIC `<ns>`       |
+//! | kube-leader → sup.   | `stop`          | leadership lost: SIGTERM, grace, SIGKILL                |
+//! | kube-leader → sup.   | `signal <n>`    | forward signal `<n>` to COMMAND's process group         |
+//! | sup. → kube-leader   | `started <pid>` | COMMAND runs (its pid is its process group)             |
+//! | sup. → kube-leader   | `expired <ms>`  | no heartbeat in time; stopping COMMAND                  |
+//! | sup. → kube-leader   | `failed <code>` | COMMAND could not be started                            |
+//! | sup. → kube-leader   | `exited <code>` | the last line: COMMAND and what it left are gone        |
 //!
 //! The supervisor starts COMMAND on the first heartbeat and exits with COMMAND's exit code
-//! (128+N for signal N). COMMAND runs in its own process group, so that a terminal's Ctrl-C
-//! reaches it once (forwarded) and no process of that group outlives it: after COMMAND exits,
-//! whatever is left of its group is killed.
+//! (128+N for signal N), after `exited`. COMMAND runs in its own process group, so that a
+//! terminal's Ctrl-C reaches it once (forwarded); after COMMAND exits, whatever is left of its
+//! group, and every process re-parented to the supervisor, is killed.
 
 use std::{
     ffi::OsString,
-    os::fd::AsFd,
-    process::{ExitStatus, Stdio},
+    os::{fd::AsFd, unix::process::CommandExt as _},
+    process::Stdio,
     time::Duration,
 };
 
 use anyhow::Context as _;
 use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
+    errno::Errno,
+    sys::{
+        prctl,
+        signal::{kill, killpg, Signal},
+        wait::{waitpid, WaitPidFlag, WaitStatus},
+    },
+    time::{clock_gettime, ClockId},
+    unistd::{getpgrp, getpid, getppid, Pid},
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
@@ -47,10 +70,10 @@ use tokio::{
     signal::unix::{signal, SignalKind},
     time::Instant,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
-    cli::{LogFormat, SuperviseArgs},
+    cli::{ExecArgs, LogFormat, SuperviseArgs},
     exit,
 };
 
@@ -64,11 +87,183 @@ pub(crate) const FORWARDED: [SignalKind; 6] = [
     SignalKind::user_defined2(),
 ];
 
+// === the clock both processes share ===
+
+/// CLOCK_MONOTONIC now, as the time since its origin.
+pub(crate) fn mono_now() -> Duration {
+    match clock_gettime(ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => Duration::new(
+            u64::try_from(ts.tv_sec()).unwrap_or(0),
+            u32::try_from(ts.tv_nsec()).unwrap_or(0),
+        ),
+        // Cannot happen on Linux; the zero instant makes every deadline passed (fail-safe).
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// The CLOCK_MONOTONIC reading of `t` (tokio's and std's `Instant` are CLOCK_MONOTONIC on
+/// Linux; the two readings are taken back to back, within microseconds).
+pub(crate) fn to_mono(t: Instant) -> Duration {
+    let (now, mono) = (Instant::now(), mono_now());
+    if t <= now {
+        mono.saturating_sub(now - t)
+    } else {
+        mono + (t - now)
+    }
+}
+
+/// The `Instant` of CLOCK_MONOTONIC reading `m`.
+fn from_mono(m: Duration) -> Instant {
+    let (now, mono) = (Instant::now(), mono_now());
+    if m >= mono {
+        now + (m - mono)
+    } else {
+        now.checked_sub(mono - m).unwrap_or(now)
+    }
+}
+
+// === processes ===
+
+/// Makes this process a child subreaper: orphaned descendants are re-parented to it.
+pub(crate) fn become_subreaper() {
+    if let Err(e) = prctl::set_child_subreaper(true) {
+        warn!(error = %e, "cannot become a child subreaper; orphans of COMMAND go to init");
+    }
+}
+
+/// The children of this process (from `/proc/self/task/*/children`).
+fn children() -> Vec<Pid> {
+    let mut pids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return pids;
+    };
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            pids.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .map(Pid::from_raw),
+            );
+        }
+    }
+    pids
+}
+
+/// `(state, process group)` of `pid`, from `/proc/<pid>/stat`.
+fn stat(pid: Pid) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+/// kube-leader's reaper: reaps the zombies among its children that are not in its own process
+/// group, that is orphans it adopted as a subreaper (COMMAND once its supervisor died, what
+/// COMMAND left behind). Its own children (the supervisor, credential plugins) stay in its
+/// group and are waited for by whoever started them, whose exit status this must not steal.
+pub(crate) async fn reap_orphans() {
+    let Ok(mut sigchld) = signal(SignalKind::child()) else {
+        warn!("cannot watch SIGCHLD; orphans of COMMAND are not reaped");
+        return;
+    };
+    let own = getpgrp().as_raw();
+    loop {
+        for pid in children() {
+            if let Some(('Z', group)) = stat(pid) {
+                if group != own {
+                    let status = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                    debug!(pid = pid.as_raw(), ?status, "reaped an orphan");
+                }
+            }
+        }
+        if sigchld.recv().await.is_none() {
+            return;
+        }
+    }
+}
+
+/// The exit code for a wait status: the code, or 128+N for signal N.
+fn code_of(status: WaitStatus) -> Option<(Pid, u8)> {
+    match status {
+        WaitStatus::Exited(pid, code) => Some((pid, u8::try_from(code & 0xff).unwrap_or(1))),
+        WaitStatus::Signaled(pid, sig, _) => {
+            Some((pid, u8::try_from(128 + (sig as i32 & 0x7f)).unwrap_or(255)))
+        }
+        _ => None,
+    }
+}
+
+/// The supervisor's reaper: reaps every exited child (COMMAND, and what it left behind that
+/// was re-parented here); returns COMMAND's exit code once it was reaped. The supervisor owns
+/// the wait loop: no other code of it waits for a child.
+fn reap_all(command: Pid) -> Option<u8> {
+    let mut exited = None;
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return exited,
+            Ok(status) => {
+                if let Some((pid, code)) = code_of(status) {
+                    if pid == command {
+                        exited = Some(code);
+                    } else {
+                        debug!(pid = pid.as_raw(), code, "reaped an orphan of COMMAND");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Kills COMMAND's process group and every process re-parented to the supervisor, until none
+/// is left (or 2 s have passed): nothing COMMAND started outlives it.
+async fn kill_what_is_left(group: Pid, command: Pid) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        send_group(group, Signal::SIGKILL);
+        let left = children();
+        for pid in &left {
+            let _ = kill(*pid, Signal::SIGKILL);
+        }
+        let _ = reap_all(command);
+        if left.is_empty() || Instant::now() >= deadline {
+            if !left.is_empty() {
+                warn!(left = left.len(), "processes left by COMMAND would not die");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// === `kube-leader __exec` ===
+
+/// `kube-leader __exec --parent <pid> -- COMMAND`: dies with the supervisor, then becomes
+/// COMMAND. Returns only if COMMAND cannot be executed (the exit code).
+pub(crate) fn exec(args: ExecArgs) -> u8 {
+    if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
+        error!(error = %e, "cannot ask to die with the supervisor; not starting COMMAND");
+        return exit::CANNOT_EXECUTE;
+    }
+    // The supervisor may have died between the fork and the prctl: nobody would kill us then.
+    if getppid().as_raw() != args.parent {
+        return exit::LOST;
+    }
+    let (program, rest) = args.command.split_first().expect("clap requires COMMAND");
+    let e = std::process::Command::new(program).args(rest).exec();
+    error!(command = ?args.command, error = %e, "cannot start COMMAND");
+    match e.kind() {
+        std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_EXECUTE,
+    }
+}
+
 // === the supervisor process ===
 
 /// `kube-leader __supervise`: returns the exit code.
-pub(crate) async fn supervise(args: SuperviseArgs) -> u8 {
-    match Supervise::new(args).await {
+pub(crate) async fn supervise(args: SuperviseArgs, log_format: LogFormat) -> u8 {
+    match Supervise::new(args, log_format).await {
         Ok(s) => s.run().await,
         Err(e) => {
             warn!(error = %format!("{e:#}"), "supervisor cannot start");
@@ -79,12 +274,13 @@ pub(crate) async fn supervise(args: SuperviseArgs) -> u8 {
 
 struct Supervise {
     args: SuperviseArgs,
+    log_format: LogFormat,
     lines: Lines<BufReader<OwnedReadHalf>>,
     tx: OwnedWriteHalf,
 }
 
 impl Supervise {
-    async fn new(args: SuperviseArgs) -> anyhow::Result<Self> {
+    async fn new(args: SuperviseArgs, log_format: LogFormat) -> anyhow::Result<Self> {
         // Our stdin is one end of kube-leader's socket pair.
         let fd = std::io::stdin().as_fd().try_clone_to_owned().context("stdin")?;
         let sock = std::os::unix::net::UnixStream::from(fd);
@@ -94,6 +290,7 @@ impl Supervise {
         let (rx, tx) = sock.into_split();
         Ok(Self {
             args,
+            log_format,
             lines: BufReader::new(rx).lines(),
             tx,
         })
@@ -111,6 +308,12 @@ impl Supervise {
         }
     }
 
+    /// The last report, then the exit code.
+    async fn finish(&mut self, code: u8) -> u8 {
+        self.send(format!("exited {code}")).await;
+        code
+    }
+
     async fn run(mut self) -> u8 {
         // kube-leader forwards these to COMMAND; the supervisor must survive them (a terminal's
         // Ctrl-C reaches kube-leader's whole process group, the supervisor included).
@@ -119,112 +322,139 @@ impl Supervise {
                 tokio::spawn(async move { while s.recv().await.is_some() {} });
             }
         }
+        become_subreaper();
+        // Before COMMAND starts, so that its exit cannot go unnoticed.
+        let mut sigchld = match signal(SignalKind::child()) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot watch SIGCHLD");
+                return self.finish(1).await;
+            }
+        };
 
-        // COMMAND starts on the first heartbeat.
+        // COMMAND starts on the first heartbeat, if it is still current.
         let mut valid_until = loop {
             match parse(self.lines.next_line().await) {
-                Msg::Beat(ms) => break Instant::now() + ms,
+                Msg::Until(at) => break from_mono(at),
                 Msg::Signal(_) | Msg::Other => {}
                 Msg::Stop | Msg::Closed => {
                     debug!("stopped before COMMAND started");
-                    return 0;
+                    return self.finish(0).await;
                 }
             }
         };
+        if valid_until <= Instant::now() {
+            warn!("leadership was over before COMMAND could start; not starting it");
+            self.send("expired 0".into()).await;
+            return self.finish(exit::LOST).await;
+        }
 
-        let mut child = match self.spawn() {
-            Ok(child) => child,
+        let pid = match self.spawn() {
+            Ok(pid) => pid,
             Err(e) => {
-                let code = match e.kind() {
-                    std::io::ErrorKind::NotFound => exit::NOT_FOUND,
-                    _ => exit::CANNOT_EXECUTE,
-                };
                 warn!(command = ?self.args.command, error = %e, "cannot start COMMAND");
-                self.send(format!("failed {code}")).await;
-                return code;
+                self.send(format!("failed {}", exit::CANNOT_EXECUTE)).await;
+                return self.finish(exit::CANNOT_EXECUTE).await;
             }
         };
-        let pid = child.id().unwrap_or_default();
-        let group = Pid::from_raw(i32::try_from(pid).unwrap_or(0));
+        // COMMAND is the leader of its own process group.
+        let group = pid;
         self.send(format!("started {pid}")).await;
 
         let mut state = State::Running;
         let mut closed = false;
         let mut last_beat = Instant::now();
-        let status: ExitStatus = loop {
+        let code = loop {
             let kill_at = match state {
                 State::Stopping { kill_at } => Some(kill_at),
                 _ => None,
             };
             tokio::select! {
                 biased;
-                status = child.wait() => match status {
-                    Ok(s) => break s,
-                    Err(e) => {
-                        warn!(error = %e, "cannot wait for COMMAND");
-                        return 1;
+                Some(()) = sigchld.recv() => {
+                    if let Some(code) = reap_all(pid) {
+                        break code;
                     }
-                },
+                }
                 _ = sleep_until_opt(kill_at) => {
-                    warn!(pid, grace = %humantime::format_duration(self.args.grace),
+                    warn!(pid = pid.as_raw(), grace = %humantime::format_duration(self.args.grace),
                         "COMMAND did not stop within the grace period; SIGKILL");
                     send_group(group, Signal::SIGKILL);
                     state = State::Killed;
                 }
                 _ = tokio::time::sleep_until(valid_until), if state == State::Running => {
                     let since = last_beat.elapsed();
-                    warn!(pid, since_last_heartbeat = ?since,
+                    warn!(pid = pid.as_raw(), since_last_heartbeat = ?since,
                         "kube-leader has not confirmed leadership in time (paused or stuck?); stopping COMMAND");
                     self.send(format!("expired {}", since.as_millis())).await;
-                    state = self.stop(group);
+                    state = self.stop(group, valid_until);
                 }
                 line = self.lines.next_line(), if !closed => match parse(line) {
-                    Msg::Beat(ms) => {
+                    Msg::Until(at) => {
                         last_beat = Instant::now();
-                        valid_until = last_beat + ms;
+                        valid_until = from_mono(at);
                     }
                     Msg::Stop => {
                         if state == State::Running {
-                            info!(pid, "leadership lost: stopping COMMAND");
-                            state = self.stop(group);
+                            info!(pid = pid.as_raw(), "leadership lost: stopping COMMAND");
+                            state = self.stop(group, valid_until);
                         }
                     }
                     Msg::Signal(sig) => {
-                        debug!(pid, signal = %sig, "forwarding signal");
+                        debug!(pid = pid.as_raw(), signal = %sig, "forwarding signal");
                         send_group(group, sig);
                     }
                     Msg::Other => {}
                     Msg::Closed => {
                         closed = true;
                         if state == State::Running {
-                            warn!(pid, "kube-leader is gone; stopping COMMAND");
-                            state = self.stop(group);
+                            warn!(pid = pid.as_raw(), "kube-leader is gone; stopping COMMAND");
+                            state = self.stop(group, valid_until);
                         }
                     }
                 },
             }
         };
-        // Nothing of COMMAND's process group outlives it.
-        send_group(group, Signal::SIGKILL);
-        exit::for_status(status)
+        // Nothing COMMAND started outlives it.
+        kill_what_is_left(group, pid).await;
+        self.finish(code).await
     }
 
-    fn spawn(&self) -> std::io::Result<Child> {
-        let (program, args) = self.args.command.split_first().expect("clap requires COMMAND");
-        let mut cmd = Command::new(program);
-        cmd.args(args)
+    /// Starts `kube-leader __exec -- COMMAND` in a process group of its own, from this (the
+    /// main) thread; returns its pid, which COMMAND keeps.
+    fn spawn(&self) -> std::io::Result<Pid> {
+        let exe = std::env::current_exe()?;
+        let child = std::process::Command::new(exe)
+            .arg("--log-format")
+            .arg(log_format_arg(self.log_format))
+            .arg("__exec")
+            .arg("--parent")
+            .arg(getpid().as_raw().to_string())
+            .arg("--")
+            .args(&self.args.command)
             .stdin(Stdio::null())
             .process_group(0)
-            .kill_on_drop(false);
-        cmd.spawn()
+            .spawn()?;
+        // Waited for by `reap_all`, never through the handle.
+        Ok(Pid::from_raw(i32::try_from(child.id()).unwrap_or(0)))
     }
 
-    /// SIGTERM now, SIGKILL after the grace.
-    fn stop(&self, group: Pid) -> State {
+    /// SIGTERM now, SIGKILL after the grace, counted from the end of the last confirmed
+    /// validity at the latest: a `stop` that comes late (kube-leader noticed its loss after the
+    /// renew deadline) does not push COMMAND's end past renew deadline + grace from the last
+    /// renewal, that is the lease duration with the default grace.
+    fn stop(&self, group: Pid, valid_until: Instant) -> State {
         send_group(group, Signal::SIGTERM);
         State::Stopping {
-            kill_at: Instant::now() + self.args.grace,
+            kill_at: (Instant::now() + self.args.grace).min(valid_until + self.args.grace),
         }
+    }
+}
+
+fn log_format_arg(format: LogFormat) -> &'static str {
+    match format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
     }
 }
 
@@ -235,12 +465,13 @@ enum State {
     Killed,
 }
 
-fn send_group(group: Pid, sig: Signal) {
+/// Sends `sig` to process group `group` (never to group 0 or 1).
+pub(crate) fn send_group(group: Pid, sig: Signal) {
     if group.as_raw() <= 1 {
         return;
     }
     match killpg(group, sig) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Ok(()) | Err(Errno::ESRCH) => {}
         Err(e) => warn!(pgid = group.as_raw(), signal = %sig, error = %e, "cannot signal COMMAND"),
     }
 }
@@ -253,7 +484,8 @@ async fn sleep_until_opt(t: Option<Instant>) {
 }
 
 enum Msg {
-    Beat(Duration),
+    /// Leadership confirmed until this CLOCK_MONOTONIC reading.
+    Until(Duration),
     Stop,
     Signal(Signal),
     Closed,
@@ -264,9 +496,9 @@ fn parse(line: std::io::Result<Option<String>>) -> Msg {
     let Ok(Some(line)) = line else { return Msg::Closed };
     let mut words = line.split_whitespace();
     match (words.next(), words.next()) {
-        (Some("beat"), Some(ms)) => ms
+        (Some("until"), Some(ns)) => ns
             .parse()
-            .map(|ms| Msg::Beat(Duration::from_millis(ms)))
+            .map(|ns| Msg::Until(Duration::from_nanos(ns)))
             .unwrap_or(Msg::Other),
         (Some("stop"), None) => Msg::Stop,
         (Some("signal"), Some(n)) => n
@@ -284,12 +516,14 @@ fn parse(line: std::io::Result<Option<String>>) -> Msg {
 /// What the supervisor reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Report {
-    /// COMMAND runs with this pid.
+    /// COMMAND runs with this pid (and process group).
     Started(u32),
     /// The supervisor stopped COMMAND because heartbeats stopped.
     Expired(Duration),
     /// COMMAND could not be started.
     Failed(u8),
+    /// COMMAND, and what it left, are gone: the supervisor's last word before it exits.
+    Exited(u8),
 }
 
 /// kube-leader's handle on its supervisor process.
@@ -324,12 +558,9 @@ impl Supervisor {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().context("create the control socket")?;
         let exe = std::env::current_exe().context("find kube-leader's own executable")?;
         let mut cmd = Command::new(exe);
-        cmd.arg("__supervise")
-            .arg("--log-format")
-            .arg(match log_format {
-                LogFormat::Text => "text",
-                LogFormat::Json => "json",
-            })
+        cmd.arg("--log-format")
+            .arg(log_format_arg(log_format))
+            .arg("__supervise")
             .arg("--grace")
             .arg(format!("{}ms", grace.as_millis()))
             .arg("--")
@@ -356,9 +587,10 @@ impl Supervisor {
 }
 
 impl Control {
-    /// Leadership is confirmed for `valid_for` from now.
-    pub(crate) async fn beat(&mut self, valid_for: Duration) {
-        self.send(&format!("beat {}", valid_for.as_millis())).await;
+    /// Leadership is confirmed until `until` (an instant of this process's monotonic clock,
+    /// sent as the CLOCK_MONOTONIC reading both processes share).
+    pub(crate) async fn confirm_until(&mut self, until: Instant) {
+        self.send(&format!("until {}", to_mono(until).as_nanos())).await;
     }
 
     /// Leadership is lost: stop COMMAND (SIGTERM, grace, SIGKILL).
@@ -382,14 +614,14 @@ impl Control {
         }
     }
 
-    /// The next report; pending forever once the supervisor closed its side.
+    /// The next report; `None` once the supervisor closed its side (it exited).
     ///
     /// # Cancellation safety
     /// Cancel-safe (tokio's `Lines::next_line` is).
-    pub(crate) async fn report(&mut self) -> Report {
+    pub(crate) async fn next_report(&mut self) -> Option<Report> {
         loop {
             if self.reports_closed {
-                return std::future::pending().await;
+                return None;
             }
             let line = match self.lines.next_line().await {
                 Ok(Some(line)) => line,
@@ -403,15 +635,27 @@ impl Control {
                 (Some("started"), Some(pid)) => Report::Started(u32::try_from(pid).unwrap_or_default()),
                 (Some("expired"), Some(ms)) => Report::Expired(Duration::from_millis(ms)),
                 (Some("failed"), Some(code)) => Report::Failed(u8::try_from(code).unwrap_or(1)),
+                (Some("exited"), Some(code)) => Report::Exited(u8::try_from(code).unwrap_or(1)),
                 _ => continue,
             };
-            return report;
+            return Some(report);
+        }
+    }
+
+    /// The next report; pending forever once the supervisor closed its side.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe.
+    pub(crate) async fn report(&mut self) -> Report {
+        match self.next_report().await {
+            Some(r) => r,
+            None => std::future::pending().await,
         }
     }
 }
 
 impl SupervisorProcess {
-    /// Waits for the supervisor, hence COMMAND, to exit; returns the exit code.
+    /// Waits for the supervisor to exit; returns its exit code.
     ///
     /// # Cancellation safety
     /// Cancel-safe.
@@ -423,5 +667,49 @@ impl SupervisorProcess {
                 1
             }
         }
+    }
+}
+
+/// Kills process group `group` (COMMAND's, its supervisor gone) and waits, at most `limit`,
+/// until no process of it is left (kube-leader, a subreaper, reaps them).
+pub(crate) async fn kill_group_and_wait(group: Pid, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    if group.as_raw() <= 1 {
+        return true;
+    }
+    loop {
+        if let Err(Errno::ESRCH) = killpg(group, Signal::SIGKILL) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_readings_round_trip() {
+        let t = Instant::now() + Duration::from_secs(3);
+        let back = from_mono(to_mono(t));
+        let diff = if back > t { back - t } else { t - back };
+        assert!(diff < Duration::from_millis(5), "{diff:?}");
+        let past = Instant::now();
+        assert!(from_mono(to_mono(past)) <= Instant::now());
+        assert!(to_mono(Instant::now()) <= mono_now());
+    }
+
+    #[test]
+    fn heartbeats_parse() {
+        assert!(
+            matches!(parse(Ok(Some("until 12345".into()))), Msg::Until(d) if d == Duration::from_nanos(12345))
+        );
+        assert!(matches!(parse(Ok(Some("until x".into()))), Msg::Other));
+        assert!(matches!(parse(Ok(Some("beat 100".into()))), Msg::Other));
+        assert!(matches!(parse(Ok(None)), Msg::Closed));
     }
 }

@@ -10,9 +10,10 @@ use std::{
     fs,
     io::{BufRead as _, Read as _, Write as _},
     net::{SocketAddr, TcpStream},
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use k8s_openapi::api::{
@@ -73,6 +74,43 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// `(state, ppid, pgid)` of a process, from `/proc/<pid>/stat`.
+fn proc_stat(pid: i32) -> Option<(char, i32, i32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgid = f.next()?.parse().ok()?;
+    Some((state, ppid, pgid))
+}
+
+/// The parent of `pid`.
+fn parent_of(pid: i32) -> i32 {
+    proc_stat(pid).map(|(_, ppid, _)| ppid).unwrap_or_default()
+}
+
+/// Zombies whose parent is one of `parents`.
+fn zombies_of(parents: &[i32]) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Some(('Z', ppid, _)) = proc_stat(pid) {
+            if parents.contains(&ppid) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Nanoseconds since the epoch, as `date +%s%N` prints them.
+fn epoch_ns(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
 fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .arg(format!("-{sig}"))
@@ -95,6 +133,15 @@ fn work_script(dir: &Path, id: &str, on_term: &str) -> Vec<String> {
              trap '{on_term}' TERM; while true; do sleep 0.05; done"
         ),
     ]
+}
+
+/// How to start a candidate, beyond its flags.
+#[derive(Debug, Default, Clone, Copy)]
+struct Opts {
+    /// In a process group of its own (as a process manager starts it).
+    own_group: bool,
+    /// `RLIMIT_NOFILE` for kube-leader (a container's limit).
+    nofile: Option<u32>,
 }
 
 /// A running `kube-leader run`.
@@ -120,8 +167,31 @@ impl Candidate {
         command: &[String],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_opts(kubeconfig, dir, id, flags, command, env, Opts::default())
+    }
+
+    fn spawn_opts(
+        kubeconfig: &Path,
+        dir: &Path,
+        id: &str,
+        flags: &[&str],
+        command: &[String],
+        env: &[(&str, &str)],
+        opts: Opts,
+    ) -> Self {
         let log = dir.join(format!("{id}.log"));
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match opts.nofile {
+            // `ulimit -n` in a shell that then becomes kube-leader (no unsafe pre_exec here).
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        if opts.own_group {
+            cmd.process_group(0);
+        }
         cmd.args(["run", "--log-format", "json", "--identity", id])
             .args(flags)
             .arg("--")
@@ -490,15 +560,7 @@ async fn child_runs_only_while_leading_and_a_crashed_leaders_child_is_stopped() 
     let flags = lease_flags("only", ns.name());
     let cands: Vec<Candidate> = ["a", "b", "c"]
         .iter()
-        .map(|id| {
-            Candidate::spawn(
-                cp,
-                &dir,
-                id,
-                &[&flags[..], &["--grace", "2s"]].concat(),
-                &work_script(&dir, id, "exit 0"),
-            )
-        })
+        .map(|id| Candidate::spawn(cp, &dir, id, &flags, &work_script(&dir, id, "exit 0")))
         .collect();
     let refs: Vec<&Candidate> = cands.iter().collect();
     let first = one_leader(&refs);
@@ -1119,17 +1181,23 @@ async fn deploy_manifests_are_accepted_and_match_kube_leader_rbac() {
 
 // === leader for life outside a cluster ===
 
+/// Item 10 of issue 16: the sidecar fails closed outside a cluster (running COMMAND in every
+/// replica is what `--on-outside-cluster skip` asks for, loudly).
 #[tokio::test(flavor = "multi_thread")]
-async fn for_life_outside_a_cluster_skips_or_fails_as_told() {
+async fn for_life_outside_a_cluster_fails_by_default_and_skips_loudly_when_told() {
     let cp = ControlPlane::shared();
     let dir = scratch_dir("outside");
     // No --namespace, no POD_NAMESPACE, no service-account file: not in a cluster.
     assert!(!Path::new(kube_leader::lock::SERVICE_ACCOUNT_NAMESPACE_FILE).exists());
+    let mut fail = Candidate::spawn(cp, &dir, "f", &["--lock", "outside"], &["true".into()]);
+    assert_eq!(fail.wait_exit(WAIT).code(), Some(2), "{}", fail.log_text());
+    assert!(fail.log_text().contains("no namespace"), "{}", fail.log_text());
+
     let mut skip = Candidate::spawn(
         cp,
         &dir,
         "s",
-        &["--lock", "outside"],
+        &["--lock", "outside", "--on-outside-cluster", "skip"],
         &[
             "sh".into(),
             "-c".into(),
@@ -1141,20 +1209,403 @@ async fn for_life_outside_a_cluster_skips_or_fails_as_told() {
     );
     assert_eq!(skip.wait_exit(WAIT).code(), Some(5), "{}", skip.log_text());
     assert_eq!(fs::read_to_string(dir.join("s.token")).unwrap().trim(), "0");
-    assert!(
-        skip.log_text().contains("not running in a cluster"),
-        "{}",
-        skip.log_text()
-    );
+    let warning = skip
+        .logs()
+        .into_iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("running COMMAND in every replica"))
+        })
+        .unwrap_or_else(|| panic!("no warning: {}", skip.log_text()));
+    assert_eq!(warning["level"], "WARN", "{warning}");
+    let _ = fs::remove_dir_all(dir);
+}
 
-    let mut fail = Candidate::spawn(
+// === safety under faults (issue 16) ===
+
+/// Lease flags with wide margins: 6 s / 4 s / 500 ms.
+fn wide_lease_flags<'a>(lock: &'a str, ns: &'a str) -> Vec<&'a str> {
+    vec![
+        "--strategy",
+        "lease",
+        "--lock",
+        lock,
+        "--namespace",
+        ns,
+        "--lease-duration",
+        "6s",
+        "--renew-deadline",
+        "4s",
+        "--retry-period",
+        "500ms",
+    ]
+}
+
+/// The time COMMAND recorded in `<dir>/<file>` (`date +%s%N`), once it did.
+fn recorded_ns(dir: &Path, file: &str, timeout: Duration) -> u128 {
+    wait_for(&format!("{file} recorded"), timeout, || {
+        fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+    })
+}
+
+/// Item 2: heartbeats carry absolute deadlines. The supervisor is frozen while kube-leader
+/// renews and writes heartbeats it does not read; then kube-leader is frozen and the supervisor
+/// resumed before its own deadline passed. It reads heartbeats written long ago: they must not
+/// confirm leadership past the renew deadline counted from the last renewal's send time (the
+/// old relative `beat <ms>` counted it from the read, 2.5 s too late here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_heartbeat_read_late_does_not_extend_commands_validity() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("late-beat");
+    let flags = wide_lease_flags("late", ns.name());
+    let d = dir.display();
+    let mut a = Candidate::spawn(
         cp,
         &dir,
-        "f",
-        &["--lock", "outside", "--on-outside-cluster", "fail"],
-        &["true".into()],
+        "a",
+        &flags,
+        &work_script(&dir, "a", &format!("date +%s%N > {d}/a.term; exit 0")),
     );
-    assert_eq!(fail.wait_exit(WAIT).code(), Some(2), "{}", fail.log_text());
-    assert!(fail.log_text().contains("no namespace"), "{}", fail.log_text());
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let supervisor = parent_of(command);
+    assert!(
+        supervisor > 1 && supervisor != a.pid() as i32,
+        "COMMAND's parent is the supervisor"
+    );
+
+    signal(supervisor as u32, "STOP");
+    let t0 = Instant::now();
+    // kube-leader renews (every 500 ms) and writes heartbeats into the socket meanwhile.
+    std::thread::sleep(Duration::from_millis(700));
+    let frozen = SystemTime::now();
+    signal(a.pid(), "STOP");
+    // The supervisor's own deadline, from the last heartbeat it read before t0, is at least
+    // 4 s − 500 ms after t0: resume it before that.
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(t0.elapsed()));
+    signal(supervisor as u32, "CONT");
+    let term = recorded_ns(&dir, "a.term", Duration::from_secs(30));
+    let after = Duration::from_nanos(u64::try_from(term - epoch_ns(frozen)).unwrap());
+    signal(a.pid(), "CONT");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    eprintln!(
+        "COMMAND got SIGTERM {after:?} after kube-leader was frozen (renew deadline 4s, heartbeats read 1.8 s late)"
+    );
+    assert!(
+        after < Duration::from_millis(4600),
+        "COMMAND ran {after:?} past kube-leader's last renewal: a late heartbeat extended it (renew deadline 4s)"
+    );
     let _ = fs::remove_dir_all(dir);
+}
+
+/// Item 3: the supervisor killed → COMMAND dies with it at once, kube-leader exits 3 and does
+/// not release the Lease (COMMAND's end is not known to be orderly).
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_supervisor_kills_command_exits_3_and_keeps_the_lease() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("kill-sup");
+    let flags = wide_lease_flags("killsup", ns.name());
+    let mut a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let supervisor = parent_of(command);
+    assert!(supervisor > 1 && supervisor != a.pid() as i32);
+
+    let killed = Instant::now();
+    signal(supervisor as u32, "KILL");
+    wait_for(
+        "COMMAND dies with its supervisor",
+        Duration::from_secs(10),
+        || (!alive(command)).then_some(()),
+    );
+    let died = killed.elapsed();
+    let code = a.wait_exit(WAIT);
+    eprintln!("COMMAND died {died:?} after its supervisor was killed");
+    assert_eq!(code.code(), Some(3), "a loss: {}", a.log_text());
+    let status = status_json(cp, ns.name(), "killsup", "lease");
+    assert_eq!(
+        status["holder"], "a",
+        "not released (COMMAND's end was not orderly): {status}"
+    );
+    assert!(!a.log_text().contains("released the lock"), "{}", a.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Item 3: `kill -9 -PGID` of kube-leader's process group (kube-leader and its supervisor, as
+/// a process manager stops a service) must not leave COMMAND running, re-parented to init.
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_kube_leaders_process_group_kills_command() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("kill-group");
+    let flags = lease_flags("killgroup", ns.name());
+    let a = Candidate::spawn_opts(
+        cp.kubeconfig_path(),
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", "exit 0"),
+        &[],
+        Opts {
+            own_group: true,
+            ..Opts::default()
+        },
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let killed = Instant::now();
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", a.pid())])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_for(
+        "COMMAND dies with kube-leader's process group",
+        Duration::from_secs(10),
+        || (!alive(command)).then_some(()),
+    );
+    eprintln!(
+        "COMMAND died {:?} after kube-leader's process group was killed",
+        killed.elapsed()
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Item 3 (and issue 12's "reaps orphans"): kube-leader and its supervisor are child
+/// subreapers: a process COMMAND leaves behind (double fork) is adopted by them, not by init,
+/// and reaped when it exits (no zombie).
+#[tokio::test(flavor = "multi_thread")]
+async fn orphans_of_command_are_adopted_and_reaped() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("orphans");
+    let flags = lease_flags("orphans", ns.name());
+    let d = dir.display();
+    let script = vec![
+        "sh".to_string(),
+        "-c".into(),
+        format!(
+            "echo $$ > {d}/a.pid.tmp && mv {d}/a.pid.tmp {d}/a.pid; \
+             (sh -c 'echo $$ > {d}/orphan.tmp && mv {d}/orphan.tmp {d}/orphan.pid; sleep 1' &); \
+             trap 'exit 0' TERM; while true; do sleep 0.05; done"
+        ),
+    ];
+    let a = Candidate::spawn(cp, &dir, "a", &flags, &script);
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let supervisor = parent_of(command);
+    let orphan: i32 = wait_for("the orphan's pid", WAIT, || {
+        fs::read_to_string(dir.join("orphan.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    });
+    // Its parent (the subshell) exits at once: the orphan is re-parented.
+    let adopter = wait_for("the orphan is re-parented", Duration::from_secs(5), || {
+        let p = parent_of(orphan);
+        (p != command && p != 0).then_some(p)
+    });
+    assert!(
+        adopter == supervisor || adopter == a.pid() as i32,
+        "the orphan went to pid {adopter}, not to the supervisor ({supervisor}) or kube-leader ({})",
+        a.pid()
+    );
+    wait_for("the orphan exits and is reaped", Duration::from_secs(10), || {
+        (!alive(orphan) && zombies_of(&[supervisor, a.pid() as i32]).is_empty()).then_some(())
+    });
+    assert!(a.leading());
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Item 4: a `--grace` longer than lease duration − renew deadline is refused (COMMAND could
+/// still run when a successor takes over an expired lease), unless the risk is accepted.
+#[test]
+fn grace_beyond_the_lease_is_refused_unless_allowed() {
+    let line = usage_error(&[
+        "run",
+        "--lock",
+        "l",
+        "--strategy",
+        "lease",
+        "--grace",
+        "10s",
+        "--",
+        "true",
+    ]);
+    for s in ["--grace", "10s", "5s", "--allow-grace-beyond-lease"] {
+        assert!(line.contains(s), "{line} should name {s}");
+    }
+    // Accepted when asked for, and for leader for life (no lease): the cluster is what fails.
+    for args in [
+        &[
+            "run",
+            "--lock",
+            "l",
+            "--strategy",
+            "lease",
+            "--grace",
+            "10s",
+            "--allow-grace-beyond-lease",
+            "--connect-timeout",
+            "100ms",
+            "--",
+            "true",
+        ][..],
+        &[
+            "run",
+            "--lock",
+            "l",
+            "--grace",
+            "60s",
+            "--connect-timeout",
+            "100ms",
+            "--",
+            "true",
+        ][..],
+        &[
+            "run",
+            "--lock",
+            "l",
+            "--strategy",
+            "lease",
+            "--grace",
+            "5s",
+            "--connect-timeout",
+            "100ms",
+            "--",
+            "true",
+        ][..],
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {out:?}");
+    }
+}
+
+/// Item 4: with the default grace (lease duration − renew deadline), a COMMAND that ignores
+/// SIGTERM is SIGKILLed by a lease duration after the last renewal at the latest, before a
+/// successor can take over the expired lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_deaf_to_sigterm_is_killed_before_the_lease_expires() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("deaf");
+    let flags = lease_flags("deaf", ns.name());
+    let mut a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", ""));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let frozen = Instant::now();
+    signal(a.pid(), "STOP");
+    wait_for("COMMAND is killed", Duration::from_secs(30), || {
+        (!alive(command)).then_some(())
+    });
+    let killed = frozen.elapsed();
+    signal(a.pid(), "CONT");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    eprintln!("COMMAND (deaf to SIGTERM) killed {killed:?} after kube-leader was frozen (lease 2s)");
+    assert!(
+        killed < Duration::from_millis(2600),
+        "COMMAND outlived the lease: killed {killed:?} after the last renewal (lease duration 2s)"
+    );
+    let grace = a
+        .logs()
+        .iter()
+        .find(|l| l["message"] == "campaigning")
+        .and_then(|l| l["grace"].as_str().map(str::to_string));
+    assert_eq!(
+        grace.as_deref(),
+        Some("1s"),
+        "default grace = 2s − 1s: {}",
+        a.log_text()
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Item 9: a flood of idle connections to the status server (2,000, kube-leader limited to 256
+/// open files as in a container) neither starves the election nor keeps /healthz from
+/// answering: connections are capped and a client that sends no headers is dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_flood_does_not_starve_the_leader_or_its_probes() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("flood");
+    let flags = [
+        &lease_flags("flood", ns.name())[..],
+        &["--status-addr", "127.0.0.1:0"],
+    ]
+    .concat();
+    let a = Candidate::spawn_opts(
+        cp.kubeconfig_path(),
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", "exit 0"),
+        &[],
+        Opts {
+            nofile: Some(256),
+            ..Opts::default()
+        },
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let addr = a.status_addr();
+    let started = Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..2000 {
+        // A full accept backlog (nobody accepting) ends the flood early.
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => flood.push(s),
+            Err(e) => {
+                eprintln!("the flood stops at {} connections: {e}", flood.len());
+                break;
+            }
+        }
+    }
+    // Slowloris: half of them start a request and never finish its headers.
+    for s in flood.iter_mut().step_by(2) {
+        let _ = s.write_all(b"GET /leader HTTP/1.1\r\nHost: x\r\n");
+    }
+    eprintln!(
+        "{} flood connections open in {:?}; kube-leader has {} open files",
+        flood.len(),
+        started.elapsed(),
+        fs::read_dir(format!("/proc/{}/fd", a.pid())).map_or(0, |d| d.count())
+    );
+    // While they are held open, /healthz answers (a few retries: the cap closes what is over it).
+    let healthy = Instant::now();
+    wait_for("/healthz during the flood", Duration::from_secs(20), || {
+        probe(addr, "/healthz").filter(|c| *c == 200)
+    });
+    eprintln!("/healthz answered {:?} into the flood", healthy.elapsed());
+    // The election goes on: still leading, renewing, no loss, for several lease durations.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(a.leading(), "{}", a.log_text());
+    assert!(!a.log_text().contains("lost leadership"), "{}", a.log_text());
+    let status = status_json(cp, ns.name(), "flood", "lease");
+    assert_eq!(status["holder"], "a");
+    drop(flood);
+    assert_eq!(http(addr, "GET", "/healthz").0, 200);
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// One GET with short timeouts: the status code, or `None` when nothing usable came back.
+fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    raw.split_whitespace().nth(1)?.parse().ok()
 }

@@ -13,7 +13,8 @@
 //!   `kube-leader run` does, so that the harness restarts it like a container); SIGTERM steps
 //!   down (deletes the lock) and exits 0.
 //! - `child`: the COMMAND of `kube-leader run`: it leads from its start until SIGTERM, with the
-//!   `KUBE_LEADER_*` environment and the `KUBECONFIG` it inherits.
+//!   `KUBE_LEADER_*` environment and the `KUBECONFIG` it inherits; after SIGUSR1 it ignores
+//!   SIGTERM (only SIGKILL stops it).
 //!
 //! Events: `started_leading` (`fencing_token`, `pid`), `ledger_write_started` (`start_ns`),
 //! `ledger_write` (`start_ns`, `outcome`, `stored`), `stopped_leading`, `exit`, `error`
@@ -100,6 +101,30 @@ fn on_sigterm() -> Result<CancellationToken> {
     Ok(token)
 }
 
+/// A token cancelled on SIGTERM, until SIGUSR1 makes the process deaf to SIGTERM (the chaos
+/// run's `deaf-command` fault: a COMMAND that only SIGKILL stops).
+fn on_sigterm_unless_deaf() -> Result<CancellationToken> {
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut deaf = false;
+        loop {
+            tokio::select! {
+                Some(()) = usr1.recv() => deaf = true,
+                Some(()) = term.recv() => {
+                    if !deaf {
+                        t.cancel();
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Ok(token)
+}
+
 async fn lease(args: &[String]) -> Result<u8> {
     let [kubeconfig, namespace, lock, identity, lease_ms, renew_ms, retry_ms, write_ms] = args else {
         return Err(USAGE.into());
@@ -179,7 +204,7 @@ async fn child(args: &[String]) -> Result<u8> {
     let identity = var("KUBE_LEADER_IDENTITY")?;
     let namespace = var("KUBE_LEADER_NAMESPACE")?;
     let token: u64 = var("KUBE_LEADER_FENCING_TOKEN")?.parse()?;
-    let stop = on_sigterm()?;
+    let stop = on_sigterm_unless_deaf()?;
     let client = Client::try_default().await?;
     let ledger = Ledger::new(client, &namespace, LEDGER_TIMEOUT);
     lead(ledger, identity.clone(), token, ms(write_ms)?, stop).await;
