@@ -34,14 +34,15 @@ mkfifo "$WORK/node-in"
 target/debug/kube-leader-node <"$WORK/node-in" >"$WORK/node-out" 2>"$WORK/node.log" &
 NODE_PID=$!
 exec 7>"$WORK/node-in"   # the node runs until this closes
+NODE_UP=0
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
-  step "cleaning up"
+  [ "$NODE_UP" = 1 ] && step "cleaning up"
   exec 7>&-
   wait "$NODE_PID" 2>/dev/null || true
   rm -rf "$WORK"
-  say "the node is torn down (containers, mounts, cgroups, sysctls) and every process stopped"
+  [ "$NODE_UP" = 1 ] && say "the node is torn down (containers, mounts, cgroups, sysctls) and every process stopped"
   exit "$code"
 }
 trap cleanup EXIT
@@ -54,6 +55,7 @@ if grep -q '^unavailable' "$WORK/node-out"; then
   say "no real node on this machine: $(sed -n 's/^unavailable: //p' "$WORK/node-out")"
   exit 3
 fi
+NODE_UP=1
 # shellcheck disable=SC1090
 . <(grep '=' "$WORK/node-out" | sed 's/^/export /')
 say "node $NODE ($NODE_IP) Ready, a probe Pod ran: ${STARTED_MS} ms (API server https://127.0.0.1:$APISERVER_PORT)"
@@ -108,8 +110,13 @@ demo() { # STRATEGY RBAC
   until [ -n "$next" ] && [ "$next" != "$leader" ]; do next=$(holder "$ns" "$strategy"); sleep 0.02; done
   local t_next; t_next=$(now_ms)
   until leading_lines "$ns" | grep -q "$next"; do sleep 0.05; done
-  say "$next took over $(( t_next - t_delete )) ms after the delete (the kubelet's SIGTERM stopped $leader's"
-  say "COMMAND, which then $( [ "$strategy" = lease ] && echo "released the lease" || echo "deleted its lock")); its COMMAND: $(leading_lines "$ns" | grep "$next")"
+  say "$next took over $(( t_next - t_delete )) ms after the delete; $leader had stopped its COMMAND"
+  if [ "$strategy" = lease ]; then
+    say "on the kubelet's SIGTERM, then released the lease."
+  else
+    say "as soon as it saw its Pod being deleted, then deleted its lock."
+  fi
+  say "The new leader's COMMAND: $(leading_lines "$ns" | grep "$next")"
   k -n "$ns" get pods | sed 's/^/     /'
 }
 
