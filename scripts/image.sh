@@ -128,6 +128,8 @@ write_archive() {
       -C "$WORK/archive" -cf "$archive.tmp" .
     mv "$archive.tmp" "$archive"
     log "wrote $archive ($(( $(stat -c %s "$archive") / 1024 )) KiB)"
+    # Keep the three newest archives of this image; the content hash names the rest.
+    ls -t "$IMAGES/$name"-????????????.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
   else
     log "cached $archive"
   fi
