@@ -3,7 +3,7 @@
 //! Only the leader reconciles: the controller starts once `become_leader` returns, and shuts
 //! down gracefully the moment leadership is lost or a shutdown signal arrives.
 //!
-//! Run it in a Pod with the ServiceAccount and Role of `deploy/rbac-for-life.yaml` (plus
+//! Run it in a Pod with the ServiceAccount and Role of `deploy/for-life/rbac-for-life.yaml` (plus
 //! `get, list, watch` on ConfigMaps, which this controller reconciles: the Role has them) and
 //! `POD_NAME`/`POD_NAMESPACE` from the Downward API. Outside a cluster the election is skipped,
 //! as operator-sdk's `leader.Become` does, and the controller runs in the kubeconfig's default

@@ -3,14 +3,14 @@
 #   1. starts a local control plane with a real node (target/debug/kube-leader-node: etcd,
 #      kube-apiserver, kube-controller-manager, kube-scheduler, containerd, kubelet);
 #   2. builds the kube-leader image (scripts/image.sh) and loads it into the node's containerd;
-#   3. per strategy: `kubectl apply` of deploy/ (three real Pods of deploy/deployment.yaml),
+#   3. per strategy: `kubectl apply -k deploy/<strategy>` (three real Pods of deploy/base),
 #      shows who leads, `kubectl delete pod` on the leader, and the failover with its times;
 #   4. tears the node down, also on Ctrl-C or error.
 #
 # Exits 3, after one line saying why, if this machine cannot run a node (scripts/demo.sh then
 # runs its demo with Pod objects that never run).
 #
-# The only changes to deploy/deployment.yaml are those a one-node cluster without a Pod network
+# The only changes to deploy/'s Deployment are those a one-node cluster without a Pod network
 # needs: hostNetwork, the API server's address (KUBERNETES_SERVICE_HOST/PORT), and a status port
 # per replica (hostNetwork Pods share the node's ports), with the probes that name the port.
 set -euo pipefail
@@ -76,23 +76,25 @@ holder() { # NAMESPACE STRATEGY
   KUBECONFIG=$KUBECONFIG "$BIN" status --lock kube-leader-demo -n "$1" --strategy "$2" -o json 2>/dev/null | jq -r '.holder // ""'
 }
 
-demo() { # STRATEGY RBAC
-  local strategy=$1 rbac=$2 ns="demo-$1"
-  step "$strategy: kubectl apply -f $rbac -f deploy/deployment.yaml (namespace $ns)"
+demo() { # STRATEGY
+  local strategy=$1 ns="demo-$1"
+  step "$strategy: kubectl apply -k deploy/$strategy (namespace $ns)"
   k create namespace "$ns" >/dev/null
   local t0; t0=$(now_ms)
-  k -n "$ns" create --dry-run=client -o json -f deploy/deployment.yaml \
-    | jq --arg port "$APISERVER_PORT" --arg strategy "$strategy" '
+  # The PodDisruptionBudget as policy/v1beta1 on 1.20, as deploy/base/pdb.yaml says.
+  k kustomize "deploy/$strategy" | sed 's|^apiVersion: policy/v1$|apiVersion: policy/v1beta1|' \
+    | k -n "$ns" create --dry-run=client -o json -f - \
+    | jq -s --arg port "$APISERVER_PORT" '{apiVersion: "v1", kind: "List", items: map(
         del(.metadata.namespace)
-        | .spec.template.spec.hostNetwork = true
-        | (if $strategy == "lease" then .spec.template.spec.serviceAccountName = "kube-leader-lease" else . end)
-        | .spec.template.spec.containers[0] |= (
-            .env += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                     {"name": "KUBERNETES_SERVICE_PORT", "value": $port}]
-            | .args = (.args | map(if test("^0\\.0\\.0\\.0:") then "127.0.0.1:0" else . end))
-            | (if $strategy == "lease" then .args = ["run", "--strategy", "lease"] + .args[1:] else . end)
-            | del(.ports, .readinessProbe, .livenessProbe))' >"$WORK/$ns.json"
-  k -n "$ns" apply -f "$rbac" -f "$WORK/$ns.json" | sed 's/^/     /'
+        | if .kind != "Deployment" then . else
+          .spec.template.spec.hostNetwork = true
+          | .spec.template.spec.containers[0] |= (
+              .env += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                       {"name": "KUBERNETES_SERVICE_PORT", "value": $port}]
+              | .args = (.args | map(if test("^0\\.0\\.0\\.0:") then "127.0.0.1:0" else . end))
+              | del(.ports, .readinessProbe, .livenessProbe))
+          end)}' >"$WORK/$ns.json"
+  k -n "$ns" apply -f "$WORK/$ns.json" | sed 's/^/     /'
   k -n "$ns" rollout status deployment kube-leader-demo --timeout=120s >/dev/null
   local leader=""
   until [ -n "$leader" ]; do leader=$(holder "$ns" "$strategy"); sleep 0.1; done
@@ -120,5 +122,5 @@ demo() { # STRATEGY RBAC
   k -n "$ns" get pods | sed 's/^/     /'
 }
 
-demo for-life deploy/rbac-for-life.yaml
-demo lease deploy/rbac-lease.yaml
+demo for-life
+demo lease

@@ -39,12 +39,44 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "cargo test (unit, integration against the local control plane, examples)"
+step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
 # Test binaries run one after another; the tests inside one binary share one control plane.
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
 
 step "doc tests"
 cargo test --workspace --doc
+
+step "release checks: documentation, packages, a TLS-free library, the MSRV"
+# The library's documentation with no flags (docs.rs: [package.metadata.docs.rs]).
+RUSTDOCFLAGS="-D warnings" cargo doc -p kube-leader --no-deps
+# The library picks no TLS stack: the binary does.
+tls=$(cargo tree -p kube-leader -e normal -i ring 2>/dev/null || true)
+if [ -n "$tls" ]; then
+  echo "kube-leader depends on ring (a TLS provider) in a normal build:" >&2
+  echo "$tls" >&2
+  exit 1
+fi
+echo "cargo tree -p kube-leader -e normal -i ring: empty"
+# Both crates package and build from their packaged sources; the CLI against the packaged
+# library (cargo resolves an unpublished workspace crate of the same publish locally). It reads
+# the registry's index for the dependencies: retried once, as a network hiccup is not a defect.
+publish() { cargo publish --dry-run --allow-dirty -p kube-leader -p kube-leader-cli; }
+publish || { echo "cargo publish --dry-run failed; retrying once in 10 s" >&2; sleep 10; publish; }
+# The MSRV (rust-version) builds. rustup installs the toolchain once; where it cannot,
+# KUBE_LEADER_SKIP_MSRV=1 skips this step (and says so).
+msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+if [ "${KUBE_LEADER_SKIP_MSRV:-}" = 1 ]; then
+  echo "MSRV $msrv: SKIPPED (KUBE_LEADER_SKIP_MSRV=1)"
+else
+  if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+    rustup toolchain install "$msrv" --profile minimal || {
+      echo "cannot install Rust $msrv (the MSRV); set KUBE_LEADER_SKIP_MSRV=1 to skip this step" >&2
+      exit 1
+    }
+  fi
+  cargo "+$msrv" check --locked -p kube-leader -p kube-leader-cli --target-dir target/msrv
+  echo "MSRV $msrv: kube-leader and kube-leader-cli build"
+fi
 
 step "benchmark harness, CI mode (a few rounds, so it cannot rot; figures in target/bench-ci)"
 cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci

@@ -163,7 +163,7 @@ impl Bench {
     }
 
     /// A namespace where `users` may do what a leader-for-life candidate does
-    /// (`deploy/rbac-for-life.yaml`).
+    /// (`deploy/for-life/rbac-for-life.yaml`).
     pub(crate) async fn for_life_namespace(&self, users: &[String]) -> anyhow::Result<TestNamespace> {
         let rules = vec![
             rule(

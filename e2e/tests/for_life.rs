@@ -236,7 +236,7 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
             .iter()
             .any(|e| {
                 e.involved_object.name.as_deref() == Some("lock")
-                    && e.reason.as_deref() == Some("LeaderElected")
+                    && e.reason.as_deref() == Some("LeaderElection")
                     && e.message.as_deref().is_some_and(|m| m.contains(first.identity()))
             })
             .then_some(())
@@ -674,9 +674,12 @@ async fn outside_a_pod_the_election_is_skipped_or_fails_and_errors_are_clear() {
 /// The lock the shipped Role is limited to (`resourceNames`).
 const DEMO_LOCK: &str = "kube-leader-demo";
 
-/// The Role shipped in deploy/rbac-for-life.yaml, as kubectl reads it.
+/// The Role shipped in deploy/for-life/rbac-for-life.yaml, as kubectl reads it.
 fn example_role(cp: &ControlPlane) -> Role {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac-for-life.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/for-life/rbac-for-life.yaml"
+    );
     let out = cp
         .kubectl()
         .args(["create", "--dry-run=client", "-o", "json", "-f", path])
@@ -692,7 +695,7 @@ fn example_role(cp: &ControlPlane) -> Role {
         .into_iter::<serde_json::Value>()
         .map(Result::unwrap)
         .find(|o| o["kind"] == "Role")
-        .expect("a Role in deploy/rbac-for-life.yaml");
+        .expect("a Role in deploy/for-life/rbac-for-life.yaml");
     serde_json::from_value(role).unwrap()
 }
 
@@ -818,7 +821,7 @@ async fn a_role_lacking_a_permission_is_named_in_the_error() {
         )),
         "{msg}"
     );
-    assert!(msg.contains("deploy/rbac-for-life.yaml"), "{msg}");
+    assert!(msg.contains("kube-leader rbac --strategy for-life"), "{msg}");
 
     let no_pods = vec![rule(
         &[""],

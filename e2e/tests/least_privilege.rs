@@ -167,6 +167,13 @@ fn assert_names<T: std::fmt::Debug>(
     );
     let want = format!("missing permission: {verb} {resource} in namespace {ns}");
     assert!(msg.contains(&want), "{msg:?} does not contain {want:?}");
+    // The fix, usable by a user of the published crate: the command that prints the Role, and
+    // a stable URL, never a path in this repository.
+    assert!(
+        msg.contains("kube-leader rbac --strategy"),
+        "{msg:?} names no fix"
+    );
+    assert!(!msg.contains(" deploy/"), "{msg:?} points at a repository path");
     want
 }
 
@@ -209,9 +216,34 @@ async fn free_lease(admin: &Client, ns: &str, name: &str) {
         .unwrap();
 }
 
-/// What happens to a Lease candidate without `verb` on Leases.
-async fn lease_without(admin: Client, client: Client, ns: String, lock: String, verb: String) -> String {
+/// What happens to a Lease candidate without `verb` on `resource` (Leases, or Events).
+async fn lease_without(
+    admin: Client,
+    client: Client,
+    ns: String,
+    lock: String,
+    resource: String,
+    verb: String,
+) -> String {
     const RESOURCE: &str = "leases.coordination.k8s.io";
+    if (resource.as_str(), verb.as_str()) == ("events", "create") {
+        let l = lease_elector(client, &ns, &lock)
+            .become_leader(&CancellationToken::new())
+            .await
+            .expect("elects without create events");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(l.is_leader());
+        l.release().await.unwrap();
+        assert_eq!(
+            events_about(&admin, &ns, &lock).await,
+            0,
+            "an Event without the right"
+        );
+        return "elects, renews, releases; only the best-effort LeaderElection Events need it \
+                (warned once, no Event)"
+            .into();
+    }
+    assert_eq!(resource, RESOURCE, "a resource the printed Role should not have");
     let shutdown = CancellationToken::new();
     let elect = |client: Client| {
         let elector = lease_elector(client, &ns, &lock);
@@ -316,6 +348,7 @@ async fn lease_role_each_permission_is_needed_and_named() {
             client,
             ns.name().into(),
             locks[i].clone(),
+            resource.clone(),
             verb.clone(),
         );
         runs.push(async move { format!("without {verb} {resource}: {}", run.await) });
@@ -459,7 +492,7 @@ async fn for_life_without(
                 0,
                 "an Event was recorded without the right"
             );
-            "elects; only the best-effort LeaderElected Event on the lock needs it (warned, no Event)".into()
+            "elects; only the best-effort LeaderElection Events on the lock need it (warned, no Event)".into()
         }
         other => panic!("a permission the printed Role should not have: {other:?}"),
     }

@@ -5,8 +5,9 @@
 //!
 //! # What the tests change in `deploy/`
 //!
-//! The Deployment and the RBAC manifests are read from `deploy/` and applied with these changes
-//! only, all forced by the node having no Pod network and no registry:
+//! The objects of `deploy/for-life` and `deploy/lease` (what `kubectl apply -k` applies: RBAC, the
+//! Deployment, its PodDisruptionBudget as `policy/v1beta1` on 1.20) are applied with these
+//! changes to the Deployment only, all forced by one node with no Pod network and no registry:
 //! - `image`: the node-test image (`scripts/image.sh node-test`: the kube-leader image with this
 //!   build's binary, whose `sleep` is the instrumented workload `scripts/images/workload.c`),
 //!   `imagePullPolicy: Never`;
@@ -17,9 +18,8 @@
 //!   host port), so `--status-addr` becomes `127.0.0.1:0` (each replica gets a free port, found
 //!   in its log), and the `ports` and the two HTTP probes that name it go.
 //!
-//! For the Lease strategy, `--strategy lease` and the ServiceAccount of `deploy/rbac-lease.yaml`,
-//! as `deploy/deployment.yaml` says; and `POD_NAMESPACE` is dropped there, so the namespace must
-//! come from the service-account mount. A LimitRange in the test's namespace gives containers an
+//! For the Lease strategy `POD_NAMESPACE` is dropped, so the namespace must come from the
+//! service-account mount. A LimitRange in the test's namespace gives containers an
 //! ephemeral-storage limit (4 MiB) that the eviction test exceeds.
 //!
 //! COMMAND, `sh -c 'echo ...; exec sleep infinity'`, is kept: the image's `sleep` writes
@@ -43,11 +43,11 @@ use kube_leader_e2e::{checker::History, kube_leader_bin_beside, mono_ns, wait_fo
 use kube_leader_testenv::Node;
 use serde_json::{json, Value};
 
-/// The lock name in `deploy/deployment.yaml`.
+/// The lock name in `deploy/base/deployment.yaml`.
 const LOCK: &str = "kube-leader-demo";
-/// The Deployment's name in `deploy/deployment.yaml`.
+/// The Deployment's name in `deploy/base/deployment.yaml`.
 const DEPLOYMENT: &str = "kube-leader-demo";
-/// The container's name in `deploy/deployment.yaml`.
+/// The container's name in `deploy/base/deployment.yaml`.
 const CONTAINER: &str = "app";
 const REPLICAS: usize = 3;
 
@@ -385,18 +385,18 @@ impl Deployed {
             namespace,
             logs,
         };
-        let rbac = match strategy {
-            Strategy::ForLife => "deploy/rbac-for-life.yaml",
-            Strategy::Lease => "deploy/rbac-lease.yaml",
+        let overlay = match strategy {
+            Strategy::ForLife => "deploy/for-life",
+            Strategy::Lease => "deploy/lease",
         };
-        let mut objects = deployed.manifest(rbac);
+        let mut objects = Vec::new();
         let limits = json!({
             "apiVersion": "v1", "kind": "LimitRange",
             "metadata": {"name": "ephemeral-storage"},
             "spec": {"limits": [{"type": "Container", "default": {"ephemeral-storage": "4Mi"}}]},
         });
         objects.push(limits);
-        for mut object in deployed.manifest("deploy/deployment.yaml") {
+        for mut object in deployed.manifest(overlay) {
             if object["kind"] == "Deployment" {
                 for_the_node(&mut object, strategy, &env.image, control_plane.apiserver_port());
             }
@@ -430,17 +430,13 @@ impl Deployed {
         self.namespace.name()
     }
 
-    /// The objects of a file of `deploy/`, as JSON.
-    fn manifest(&self, file: &str) -> Vec<Value> {
-        let path = self.env.repo.join(file);
-        let out = self.kubectl(&[
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            &path.to_string_lossy(),
-        ]);
+    /// The objects that `kubectl apply -k <kustomization>` applies, as JSON; the
+    /// PodDisruptionBudget as `policy/v1beta1`, as `deploy/base/pdb.yaml` says for 1.20.
+    fn manifest(&self, kustomization: &str) -> Vec<Value> {
+        let path = self.env.repo.join(kustomization);
+        let yaml = self.kubectl(&["kustomize", &path.to_string_lossy()]);
+        let yaml = yaml.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+        let out = self.kubectl_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], &yaml);
         // One JSON document per object (or a List).
         serde_json::Deserializer::from_str(&out)
             .into_iter::<Value>()
@@ -694,13 +690,10 @@ impl Deployed {
     }
 }
 
-/// The test's changes to `deploy/deployment.yaml` (see the module's documentation).
+/// The test's changes to `deploy/base/deployment.yaml` (see the module's documentation).
 fn for_the_node(deployment: &mut Value, strategy: Strategy, image: &str, apiserver_port: u16) {
     let spec = &mut deployment["spec"]["template"]["spec"];
     spec["hostNetwork"] = json!(true);
-    if strategy == Strategy::Lease {
-        spec["serviceAccountName"] = json!("kube-leader-lease");
-    }
     for container in spec["containers"].as_array_mut().expect("containers") {
         container["image"] = json!(image);
         container["imagePullPolicy"] = json!("Never");
@@ -713,11 +706,6 @@ fn for_the_node(deployment: &mut Value, strategy: Strategy, image: &str, apiserv
         let args = container["args"].as_array_mut().expect("args");
         if let Some(i) = args.iter().position(|a| a == "--status-addr") {
             args[i + 1] = json!("127.0.0.1:0");
-        }
-        if strategy == Strategy::Lease {
-            let run = args.iter().position(|a| a == "run").expect("kube-leader run");
-            args.insert(run + 1, json!("lease"));
-            args.insert(run + 1, json!("--strategy"));
         }
         let container = container.as_object_mut().expect("an object");
         for key in ["ports", "readinessProbe", "livenessProbe"] {
@@ -1065,15 +1053,16 @@ fn the_deployment_changes_are_only_those_documented() {
     for_the_node(&mut deployment, Strategy::Lease, "img", 6443);
     let spec = &deployment["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true);
-    assert_eq!(spec["serviceAccountName"], "kube-leader-lease");
+    assert_eq!(
+        spec["serviceAccountName"], "kube-leader-for-life",
+        "the overlay's business"
+    );
     let c = &spec["containers"][0];
     assert_eq!(c["image"], "img");
     assert_eq!(
         c["args"],
         json!([
             "run",
-            "--strategy",
-            "lease",
             "--lock",
             "kube-leader-demo",
             "--status-addr",

@@ -2,23 +2,27 @@
 
 use std::{ffi::OsString, net::SocketAddr, time::Duration};
 
-use clap::{error::ErrorKind, Args, Parser, Subcommand, ValueEnum};
+use clap::{error::ErrorKind, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use kube_leader::LeaseConfig;
 
-use crate::exit;
+use crate::{exit, version};
 
 /// Run any program only while it leads, on a Kubernetes lock.
 #[derive(Debug, Parser)]
 #[command(
     name = "kube-leader",
-    version,
+    version = version::SHORT,
+    long_version = version::LONG,
     about = "Run any program only while it leads a Kubernetes leader election.",
     long_about = "Run any program only while it leads a Kubernetes leader election: leader for life \
                   (a ConfigMap owned by the leader's Pod, operator-sdk's leader.Become) or a \
                   client-go compatible coordination.k8s.io/v1 Lease.\n\n\
                   Cluster access: in-cluster configuration, or KUBECONFIG / ~/.kube/config. \
                   Durations are written like 500ms, 2s, 1m. Logs go to stderr; RUST_LOG overrides \
-                  the log filter.",
+                  the log filter (an invalid RUST_LOG is an error). Every flag of `run` (and \
+                  --log-format) can also be set with an environment variable KUBE_LEADER_<FLAG>, \
+                  for example KUBE_LEADER_LOCK or KUBE_LEADER_LEASE_DURATION; a flag on the \
+                  command line wins.",
     after_help = exit::CODES_HELP,
     after_long_help = exit::CODES_HELP,
     propagate_version = true,
@@ -44,6 +48,8 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Print the least-privilege Role and RoleBinding for `run` with these options.
     Rbac(RbacArgs),
+    /// Print a shell completion script: `kube-leader completions bash > /etc/bash_completion.d/kube-leader`.
+    Completions(CompletionsArgs),
     /// Internal: the process between `kube-leader run` and COMMAND that stops COMMAND when
     /// kube-leader's heartbeats stop.
     #[command(name = "__supervise", hide = true)]
@@ -181,6 +187,15 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub(crate) connect_timeout: Duration,
 
+    /// Leader for life only, opt-in: take over from a leader whose Node has not been Ready for
+    /// this long [default: never]. RISK: TWO LEADERS. A NotReady Node is one the control plane
+    /// cannot hear from; its Pods may still run, and the old leader's COMMAND goes on until it
+    /// learns that its lock is gone. Use it only if COMMAND tolerates a second leader for a while,
+    /// for example because its writes carry KUBE_LEADER_FENCING_TOKEN and stale tokens are
+    /// refused. Needs `get nodes` (a ClusterRole); without it, one warning and no takeover.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) not_ready_takeover: Option<Duration>,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -214,6 +229,14 @@ pub(crate) struct RbacArgs {
     /// Also grant what `run --label-pod` needs (patch pods).
     #[arg(long)]
     pub(crate) label_pod: bool,
+}
+
+/// `kube-leader completions`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// `kube-leader __supervise` (internal).
@@ -357,7 +380,22 @@ impl RunArgs {
                 _ => {}
             }
         }
-        Ok(())
+        self.validate_not_ready_takeover()
+    }
+
+    /// `--not-ready-takeover`: leader for life only, and more than zero.
+    fn validate_not_ready_takeover(&self) -> Result<(), String> {
+        match self.not_ready_takeover {
+            Some(_) if self.lock.strategy != StrategyArg::ForLife => Err(
+                "invalid value for '--not-ready-takeover': only for --strategy for-life (a Lease \
+                 expires by itself)"
+                    .into(),
+            ),
+            Some(d) if d.is_zero() => {
+                Err("invalid value for '--not-ready-takeover': must be greater than zero".into())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The SIGTERM → SIGKILL grace: `--grace`, else for a lease lease duration − renew
@@ -391,7 +429,7 @@ pub(crate) fn parse() -> Cli {
 }
 
 fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match try_parse_with_env(args) {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => usage_error(&one_line(&e)),
@@ -404,7 +442,60 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
     cli
 }
 
-fn usage_error(msg: &str) -> ! {
+// === environment variables ===
+
+/// The prefix of the environment variables that set `run`'s flags.
+pub(crate) const ENV_PREFIX: &str = "KUBE_LEADER_";
+
+/// The command line definition, with every flag of `run` and the global `--log-format` also read
+/// from `KUBE_LEADER_<FLAG>` (`--lease-duration`: `KUBE_LEADER_LEASE_DURATION`), shown in
+/// `--help`. Added here rather than flag by flag, so that no flag can be forgotten. Boolean
+/// flags take true/false, 1/0, yes/no, on/off.
+pub(crate) fn command() -> clap::Command {
+    fn with_env(arg: clap::Arg) -> clap::Arg {
+        // COMMAND (positional) and help/version take no environment variable.
+        if arg.is_positional()
+            || matches!(
+                arg.get_action(),
+                clap::ArgAction::Help
+                    | clap::ArgAction::HelpLong
+                    | clap::ArgAction::HelpShort
+                    | clap::ArgAction::Version
+            )
+        {
+            return arg;
+        }
+        let name = format!(
+            "{ENV_PREFIX}{}",
+            arg.get_id().as_str().to_uppercase().replace('-', "_")
+        );
+        let arg = arg.env(name);
+        if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+            arg.value_parser(clap::builder::BoolishValueParser::new())
+        } else {
+            arg
+        }
+    }
+    Cli::command()
+        .mut_arg("log_format", with_env)
+        .mut_subcommand("run", |run| run.mut_args(with_env))
+}
+
+/// Parses `args` with [`command`]: flags from the command line, else from the environment.
+pub(crate) fn try_parse_with_env(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+}
+
+/// `kube-leader completions SHELL`: the script on stdout; exit code 0.
+pub(crate) fn completions(shell: clap_complete::Shell) -> u8 {
+    clap_complete::generate(shell, &mut command(), "kube-leader", &mut std::io::stdout());
+    0
+}
+
+/// Prints `msg` as a usage error on one line and exits with [`exit::USAGE`].
+pub(crate) fn usage_error(msg: &str) -> ! {
     eprintln!("kube-leader: error: {msg} (see kube-leader --help)");
     std::process::exit(i32::from(exit::USAGE));
 }

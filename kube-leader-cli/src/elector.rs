@@ -34,7 +34,8 @@ impl Elector {
                     .outside_cluster(match args.on_outside_cluster {
                         OutsideClusterArg::Skip => OutsideCluster::Skip,
                         OutsideClusterArg::Fail => OutsideCluster::Fail,
-                    });
+                    })
+                    .not_ready_takeover(args.not_ready_takeover);
                 if let Some(ns) = &args.lock.namespace {
                     e = e.namespace(ns.clone());
                 }

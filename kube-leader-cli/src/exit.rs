@@ -106,7 +106,7 @@ mod tests {
             resource: "leases".into(),
             namespace: "ns".into(),
             message: "no".into(),
-            hint: "deploy/rbac-lease.yaml",
+            hint: "the one `kube-leader rbac --strategy lease` prints",
         };
         assert_eq!(for_error(&forbidden), CLUSTER);
     }

@@ -24,6 +24,7 @@ mod server;
 mod state;
 mod status;
 mod supervisor;
+mod version;
 
 use std::{io::IsTerminal as _, process::ExitCode, time::Duration};
 
@@ -42,7 +43,9 @@ const DEFAULT_FILTER: &str =
 
 fn main() -> ExitCode {
     let cli = cli::parse();
-    init_logging(cli.log_format);
+    if let Err(msg) = init_logging(cli.log_format) {
+        cli::usage_error(&msg);
+    }
     let command = match cli.command {
         // No runtime: this process becomes COMMAND at once.
         Command::Exec(args) => return ExitCode::from(supervisor::exec(args)),
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args, log_format).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
+            Command::Completions(args) => Ok(cli::completions(args.shell)),
             Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),
             Command::Exec(_) => unreachable!("handled before the runtime starts"),
         };
@@ -74,15 +78,15 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|s| s.parse::<Targets>().ok())
-        .unwrap_or_else(|| {
-            DEFAULT_FILTER
-                .parse()
-                .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO))
-        });
+/// Installs the subscriber; an invalid `RUST_LOG` is an error (a typo must not silently turn
+/// the logs off or back to the default).
+fn init_logging(format: LogFormat) -> Result<(), String> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(s) if !s.trim().is_empty() => parse_filter(&s)?,
+        _ => DEFAULT_FILTER
+            .parse()
+            .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO)),
+    };
     let layer = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -99,4 +103,32 @@ fn init_logging(format: LogFormat) {
     tracing_subscriber::registry()
         .with(layer.with_filter(filter))
         .init();
+    Ok(())
+}
+
+/// `RUST_LOG`: comma-separated `level` or `target=level` directives, as in `info,kube_leader=debug`.
+fn parse_filter(s: &str) -> Result<Targets, String> {
+    s.parse::<Targets>().map_err(|e| {
+        format!(
+            "invalid RUST_LOG {s:?}: {e}; write levels (error, warn, info, debug, trace) as in \
+             RUST_LOG=info or RUST_LOG=info,kube_leader=debug"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_log_is_checked() {
+        assert!(parse_filter("info").is_ok());
+        assert!(parse_filter("info,kube_leader=debug").is_ok());
+        assert!(parse_filter(DEFAULT_FILTER).is_ok());
+        let e = parse_filter("kube_leader=loud").unwrap_err();
+        assert!(
+            e.contains("invalid RUST_LOG") && e.contains("RUST_LOG=info"),
+            "{e}"
+        );
+    }
 }

@@ -1,10 +1,17 @@
 //! Prometheus metrics of one candidate, labelled by its lock.
+//!
+//! The lock's namespace is the label `lock_namespace`, not `namespace`: Prometheus sets
+//! `namespace` on every scraped target (the Pod's), and renames a clashing label of the target's
+//! own to `exported_namespace`. Beside kube-leader's own metrics, client-go's
+//! `leader_election_master_status{name}` (1 while leading), so that dashboards and alerts made for
+//! client-go and controller-runtime leader election work unchanged, and
+//! `kube_leader_build_info{version, commit}`.
 
 use std::time::Duration;
 
 use prometheus_client::{
     encoding::text::encode,
-    metrics::{counter::Counter, gauge::Gauge, histogram::Histogram},
+    metrics::{counter::Counter, gauge::Gauge, histogram::Histogram, info::Info},
     registry::Registry,
 };
 
@@ -13,7 +20,9 @@ use prometheus_client::{
 pub(crate) struct Metrics {
     registry: Registry,
     /// 1 while this candidate leads.
-    pub(crate) is_leader: Gauge,
+    is_leader: Gauge,
+    /// client-go's name for `is_leader`, labelled `name` (the lock).
+    master_status: Gauge,
     /// Changes of the lock's holder seen by this candidate.
     pub(crate) transitions: Counter,
     /// Time from the start of a campaign to leading.
@@ -26,7 +35,9 @@ pub(crate) struct Metrics {
 
 /// Names, for tests and documentation.
 #[cfg(test)]
-pub(crate) const NAMES: [&str; 5] = [
+pub(crate) const NAMES: [&str; 7] = [
+    "kube_leader_build_info",
+    "leader_election_master_status",
     "kube_leader_is_leader",
     "kube_leader_transitions_total",
     "kube_leader_acquire_duration_seconds",
@@ -40,11 +51,26 @@ impl Metrics {
     /// Metrics for `lock` in `namespace` with `strategy`.
     pub(crate) fn new(namespace: &str, lock: &str, strategy: &str) -> Self {
         let mut root = Registry::default();
+        root.sub_registry_with_prefix("kube_leader").register(
+            "build",
+            "The kube-leader build: version and commit",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", crate::version::COMMIT),
+            ]),
+        );
+        let master_status = Gauge::default();
+        root.sub_registry_with_labels(std::iter::once(("name".into(), lock.to_string().into())))
+            .register(
+                "leader_election_master_status",
+                "client-go's leader election gauge: 1 while this candidate leads the lock named by `name`, else 0",
+                master_status.clone(),
+            );
         let registry = root
             .sub_registry_with_prefix("kube_leader")
             .sub_registry_with_labels(
                 [
-                    ("namespace".into(), namespace.to_string().into()),
+                    ("lock_namespace".into(), namespace.to_string().into()),
                     ("lock".into(), lock.to_string().into()),
                     ("strategy".into(), strategy.to_string().into()),
                 ]
@@ -87,11 +113,19 @@ impl Metrics {
         Self {
             registry: root,
             is_leader,
+            master_status,
             transitions,
             acquire,
             renew,
             renew_failures,
         }
+    }
+
+    /// Whether this candidate leads: `kube_leader_is_leader` and `leader_election_master_status`.
+    pub(crate) fn set_leader(&self, leading: bool) {
+        let v = i64::from(leading);
+        self.is_leader.set(v);
+        self.master_status.set(v);
     }
 
     /// The OpenMetrics text exposition.
@@ -115,7 +149,7 @@ mod tests {
     #[test]
     fn every_metric_is_exposed_with_the_lock() {
         let m = Metrics::new("ns", "my-lock", "lease");
-        m.is_leader.set(1);
+        m.set_leader(true);
         m.transitions.inc();
         m.acquire.observe(0.2);
         m.renew.observe(0.003);
@@ -124,7 +158,35 @@ mod tests {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
         assert!(
-            text.contains(r#"kube_leader_is_leader{namespace="ns",lock="my-lock",strategy="lease"} 1"#),
+            text.contains(r#"kube_leader_is_leader{lock_namespace="ns",lock="my-lock",strategy="lease"} 1"#),
+            "{text}"
+        );
+        // client-go's gauge, with client-go's one label.
+        assert!(
+            text.contains(r#"leader_election_master_status{name="my-lock"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                r#"kube_leader_build_info{{version="{}",commit="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION"),
+                crate::version::COMMIT
+            )),
+            "{text}"
+        );
+        // No label that Prometheus would rename on scrape.
+        assert!(
+            !text.contains("{namespace=") && !text.contains(",namespace="),
+            "{text}"
+        );
+        m.set_leader(false);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"leader_election_master_status{name="my-lock"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kube_leader_is_leader{lock_namespace="ns",lock="my-lock",strategy="lease"} 0"#),
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");

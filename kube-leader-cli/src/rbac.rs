@@ -38,8 +38,16 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
                 resource_names: vec![lock.to_string()],
                 verbs: &["get", "list", "watch", "update"],
             },
+            Rule {
+                why: "best-effort LeaderElection Events on the Lease when a candidate becomes \
+                      leader and stops leading (as client-go records them)",
+                api_group: "",
+                resource: "events",
+                resource_names: vec![],
+                verbs: &["create"],
+            },
         ],
-        // The same rules as deploy/rbac-for-life.yaml, which explains each verb.
+        // The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
         StrategyArg::ForLife => vec![
             Rule {
                 why: "create: become leader (create cannot be limited by name)",
@@ -66,7 +74,8 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
                 verbs: &["get", "list", "watch", "delete"],
             },
             Rule {
-                why: "a best-effort Event on the lock when a candidate becomes leader",
+                why: "best-effort LeaderElection Events on the lock when a candidate becomes leader \
+                      and stops leading (as client-go records them)",
                 api_group: "",
                 resource: "events",
                 resource_names: vec![],
@@ -208,6 +217,11 @@ mod tests {
         assert!(!y.contains("pods"), "{y}");
         assert!(!y.contains("delete"), "{y}");
         assert!(y.contains("namespace: ns1"), "{y}");
+        // client-go's LeaderElection Events.
+        assert!(
+            y.contains("resources: [\"events\"]\n    verbs: [\"create\"]"),
+            "{y}"
+        );
     }
 
     #[test]

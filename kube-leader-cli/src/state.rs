@@ -149,7 +149,7 @@ impl Status {
     /// This candidate leads.
     pub(crate) fn lead(&self, fencing_token: u64, since: SystemTime) {
         info!(lock = %self.lock, identity = %self.identity, fencing_token, "became leader");
-        self.metrics.is_leader.set(1);
+        self.metrics.set_leader(true);
         self.update(|s| {
             if s.holder.as_deref() != Some(self.identity.as_str()) && s.known {
                 self.metrics.transitions.inc();
@@ -172,7 +172,7 @@ impl Status {
         } else {
             info!(lock = %self.lock, identity = %self.identity, fencing_token, %reason, "lost leadership");
         }
-        self.metrics.is_leader.set(0);
+        self.metrics.set_leader(false);
         self.update(|s| s.is_leader = false);
     }
 

@@ -287,6 +287,11 @@ impl Leadership {
         this
     }
 
+    /// Why leadership ended, as it becomes known (for the observer hook).
+    pub(crate) fn loss_watch(&self) -> watch::Receiver<Option<LossReason>> {
+        self.reason.clone()
+    }
+
     /// This candidate's identity.
     pub fn identity(&self) -> &str {
         &self.term.identity

@@ -22,11 +22,13 @@
 mod api;
 pub mod backoff;
 pub mod error;
+pub mod events;
 pub mod for_life;
 pub mod leadership;
 pub mod lease;
 pub mod lock;
 mod object_watch;
+pub mod observer;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
 /// `PROPTEST_CASES` if set (a long fuzzing run). Failures are not persisted: odd inputs found
@@ -49,8 +51,3 @@ pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
-
-/// The README's examples, compiled as doc tests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;

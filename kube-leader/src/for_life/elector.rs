@@ -10,8 +10,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{ConfigMap, Event, EventSource, Node, ObjectReference, Pod},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    api::core::v1::{ConfigMap, Node, Pod},
     jiff::Timestamp,
 };
 use kube::{
@@ -33,15 +32,20 @@ use crate::{
     api::{call, Failure, Op},
     backoff::Backoff,
     error::{Error, Result},
+    events::EventRecorder,
     leadership::{Keeper, Leadership, LossReason, Strategy, Term},
     lock::{self, LockRef, NamespaceSource},
     object_watch::ObjectWatch,
+    observer::{Hooks, Observer},
 };
 
 /// Where to find a Role that grants what leader for life needs.
-pub(crate) const RBAC_HINT: &str = "deploy/rbac-for-life.yaml";
+pub(crate) const RBAC_HINT: &str =
+    "the one `kube-leader rbac --strategy for-life --lock LOCK --namespace NS` prints \
+     (https://github.com/kube-leader/kube-leader/blob/main/deploy/for-life/rbac-for-life.yaml)";
 /// Where to find the ClusterRole that the opt-in NotReady takeover needs.
-const NODES_HINT: &str = "the optional ClusterRole in deploy/rbac-for-life.yaml";
+const NODES_HINT: &str = "a ClusterRole granting get nodes (the optional one at the end of \
+     https://github.com/kube-leader/kube-leader/blob/main/deploy/for-life/rbac-for-life.yaml)";
 
 /// How often a leader's keeper checks, without any request, whether its process was frozen.
 const FREEZE_CHECK: Duration = Duration::from_millis(250);
@@ -85,7 +89,7 @@ const FREEZE_SLACK: Duration = Duration::from_millis(750);
 ///
 /// Needs, in the lock's namespace: `create` on ConfigMaps, `get, list, watch, update, delete`
 /// on the lock ConfigMap (by name),
-/// `get, list, watch, delete` on Pods and `create` on Events; see `deploy/rbac-for-life.yaml`.
+/// `get, list, watch, delete` on Pods and `create` on Events; see `kube-leader rbac --strategy for-life`.
 #[derive(Clone)]
 pub struct ForLife {
     client: Client,
@@ -93,6 +97,8 @@ pub struct ForLife {
     config: ForLifeConfig,
     /// Set once reading Nodes was refused: the NotReady takeover is off from then on.
     node_check_disabled: Arc<AtomicBool>,
+    /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
+    hooks: Hooks,
 }
 
 impl std::fmt::Debug for ForLife {
@@ -116,11 +122,30 @@ impl ForLife {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
+            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
             client,
             name: name.into(),
             config: ForLifeConfig::default(),
             node_check_disabled: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Calls `observer` with what this candidate observes about its own leadership, for
+    /// metrics of your own: see [`observer`](crate::observer).
+    #[must_use]
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.hooks.set_observer(Arc::new(observer));
+        self
+    }
+
+    /// Whether to record client-go's `LeaderElection` Events on the lock, "POD became leader"
+    /// and "POD stopped leading" (default `true`; needs `create events`, see
+    /// [`events`](crate::events)).
+    #[must_use]
+    pub fn events(mut self, record: bool) -> Self {
+        self.hooks
+            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+        self
     }
 
     /// Sets all options at once.
@@ -326,18 +351,8 @@ impl ForLife {
                 .instrument(tracing::Span::current()),
             );
         }
-        tokio::spawn(
-            record_event(
-                self.client.clone(),
-                lock.clone(),
-                won.lock,
-                me.clone(),
-                won.fencing_token,
-                won.restarted,
-                self.config.api_timeout,
-            )
-            .instrument(tracing::Span::current()),
-        );
+        self.hooks
+            .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
         let holder = Holder {
             configmaps,
@@ -1044,83 +1059,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Best effort: a `Normal` Event on the lock saying who leads. Never blocks the election.
-async fn record_event(
-    client: Client,
-    lock: LockRef,
-    cm: ConfigMap,
-    me: PodRef,
-    fencing_token: u64,
-    restarted: bool,
-    timeout: Duration,
-) {
-    let now = Time(Timestamp::now());
-    let (reason, message) = if restarted {
-        (
-            "LeaderContinued",
-            format!(
-                "{} continues as leader after a restart (fencing token {fencing_token})",
-                me.name
-            ),
-        )
-    } else {
-        (
-            "LeaderElected",
-            format!("{} became leader (fencing token {fencing_token})", me.name),
-        )
-    };
-    // client-go's naming: <object>.<hex nanoseconds>, within the 253-character limit.
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let prefix: String = lock.name.chars().take(253 - 33).collect();
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{prefix}.{nanos:x}")),
-            namespace: Some(lock.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            name: Some(lock.name.clone()),
-            namespace: Some(lock.namespace.clone()),
-            uid: cm.metadata.uid.clone(),
-            resource_version: cm.metadata.resource_version.clone(),
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(message),
-        type_: Some("Normal".into()),
-        source: Some(EventSource {
-            component: Some("kube-leader".into()),
-            host: None,
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        reporting_component: Some("kube-leader".into()),
-        reporting_instance: Some(me.name.clone()),
-        ..Event::default()
-    };
-    let events: Api<Event> = Api::namespaced(client, &lock.namespace);
-    let op = Op {
-        verb: "create",
-        resource: "events",
-        namespace: &lock.namespace,
-        name: &lock.name,
-        hint: RBAC_HINT,
-    };
-    match call(op, timeout, events.create(&PostParams::default(), &event)).await {
-        Ok(_) => debug!(reason, "recorded an Event on the lock"),
-        Err(Failure::Fatal(e @ Error::Forbidden { .. })) => {
-            warn!(error = %e, "could not record an Event on the lock (leadership is not affected)");
-        }
-        Err(e) => debug!(error = ?e, "could not record an Event on the lock (leadership is not affected)"),
     }
 }
 

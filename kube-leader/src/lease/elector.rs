@@ -26,13 +26,17 @@ use super::{
 use crate::{
     api::{call, Failure, Op},
     error::{Error, Result},
+    events::EventRecorder,
     leadership::{Keeper, LeaderInfo, Leadership, LossReason, Strategy, Term},
     lock::{self, LockRef},
     object_watch::{self, Change, ObjectWatch},
+    observer::{Hooks, Observer},
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
-pub(crate) const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
+pub(crate) const RBAC_HINT: &str =
+    "the one `kube-leader rbac --strategy lease --lock LOCK --namespace NS` prints \
+     (https://github.com/kube-leader/kube-leader/blob/main/deploy/lease/rbac-lease.yaml)";
 const RESOURCE: &str = "leases.coordination.k8s.io";
 
 /// Whether [`LeaseElector::run`] campaigns again after losing leadership.
@@ -136,6 +140,8 @@ pub struct LeaseElector {
     identity: Option<String>,
     config: LeaseConfig,
     shared: Arc<Shared>,
+    /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
+    hooks: Hooks,
 }
 
 // === impl LeaseElector ===
@@ -160,6 +166,7 @@ impl LeaseElector {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
+            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
             client,
             name: name.into(),
             namespace: None,
@@ -222,6 +229,24 @@ impl LeaseElector {
     #[must_use]
     pub fn retry_period(mut self, d: Duration) -> Self {
         self.config.retry_period = d;
+        self
+    }
+
+    /// Calls `observer` with what this candidate observes about its own leadership (terms,
+    /// renewals), for metrics of your own: see [`observer`](crate::observer).
+    #[must_use]
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.hooks.set_observer(Arc::new(observer));
+        self
+    }
+
+    /// Whether to record client-go's `LeaderElection` Events on the Lease, "ID became leader"
+    /// and "ID stopped leading" (default `true`; needs `create events`, see
+    /// [`events`](crate::events)).
+    #[must_use]
+    pub fn events(mut self, record: bool) -> Self {
+        self.hooks
+            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
         self
     }
 
@@ -669,6 +694,12 @@ impl LeaseElector {
             h.successes += 1;
         });
         let (leadership, keeper, done) = Leadership::new(term);
+        self.hooks.follow(
+            &leadership,
+            lease.metadata.uid.clone(),
+            false,
+            Some(self.renewals()),
+        );
         let renewer = Renewer {
             api: Api::namespaced(self.client.clone(), &lock.namespace),
             elector: self.clone(),

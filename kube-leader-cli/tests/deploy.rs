@@ -1,0 +1,504 @@
+//! The manifests in `deploy/`, applied as a user applies them (`kubectl apply -k`) to the test
+//! control plane: the kustomize base and each overlay, their RBAC equal to `kube-leader rbac`, and
+//! the Pod template checked against the `restricted` Pod Security Standard.
+//!
+//! Kubernetes 1.20 has no Pod Security admission, so the rules are checked here, field by field,
+//! on the Deployment as the API server stored it; the namespace still carries the
+//! `pod-security.kubernetes.io/enforce: restricted` label, which a 1.23+ control plane enforces.
+//! A Pod made from the template is created with a server-side dry run, so the API server's own
+//! validation of the security fields runs too (the test control plane has no Deployment
+//! controller and no node).
+
+use std::{
+    fs,
+    path::{Component, Path, PathBuf},
+    process::Command,
+};
+
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Namespace, Pod, PodSpec},
+};
+use kube::{
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    Api,
+};
+use kube_leader_testenv::ControlPlane;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-leader");
+
+/// The repository's `deploy/`.
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .join("deploy")
+}
+
+// === the restricted Pod Security Standard ===
+
+/// The volume types the restricted level allows.
+const RESTRICTED_VOLUMES: [&str; 8] = [
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+
+/// Every rule of the `baseline` and `restricted` Pod Security Standards (Kubernetes 1.25+
+/// definitions) that `spec` breaks, one line each; empty when it meets `restricted`.
+fn restricted_violations(spec: &PodSpec) -> Vec<String> {
+    let mut v = Vec::new();
+    // Baseline: host namespaces.
+    for (field, on) in [
+        ("hostNetwork", spec.host_network),
+        ("hostPID", spec.host_pid),
+        ("hostIPC", spec.host_ipc),
+    ] {
+        if on == Some(true) {
+            v.push(format!("{field} must not be true"));
+        }
+    }
+    let pod_sc = spec.security_context.clone().unwrap_or_default();
+    // Restricted: volume types (baseline: no hostPath).
+    let volumes = serde_json::to_value(spec.volumes.clone().unwrap_or_default()).unwrap();
+    for vol in volumes.as_array().unwrap() {
+        for key in vol.as_object().unwrap().keys() {
+            if key != "name" && !RESTRICTED_VOLUMES.contains(&key.as_str()) {
+                v.push(format!("volume {} has type {key}", vol["name"]));
+            }
+        }
+    }
+    // Pod level: seccomp, non-root, user, sysctls, SELinux.
+    let seccomp_ok = |t: Option<&str>| matches!(t, Some("RuntimeDefault" | "Localhost"));
+    let pod_seccomp = pod_sc.seccomp_profile.as_ref().map(|p| p.type_.as_str());
+    if pod_seccomp == Some("Unconfined") {
+        v.push("pod seccompProfile must not be Unconfined".into());
+    }
+    if pod_sc.run_as_user == Some(0) {
+        v.push("pod runAsUser must not be 0".into());
+    }
+    if let Some(sysctls) = &pod_sc.sysctls {
+        if !sysctls.is_empty() {
+            v.push("no sysctls (only the safe set is allowed; none is needed)".into());
+        }
+    }
+    if let Some(se) = &pod_sc.se_linux_options {
+        if se.user.is_some() || se.role.is_some() {
+            v.push("pod seLinuxOptions user/role must not be set".into());
+        }
+    }
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        let name = &c.name;
+        let sc = c.security_context.clone().unwrap_or_default();
+        if sc.privileged == Some(true) {
+            v.push(format!("{name}: privileged must not be true"));
+        }
+        if sc.allow_privilege_escalation != Some(false) {
+            v.push(format!("{name}: allowPrivilegeEscalation must be false"));
+        }
+        let caps = sc.capabilities.clone().unwrap_or_default();
+        if !caps.drop.unwrap_or_default().iter().any(|d| d == "ALL") {
+            v.push(format!("{name}: capabilities.drop must contain ALL"));
+        }
+        for add in caps.add.unwrap_or_default() {
+            if add != "NET_BIND_SERVICE" {
+                v.push(format!(
+                    "{name}: capabilities.add may hold only NET_BIND_SERVICE, has {add}"
+                ));
+            }
+        }
+        let non_root = sc.run_as_non_root.or(pod_sc.run_as_non_root);
+        if non_root != Some(true) {
+            v.push(format!("{name}: runAsNonRoot must be true (pod or container)"));
+        }
+        if sc.run_as_user == Some(0) {
+            v.push(format!("{name}: runAsUser must not be 0"));
+        }
+        let seccomp = sc.seccomp_profile.as_ref().map(|p| p.type_.as_str());
+        if !seccomp_ok(seccomp.or(pod_seccomp)) || seccomp == Some("Unconfined") {
+            v.push(format!(
+                "{name}: seccompProfile must be RuntimeDefault or Localhost (pod or container)"
+            ));
+        }
+        if sc.proc_mount.as_deref().is_some_and(|m| m != "Default") {
+            v.push(format!("{name}: procMount must be Default"));
+        }
+        if let Some(se) = &sc.se_linux_options {
+            if se.user.is_some() || se.role.is_some() {
+                v.push(format!("{name}: seLinuxOptions user/role must not be set"));
+            }
+        }
+        for port in c.ports.iter().flatten() {
+            if port.host_port.is_some_and(|p| p != 0) {
+                v.push(format!("{name}: hostPort must not be set"));
+            }
+        }
+    }
+    v
+}
+
+/// What the issue asks of `deploy/` beyond Pod Security: a read-only root file system, limits,
+/// a topology spread, and the Downward API variables the sidecar needs.
+fn hardening_gaps(spec: &PodSpec) -> Vec<String> {
+    let mut v = Vec::new();
+    if spec
+        .topology_spread_constraints
+        .as_ref()
+        .is_none_or(Vec::is_empty)
+    {
+        v.push("no topologySpreadConstraints".to_string());
+    }
+    if spec
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.run_as_user)
+        .is_none_or(|u| u == 0)
+    {
+        v.push("the pod needs a numeric non-root runAsUser (the kubelet checks runAsNonRoot against it without reading the image)".into());
+    }
+    for c in &spec.containers {
+        let sc = c.security_context.clone().unwrap_or_default();
+        if sc.read_only_root_filesystem != Some(true) {
+            v.push(format!("{}: readOnlyRootFilesystem must be true", c.name));
+        }
+        let res = c.resources.clone().unwrap_or_default();
+        for (what, map) in [("requests", res.requests), ("limits", res.limits)] {
+            let map = map.unwrap_or_default();
+            for r in ["cpu", "memory"] {
+                if !map.contains_key(r) {
+                    v.push(format!("{}: no {r} in resources.{what}", c.name));
+                }
+            }
+        }
+        let env: Vec<_> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        for name in ["POD_NAME", "POD_NAMESPACE"] {
+            if !env.contains(&name) {
+                v.push(format!("{}: no {name} from the Downward API", c.name));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn the_checker_finds_each_broken_rule() {
+    let good: Deployment = serde_json::from_value(serde_json::json!({
+        "spec": {"selector": {}, "template": {"spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "app", "securityContext": {
+                "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}
+            }}],
+            "volumes": [{"name": "tmp", "emptyDir": {}}]
+        }}}
+    }))
+    .unwrap();
+    let spec = good.spec.unwrap().template.spec.unwrap();
+    assert_eq!(restricted_violations(&spec), Vec::<String>::new());
+    let broken = |f: &dyn Fn(&mut Value)| {
+        let mut v = serde_json::to_value(&spec).unwrap();
+        f(&mut v);
+        let spec: PodSpec = serde_json::from_value(v).unwrap();
+        restricted_violations(&spec)
+    };
+    for (what, f) in [
+        (
+            "hostNetwork",
+            &(|v: &mut Value| v["hostNetwork"] = true.into()) as &dyn Fn(&mut Value),
+        ),
+        ("type hostPath", &|v| {
+            v["volumes"][0] = serde_json::json!({"name": "h", "hostPath": {"path": "/"}})
+        }),
+        ("allowPrivilegeEscalation", &|v| {
+            v["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true.into()
+        }),
+        ("drop must contain ALL", &|v| {
+            v["containers"][0]["securityContext"]["capabilities"]["drop"] = serde_json::json!([])
+        }),
+        ("only NET_BIND_SERVICE", &|v| {
+            v["containers"][0]["securityContext"]["capabilities"]["add"] = serde_json::json!(["SYS_ADMIN"])
+        }),
+        ("runAsNonRoot", &|v| {
+            v["securityContext"]["runAsNonRoot"] = false.into()
+        }),
+        ("runAsUser must not be 0", &|v| {
+            v["securityContext"]["runAsUser"] = 0.into()
+        }),
+        ("seccompProfile", &|v| {
+            v["securityContext"]["seccompProfile"]["type"] = "Unconfined".into()
+        }),
+        ("privileged", &|v| {
+            v["containers"][0]["securityContext"]["privileged"] = true.into()
+        }),
+        ("hostPort", &|v| {
+            v["containers"][0]["ports"] = serde_json::json!([{"containerPort": 80, "hostPort": 80}])
+        }),
+    ] {
+        let found = broken(f);
+        assert!(
+            found.iter().any(|m| m.contains(what)),
+            "{what} not found: {found:?}"
+        );
+    }
+}
+
+// === applying deploy/ ===
+
+/// `kubectl ARGS` as admin: stdout, or a panic with stderr.
+fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = cp.kubectl().args(args).output().expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `to` relative to `from` (both absolute): kustomize refuses absolute paths to bases.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component<'_>> = from.components().collect();
+    let to: Vec<Component<'_>> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for c in &to[common..] {
+        path.push(c.as_os_str());
+    }
+    path
+}
+
+/// `kubectl apply -n NS -k DIR`: as shipped when the API server serves `policy/v1`
+/// (Kubernetes 1.21+); on an older one, through a kustomization that only changes the
+/// PodDisruptionBudget's apiVersion to `policy/v1beta1` (same fields), as a 1.20 user would.
+/// Returns the applied objects as the API server answered.
+fn apply_k(cp: &ControlPlane, ns: &str, dir: &Path) -> Vec<Value> {
+    let serves_policy_v1 = kubectl(cp, &["api-versions"]).lines().any(|l| l == "policy/v1");
+    let target = if serves_policy_v1 {
+        dir.to_path_buf()
+    } else {
+        let wrapper = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "deploy-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        fs::create_dir_all(&wrapper).unwrap();
+        let base = relative(&wrapper, dir);
+        fs::write(
+            wrapper.join("kustomization.yaml"),
+            format!(
+                "bases:\n  - {}\npatchesJson6902:\n  - target:\n      group: policy\n      version: v1\n      \
+                 kind: PodDisruptionBudget\n      name: kube-leader-demo\n    path: pdb-v1beta1.yaml\n",
+                base.display()
+            ),
+        )
+        .unwrap();
+        fs::write(
+            wrapper.join("pdb-v1beta1.yaml"),
+            "- op: replace\n  path: /apiVersion\n  value: policy/v1beta1\n",
+        )
+        .unwrap();
+        wrapper
+    };
+    let out = kubectl(
+        cp,
+        &["apply", "-n", ns, "-k", target.to_str().unwrap(), "-o", "json"],
+    );
+    if !serves_policy_v1 {
+        let _ = fs::remove_dir_all(&target);
+    }
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["items"].as_array().cloned().unwrap_or_else(|| vec![v])
+}
+
+/// A namespace labelled to enforce the restricted level (enforced by 1.23+ API servers).
+async fn restricted_namespace(cp: &ControlPlane) -> kube_leader_testenv::TestNamespace {
+    let ns = cp.namespace().await;
+    let patch = serde_json::json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted",
+    }}});
+    Api::<Namespace>::all(cp.client().await)
+        .patch(ns.name(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    ns
+}
+
+/// Applies `deploy/<variant>` and checks everything; returns the stored Deployment.
+async fn check_variant(cp: &ControlPlane, variant: &str, service_account: &str) -> Deployment {
+    let ns = restricted_namespace(cp).await;
+    let dir = deploy_dir().join(variant);
+    let applied = apply_k(cp, ns.name(), &dir);
+    let mut kinds: Vec<String> = applied
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "Deployment",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ],
+        "deploy/{variant}"
+    );
+
+    let client = cp.client().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
+    let d = deployments.get("kube-leader-demo").await.unwrap();
+    let spec = d.spec.clone().unwrap();
+    let pod = spec.template.spec.clone().unwrap();
+    let violations = restricted_violations(&pod);
+    assert!(
+        violations.is_empty(),
+        "deploy/{variant} is not restricted: {violations:#?}"
+    );
+    let gaps = hardening_gaps(&pod);
+    assert!(gaps.is_empty(), "deploy/{variant}: {gaps:#?}");
+    assert_eq!(pod.service_account_name.as_deref(), Some(service_account));
+    assert_eq!(spec.replicas, Some(3));
+    // The container and its names stay as the real-node tests and users know them.
+    assert_eq!(pod.containers.len(), 1);
+    assert_eq!(pod.containers[0].name, "app");
+    assert_eq!(
+        pod.containers[0].command.as_deref(),
+        Some(&["kube-leader".to_string()][..])
+    );
+
+    // The PodDisruptionBudget selects the Deployment's Pods.
+    let pdb = applied
+        .iter()
+        .find(|o| o["kind"] == "PodDisruptionBudget")
+        .unwrap();
+    let labels = serde_json::to_value(spec.template.metadata.clone().unwrap().labels).unwrap();
+    for (k, val) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &labels[k], val,
+            "the PodDisruptionBudget does not select the Pods"
+        );
+    }
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+
+    // The API server validates a Pod made from the template (dry run: nothing is created).
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("template-check".into()),
+            labels: spec.template.metadata.and_then(|m| m.labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(pod),
+        ..Pod::default()
+    };
+    Api::<Pod>::namespaced(client, ns.name())
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &pod,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("deploy/{variant}: a Pod of the template is refused: {e}"));
+    d
+}
+
+fn args(d: &Deployment) -> Vec<String> {
+    d.spec.clone().unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_deploy_is_restricted_with_limits_and_a_pdb() {
+    let cp = ControlPlane::shared();
+    // `kubectl apply -k deploy/` is leader for life, as `kube-leader run` defaults.
+    let d = check_variant(cp, "", "kube-leader-for-life").await;
+    assert!(!args(&d).contains(&"--strategy".to_string()), "{:?}", args(&d));
+    let d = check_variant(cp, "for-life", "kube-leader-for-life").await;
+    assert!(args(&d).starts_with(&["run".to_string(), "--lock".into(), "kube-leader-demo".into()]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_deploy_lease_runs_the_lease_strategy() {
+    let cp = ControlPlane::shared();
+    let d = check_variant(cp, "lease", "kube-leader-lease").await;
+    let a = args(&d);
+    assert_eq!(&a[..3], ["run", "--strategy", "lease"], "{a:?}");
+    // The lock the RBAC names (resourceNames) is the one the Deployment campaigns for.
+    let lock = a
+        .iter()
+        .position(|s| s == "--lock")
+        .map(|i| a[i + 1].clone())
+        .unwrap();
+    assert_eq!(lock, "kube-leader-demo");
+}
+
+// === RBAC ===
+
+fn rbac(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("rbac")
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The rules of the Role in `yaml`, normalized by the API server (dry run).
+fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
+    let out = cp
+        .kubectl_with_stdin(
+            &["apply", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-"],
+            yaml,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let items = v["items"].as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
+    let role = items.iter().find(|i| i["kind"] == "Role").expect("a Role");
+    let mut rules: Vec<Value> = role["rules"].as_array().unwrap().clone();
+    rules.sort_by_key(|r| r.to_string());
+    rules
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_rbac_matches_kube_leader_rbac() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    for (strategy, file) in [
+        ("lease", "lease/rbac-lease.yaml"),
+        ("for-life", "for-life/rbac-for-life.yaml"),
+    ] {
+        let deployed = fs::read_to_string(deploy_dir().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let printed = rbac(&[
+            "--strategy",
+            strategy,
+            "--lock",
+            "kube-leader-demo",
+            "--namespace",
+            ns.name(),
+        ]);
+        assert_eq!(
+            server_rules(cp, ns.name(), &deployed),
+            server_rules(cp, ns.name(), &printed),
+            "deploy/{file} and `kube-leader rbac --strategy {strategy}` disagree"
+        );
+    }
+}
