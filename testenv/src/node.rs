@@ -264,7 +264,7 @@ impl Node {
             .map_err(|e| Error::io("start a tokio runtime for", "the node", e))?;
         runtime.block_on(async {
             node.boot_scheduler(&assets)?;
-            node.write_kubelet_files(&assets, &pause_image.0)?;
+            node.write_kubelet_files(&pause_image.0)?;
             node.start_kubelet().await?;
             node.run_probe_pod(&pause_image.0).await
         })?;
@@ -387,8 +387,7 @@ disabled_plugins = [
         Ok(())
     }
 
-    fn write_kubelet_files(&mut self, assets: &Assets, pause_image: &str) -> Result<()> {
-        let _ = assets;
+    fn write_kubelet_files(&mut self, pause_image: &str) -> Result<()> {
         let support = self
             .control_plane
             .node_support()
