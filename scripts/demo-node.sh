@@ -82,7 +82,7 @@ demo() { # STRATEGY
   k create namespace "$ns" >/dev/null
   local t0; t0=$(now_ms)
   # The PodDisruptionBudget as policy/v1beta1 on 1.20, as deploy/base/pdb.yaml says.
-  k kustomize "deploy/$strategy" | sed 's|^apiVersion: policy/v1$|apiVersion: policy/v1beta1|' \
+  k kustomize "deploy/$strategy" 2>/dev/null | sed 's|^apiVersion: policy/v1$|apiVersion: policy/v1beta1|' \
     | k -n "$ns" create --dry-run=client -o json -f - \
     | jq -s --arg port "$APISERVER_PORT" '{apiVersion: "v1", kind: "List", items: map(
         del(.metadata.namespace)
