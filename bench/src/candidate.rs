@@ -87,6 +87,8 @@ impl Timings {
 #[derive(Debug, Clone)]
 pub(crate) struct Binaries {
     pub(crate) lease_candidate: PathBuf,
+    /// `shard-candidate` (crate kube-leader-e2e): one `Shards` candidate.
+    pub(crate) shard_candidate: PathBuf,
     pub(crate) go_candidate: PathBuf,
     /// The `kube-leader` sidecar, if it could be built and answers `run --help`.
     pub(crate) sidecar: Option<PathBuf>,
@@ -107,6 +109,10 @@ pub(crate) struct Event {
     pub(crate) identity: String,
     /// The leader named by a `new_leader` event (client-go).
     pub(crate) leader: Option<String>,
+    /// The shard of a `shard-candidate`'s `started_leading` / `stopped_leading` event.
+    pub(crate) shard: Option<u32>,
+    /// The number of shards held, in a `shard-candidate`'s `held` event.
+    pub(crate) count: Option<u64>,
     pub(crate) mono_ns: u64,
 }
 
@@ -354,6 +360,8 @@ fn parse_event(line: &str, fallback_identity: &str) -> Option<Event> {
         kind: v["event"].as_str()?.to_owned(),
         identity: v["identity"].as_str().unwrap_or(fallback_identity).to_owned(),
         leader: v["leader"].as_str().map(str::to_owned),
+        shard: v["shard"].as_u64().and_then(|s| u32::try_from(s).ok()),
+        count: v["count"].as_u64(),
         mono_ns: v["mono_ns"].as_u64()?,
     })
 }

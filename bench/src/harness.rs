@@ -53,6 +53,15 @@ pub(crate) struct Plan {
     pub(crate) per_client: usize,
     /// Pause between rounds, so that a restarted candidate is watching again.
     pub(crate) settle: Duration,
+    /// Shards held by one `shard-candidate` process, its timings and its window.
+    pub(crate) shard_leases: u32,
+    pub(crate) shard_timings: Timings,
+    pub(crate) shard_window: Duration,
+    /// Replicas sharing [`Plan::replica_shards`] shards, their timings and idle window.
+    pub(crate) replicas: usize,
+    pub(crate) replica_shards: u32,
+    pub(crate) replica_timings: Timings,
+    pub(crate) replica_idle: Duration,
 }
 
 // === impl Plan ===
@@ -75,6 +84,13 @@ impl Plan {
                 held_leases: 50,
                 per_client: 50,
                 settle: Duration::from_millis(1500),
+                shard_leases: 100,
+                shard_timings: Timings::DEFAULT,
+                shard_window: Duration::from_secs(20),
+                replicas: 3,
+                replica_shards: 30,
+                replica_timings: Timings::SHORT,
+                replica_idle: Duration::from_secs(5),
             },
             Mode::Full => Self {
                 mode,
@@ -91,6 +107,13 @@ impl Plan {
                 held_leases: 1000,
                 per_client: 50,
                 settle: Duration::from_secs(2),
+                shard_leases: 1000,
+                shard_timings: Timings::DEFAULT,
+                shard_window: Duration::from_secs(300),
+                replicas: 3,
+                replica_shards: 100,
+                replica_timings: Timings::DEFAULT,
+                replica_idle: Duration::from_secs(60),
             },
         }
     }
@@ -251,6 +274,23 @@ pub(crate) fn find_binaries(mode: Mode) -> anyhow::Result<Binaries> {
         );
     }
 
+    let shard_candidate = match std::env::var_os("KUBE_LEADER_SHARD_CANDIDATE") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            if let Err(e) = cargo_build(&profile, "kube-leader-e2e", "shard-candidate") {
+                eprintln!("kube-leader-bench: could not build shard-candidate: {e:#}");
+            }
+            dir.join("shard-candidate")
+        }
+    };
+    if !shard_candidate.is_file() {
+        bail!(
+            "no shard candidate at {}: run `cargo build --profile {profile} -p kube-leader-e2e \
+             --bin shard-candidate`, or set KUBE_LEADER_SHARD_CANDIDATE",
+            shard_candidate.display()
+        );
+    }
+
     // The sidecar as shipped: the workspace's `sidecar` profile, if it has one (full mode only:
     // its LTO build takes minutes), else this program's profile.
     let workspace =
@@ -299,6 +339,7 @@ pub(crate) fn find_binaries(mode: Mode) -> anyhow::Result<Binaries> {
     }
     Ok(Binaries {
         lease_candidate,
+        shard_candidate,
         go_candidate,
         sidecar,
         sidecar_missing,

@@ -49,7 +49,7 @@ use crate::{
     candidate::Impl,
     harness::{Bench, Mode, Plan},
     report::{Header, Results},
-    scenario::{for_life, idle, lease, lease::Stop, scale, sidecar},
+    scenario::{for_life, idle, lease, lease::Stop, scale, shards, sidecar},
 };
 
 /// kube-leader's benchmarks against client-go, on a local control plane.
@@ -90,6 +90,7 @@ enum Scenario {
     Idle,
     Sidecar,
     Scale,
+    Shards,
 }
 
 fn main() -> ExitCode {
@@ -171,6 +172,8 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
         sidecar_missing,
         one_lock: Vec::new(),
         many: None,
+        shard_process: None,
+        shard_replicas: None,
         failures: Vec::new(),
         elapsed: Default::default(),
     };
@@ -254,6 +257,35 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
                 format!("scale: {} Leases in one process", plan.held_leases),
                 e,
             ),
+        }
+    }
+    if wanted(Scenario::Shards) {
+        let t = plan.shard_timings;
+        step(&format!(
+            "shards: one process holding {} shard Leases for {:?}, {}",
+            plan.shard_leases,
+            plan.shard_window,
+            t.label()
+        ));
+        match shards::one_process(&b, plan.shard_leases, t, plan.shard_window).await {
+            Ok(m) => r.shard_process = Some(m),
+            Err(e) => failed(
+                &mut r,
+                format!("shards: {} Leases in one process", plan.shard_leases),
+                e,
+            ),
+        }
+        let t = plan.replica_timings;
+        step(&format!(
+            "shards: {} replicas × {} shards, {}: start, idle {:?}, a join, a SIGKILL",
+            plan.replicas,
+            plan.replica_shards,
+            t.label(),
+            plan.replica_idle
+        ));
+        match shards::replicas(&b, plan.replicas, plan.replica_shards, t, plan.replica_idle).await {
+            Ok(m) => r.shard_replicas = Some(m),
+            Err(e) => failed(&mut r, format!("shards: {} replicas", plan.replicas), e),
         }
     }
     r.elapsed = started.elapsed();

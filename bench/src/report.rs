@@ -13,6 +13,7 @@ use crate::{
         idle::IdleLoad,
         lease::{LeaseFailover, Stop},
         scale::{ManyLeases, OneLock},
+        shards::{OneProcess, Replicas},
         sidecar::SidecarMemory,
     },
     stats::{self, fmt, Summary},
@@ -31,6 +32,10 @@ pub(crate) struct Results {
     pub(crate) sidecar_missing: Option<String>,
     pub(crate) one_lock: Vec<OneLock>,
     pub(crate) many: Option<ManyLeases>,
+    /// Shards: one process holding many shard Leases.
+    pub(crate) shard_process: Option<OneProcess>,
+    /// Shards: replicas sharing a set.
+    pub(crate) shard_replicas: Option<Replicas>,
     /// Scenarios that failed, with their error.
     pub(crate) failures: Vec<(String, String)>,
     pub(crate) elapsed: Duration,
@@ -109,6 +114,7 @@ impl Results {
         self.idle_table(&mut s);
         self.memory_table(&mut s);
         self.scale_tables(&mut s);
+        self.shard_tables(&mut s);
         self.goals_table(&mut s);
         if !self.failures.is_empty() {
             let _ = writeln!(s, "### Scenarios that failed\n");
@@ -547,6 +553,201 @@ impl Results {
         }
     }
 
+    fn shard_tables(&self, s: &mut String) {
+        if let Some(m) = &self.shard_process {
+            let _ = writeln!(
+                s,
+                "### Shards: one process holding N shard Leases (`kube_leader::Shards`, one client)\n"
+            );
+            let _ = writeln!(
+                s,
+                "| Leases | timings | all held after | window | writes/s | requests/s | 429s | CPU | peak RSS | RSS | Leases lost |"
+            );
+            let _ = writeln!(
+                s,
+                "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            );
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.0} s | {:.1} (ideal {:.1}, {:.3}×) | {:.1} | {} | {:.1}% of a core | {} | {} | {} |\n",
+                m.leases,
+                m.timings.label(),
+                fmt(m.all_held),
+                m.window.as_secs_f64(),
+                m.writes_per_second(),
+                m.ideal(),
+                m.writes_per_second() / m.ideal(),
+                audit::total(&m.requests) as f64 / m.window.as_secs_f64(),
+                m.refused(),
+                m.cpu * 100.0,
+                mib(m.memory.hwm_kib),
+                mib(m.memory.rss_kib),
+                m.lost
+            );
+            let by_code: Vec<String> = m
+                .codes
+                .iter()
+                .map(|(verb, codes)| {
+                    let c: Vec<String> = codes.iter().map(|(code, n)| format!("{code}: {n}")).collect();
+                    format!("{verb} ({})", c.join(", "))
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "- Requests in the window by verb and HTTP status: {}. Ideal: one `update` per shard per retry \
+                 period, plus one for the membership Lease; the watch of all the set's Leases is one request \
+                 per 290 s.\n",
+                by_code.join("; ")
+            );
+        }
+        if let Some(r) = &self.shard_replicas {
+            let _ = writeln!(
+                s,
+                "### Shards: {} replicas sharing {} shards\n",
+                r.replicas, r.shards
+            );
+            let _ = writeln!(s, "| moment | timings | shards per replica | worst distance from fair | time to the fair spread |");
+            let _ = writeln!(s, "| --- | --- | --- | ---: | ---: |");
+            for (what, sp) in [
+                ("after start", &r.start),
+                ("after a replica joins", &r.join),
+                ("after a replica is SIGKILLed", &r.crash),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "| {what} | {} | {} | {:.2} | {} |",
+                    r.timings.label(),
+                    sp.describe(),
+                    sp.worst(),
+                    sp.took.map_or("not reached".into(), fmt)
+                );
+            }
+            let per: Vec<String> = r.idle_per_minute.iter().map(|p| format!("{p:.1}")).collect();
+            let _ = writeln!(
+                s,
+                "\n- Idle requests per minute per replica over {:.0} s: {} (by verb, all replicas: {}).\n",
+                r.idle_window.as_secs_f64(),
+                per.join(", "),
+                verbs(&r.idle)
+            );
+        }
+    }
+
+    /// The goals of issue 13 (shards), evaluated.
+    fn shard_goals(&self, goals: &mut Vec<Goal>) {
+        let g = "shards: one process holds N Leases (15s/10s/2s) through the window, 0 lost";
+        goals.push(match &self.shard_process {
+            Some(m) => Goal {
+                goal: g.into(),
+                measured: format!(
+                    "{} Leases for {:.0} s ({}): {} lost",
+                    m.leases,
+                    m.window.as_secs_f64(),
+                    m.timings.label(),
+                    m.lost
+                ),
+                met: Some(m.lost == 0),
+                cause: if m.lost == 0 {
+                    String::new()
+                } else {
+                    format!("429s: {}", m.refused())
+                },
+            },
+            None => not_measured(g),
+        });
+        let g = "shards: writes/s ≤ 1.02 × ideal (N / retry period)";
+        goals.push(match &self.shard_process {
+            Some(m) => {
+                let ratio = m.writes_per_second() / m.ideal();
+                Goal {
+                    goal: g.into(),
+                    measured: format!(
+                        "{:.1} writes/s, ideal {:.1}: {ratio:.3}×",
+                        m.writes_per_second(),
+                        m.ideal()
+                    ),
+                    met: Some(ratio <= 1.02),
+                    cause: if ratio <= 1.02 {
+                        String::new()
+                    } else {
+                        format!("by verb: {}", verbs(&m.requests))
+                    },
+                }
+            }
+            None => not_measured(g),
+        });
+        let g = "shards: spread within 1 of fair after start, a join and a SIGKILL";
+        goals.push(match &self.shard_replicas {
+            Some(r) => {
+                let all = [&r.start, &r.join, &r.crash];
+                let met = all.iter().all(|s| s.took.is_some() && s.worst() < 1.0);
+                Goal {
+                    goal: g.into(),
+                    measured: format!(
+                        "{} replicas × {} shards: {} / {} / {}",
+                        r.replicas,
+                        r.shards,
+                        r.start.describe(),
+                        r.join.describe(),
+                        r.crash.describe()
+                    ),
+                    met: Some(met),
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "see the shard table".into()
+                    },
+                }
+            }
+            None => not_measured(g),
+        });
+        let g = "shards: rebalance after a join ≤ one retry period + handover (1 s)";
+        goals.push(match &self.shard_replicas {
+            Some(r) => {
+                let bound = r.timings.retry + Duration::from_secs(1);
+                let met = r.join.took.is_some_and(|t| t <= bound);
+                Goal {
+                    goal: g.into(),
+                    measured: format!(
+                        "{} (retry period {})",
+                        r.join.took.map_or("not reached".into(), fmt),
+                        fmt(r.timings.retry)
+                    ),
+                    met: Some(met),
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "from the start of the joining process".into()
+                    },
+                }
+            }
+            None => not_measured(g),
+        });
+        let g = "shards: rebalance after a SIGKILL ≤ lease duration + one retry period";
+        goals.push(match &self.shard_replicas {
+            Some(r) => {
+                let bound = r.timings.lease + r.timings.retry;
+                let met = r.crash.took.is_some_and(|t| t <= bound);
+                Goal {
+                    goal: g.into(),
+                    measured: format!(
+                        "{} (lease {} + retry {})",
+                        r.crash.took.map_or("not reached".into(), fmt),
+                        fmt(r.timings.lease),
+                        fmt(r.timings.retry)
+                    ),
+                    met: Some(met),
+                    cause: if met {
+                        String::new()
+                    } else {
+                        "see the shard table".into()
+                    },
+                }
+            }
+            None => not_measured(g),
+        });
+    }
+
     /// The goals, evaluated.
     pub(crate) fn goals(&self) -> Vec<Goal> {
         let mut goals = Vec::new();
@@ -792,11 +993,12 @@ impl Results {
             }
             None => not_measured(g),
         });
+        self.shard_goals(&mut goals);
         goals
     }
 
     fn goals_table(&self, s: &mut String) {
-        let _ = writeln!(s, "### Goals (issue 4)\n");
+        let _ = writeln!(s, "### Goals (issues 4 and 13)\n");
         let _ = writeln!(s, "| goal | measured | met? | cause, when not met |");
         let _ = writeln!(s, "| --- | --- | --- | --- |");
         for g in self.goals() {

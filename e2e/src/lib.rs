@@ -3,6 +3,7 @@
 pub mod chaos;
 pub mod checker;
 pub mod faults;
+pub mod shard_fleet;
 
 use std::time::Duration;
 

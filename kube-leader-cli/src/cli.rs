@@ -196,6 +196,17 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) not_ready_takeover: Option<Duration>,
 
+    /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
+    /// for the life of kube-leader, telling it its shards: KUBE_LEADER_SHARD_SET at start, then
+    /// the file KUBE_LEADER_SHARDS_FILE rewritten and --shards-signal on every change; COMMAND
+    /// acknowledges by writing the file's generation to KUBE_LEADER_SHARDS_ACK.
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) shards: Option<u32>,
+
+    /// The signal sent to COMMAND's process group when its shards change (with --shards).
+    #[arg(long, value_name = "SIGNAL", default_value = "HUP", value_parser = crate::shards::parse_signal)]
+    pub(crate) shards_signal: nix::sys::signal::Signal,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -363,6 +374,9 @@ impl RunArgs {
                 ms(self.retry_period)
             ));
         }
+        if self.shards.is_some() && self.lock.strategy != StrategyArg::Lease {
+            return Err("invalid value for '--shards': shards are Leases: add --strategy lease".into());
+        }
         if self.lock.strategy == StrategyArg::Lease {
             self.lease_config().validate().map_err(|e| e.to_string())?;
             let bound = self.lease_duration.saturating_sub(self.renew_deadline);
@@ -529,6 +543,33 @@ mod tests {
 
     fn args(s: &str) -> Vec<OsString> {
         s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn shards_are_leases_with_a_catchable_signal() {
+        let parse = |s: &str| Cli::try_parse_from(args(s));
+        let run = |s: &str| {
+            let Command::Run(run) = parse(s).unwrap().command else {
+                panic!("not run")
+            };
+            run
+        };
+        let r = run("kube-leader run --lock l --strategy lease --shards 64 -- true");
+        assert_eq!(r.shards, Some(64));
+        assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGHUP);
+        r.validate().unwrap();
+        let r = run("kube-leader run --lock l --strategy lease --shards 4 --shards-signal usr1 -- true");
+        assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGUSR1);
+        let e = run("kube-leader run --lock l --shards 4 -- true")
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("--shards") && e.contains("--strategy lease"), "{e}");
+        for bad in [
+            "kube-leader run --lock l --strategy lease --shards 0 -- true",
+            "kube-leader run --lock l --strategy lease --shards 4 --shards-signal KILL -- true",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     fn err(s: &str) -> String {

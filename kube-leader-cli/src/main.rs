@@ -21,6 +21,7 @@ mod metrics;
 mod rbac;
 mod run;
 mod server;
+mod shards;
 mod state;
 mod status;
 mod supervisor;

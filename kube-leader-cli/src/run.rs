@@ -27,6 +27,9 @@ use crate::{
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
+    if let Some(count) = args.shards {
+        return crate::shards::run(args.clone(), count, args.shards_signal).await;
+    }
     // Before anything else, so that a signal during start-up is not lost.
     let mut signals = Signals::new().or_exit(1)?;
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
@@ -431,7 +434,7 @@ pub(crate) fn resolve_namespace(explicit: Option<&str>, client: &Client) -> Stri
 }
 
 /// `--identity`, else `POD_NAME`, else the host name.
-fn resolve_identity(explicit: Option<&str>) -> Option<String> {
+pub(crate) fn resolve_identity(explicit: Option<&str>) -> Option<String> {
     explicit
         .map(str::to_string)
         .or_else(lock::pod_name_from_env)

@@ -78,6 +78,9 @@ pub enum LossReason {
     Released,
     /// The shutdown token passed to the elector was cancelled.
     Cancelled,
+    /// Shards: this shard is handed over so that every candidate holds its fair share (a
+    /// candidate joined); it is released once the work on it has stopped.
+    Rebalanced,
 }
 
 impl fmt::Display for LossReason {
@@ -103,6 +106,7 @@ impl fmt::Display for LossReason {
             }
             LossReason::Released => f.write_str("released"),
             LossReason::Cancelled => f.write_str("shutdown requested"),
+            LossReason::Rebalanced => f.write_str("handed over to rebalance the shards"),
         }
     }
 }

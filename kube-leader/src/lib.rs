@@ -29,6 +29,7 @@ pub mod lease;
 pub mod lock;
 mod object_watch;
 pub mod observer;
+pub mod shards;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
 /// `PROPTEST_CASES` if set (a long fuzzing run). Failures are not persisted: odd inputs found
@@ -51,3 +52,4 @@ pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
+pub use shards::{ShardSet, Shards, ShardsConfig};

@@ -333,7 +333,9 @@ impl ControlPlane {
                 // which validation refuses (loopback), and log that error every 10 s.
                 "--endpoint-reconciler-type=none".into(),
                 "--profiling=false".into(),
-                "--enable-priority-and-fairness=false".into(),
+                // API Priority and Fairness on, as in every cluster since 1.20 (its default), so
+                // that overload is answered with its 429s and Retry-After (issue 13).
+                "--enable-priority-and-fairness=true".into(),
                 flag("--audit-policy-file", &audit_policy),
                 flag("--audit-log-path", &self.audit_log),
                 // Each event is written before the response, so a test reads its own requests.

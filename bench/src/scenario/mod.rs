@@ -4,4 +4,5 @@ pub(crate) mod for_life;
 pub(crate) mod idle;
 pub(crate) mod lease;
 pub(crate) mod scale;
+pub(crate) mod shards;
 pub(crate) mod sidecar;

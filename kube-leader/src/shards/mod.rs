@@ -1,0 +1,16 @@
+//! Shards: many Leases per process, spread fairly over the live candidates.
+//!
+//! A set of M shard Leases `<name>-0` .. `<name>-<M-1>` (plain client-go Leases) is shared by
+//! the candidates that run [`Shards`]: each holds its fair share, hands shards over when a
+//! candidate joins, and takes over a dead candidate's shards when their leases expire. One
+//! process renews all its shards from one scheduler over one list/watch; see [`Shards`].
+
+mod balance;
+mod config;
+mod elector;
+mod scheduler;
+
+/// The annotation telling which process wrote a Lease (shared with the Lease strategy).
+pub use crate::lease::INSTANCE_ANNOTATION;
+pub use config::{ShardsConfig, MAX_SHARDS};
+pub use elector::{member_lease_name, Assignments, Shard, ShardSet, Shards, ROLE_LABEL, SHARDS_LABEL};
