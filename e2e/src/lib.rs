@@ -2,6 +2,7 @@
 
 pub mod chaos;
 pub mod checker;
+pub mod faults;
 
 use std::time::Duration;
 

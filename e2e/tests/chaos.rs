@@ -37,6 +37,10 @@
 //! - `apiserver-restart`: kube-apiserver killed and started again on the same etcd.
 //! - `lock-delete`: an administrator deletes the lock.
 //! - `sigterm`: the leader is asked to stop (a rolling update): it releases.
+//! - Lease: `twin` (a follower is replaced by a candidate with the leader's identity, as a
+//!   copied `--identity` would do: it must not lead while the leader renews), `acquire-pause`
+//!   (the leader is asked to stop and a follower is paused right away, past the lease, so that
+//!   an acquiring write may be answered after its renew deadline: that term must not start).
 //! - leader for life: `pod-delete` (the leader's Pod deleted, its process alive: no kubelet),
 //!   `evict` (the leader's Pod `Failed`/`Evicted`), `recreate` (the leader's Pod deleted and
 //!   created again under the same name, with a new candidate in it while the old process runs),
@@ -149,6 +153,8 @@ enum Kind {
     Evict,
     Recreate,
     KillThenPodDelete,
+    Twin,
+    AcquirePause,
     KillSupervisor,
     DeafCommand,
     PauseAcquiring,
@@ -171,6 +177,8 @@ impl Kind {
             Kind::Evict => "evict",
             Kind::Recreate => "recreate",
             Kind::KillThenPodDelete => "kill-then-pod-delete",
+            Kind::Twin => "twin",
+            Kind::AcquirePause => "acquire-pause",
             Kind::KillSupervisor => "kill-supervisor",
             Kind::DeafCommand => "deaf-command",
             Kind::PauseAcquiring => "pause-acquiring",
@@ -190,6 +198,8 @@ impl Kind {
                 (Kind::Delay, 2),
                 (Kind::LockDelete, 4),
                 (Kind::Sigterm, 10),
+                (Kind::Twin, 2),
+                (Kind::AcquirePause, 3),
             ],
             Strategy::ForLife => vec![
                 (Kind::KillThenPodDelete, 6),
@@ -223,7 +233,7 @@ impl Kind {
     /// Faults after which the leader they aimed at must have stopped leading.
     fn deposes(self, strategy: Strategy) -> bool {
         match self {
-            Kind::PartitionFollower | Kind::ApiserverRestart => false,
+            Kind::PartitionFollower | Kind::ApiserverRestart | Kind::Twin => false,
             Kind::Partition | Kind::Delay => strategy == Strategy::Lease,
             _ => true,
         }
@@ -611,7 +621,11 @@ impl Arena {
         let generation = self.slots[slot].generation;
         let fresh = format!("{}{}-{generation}", self.prefix(), slot + 1);
         let (name, key) = match self.strategy {
-            Strategy::Lease => (fresh.clone(), fresh),
+            // `reuse`: a twin, with another candidate's identity (the key stays unique).
+            Strategy::Lease => match reuse {
+                Some(identity) => (identity.clone(), format!("{fresh}-twin-of-{identity}")),
+                None => (fresh.clone(), fresh),
+            },
             Strategy::ForLife => {
                 let pod_name = match reuse {
                     Some(p) => p,
@@ -1177,6 +1191,62 @@ impl Arena {
                     self.sleep(Duration::from_millis(300)).await;
                 }
                 let _ = kill(pid, Signal::SIGCONT);
+            }
+            Kind::Twin => {
+                // A follower's slot gets a candidate with the leader's identity, for a few
+                // lease durations: it must not lead while the leader renews.
+                let followers: Vec<usize> = (0..CANDIDATES)
+                    .filter(|s| *s != self.procs[leader].slot)
+                    .filter(|s| self.slots[*s].current.is_some_and(|i| self.procs[i].alive()))
+                    .collect();
+                let slot = followers[self.rng.index(followers.len())];
+                self.slots[slot].hold = true;
+                let follower = self.slots[slot].current.expect("alive");
+                self.kill_all(follower);
+                self.until("the replaced follower to be gone", SOON, |a| {
+                    a.procs[follower].finalized.then_some(())
+                })
+                .await;
+                let identity = self.procs[leader].name.clone();
+                self.start(slot, Some(identity)).await;
+                let twin = self.slots[slot].current.expect("started");
+                self.sleep(3 * t.lease).await;
+                self.kill_all(twin);
+                self.slots[slot].hold = false;
+            }
+            Kind::AcquirePause => {
+                // The leader steps down (releases); a follower is stopped at once, maybe with
+                // its acquiring write in flight, past the lease, and resumed.
+                let followers: Vec<usize> = (0..CANDIDATES)
+                    .filter(|s| *s != self.procs[leader].slot)
+                    .filter_map(|s| self.slots[s].current)
+                    .filter(|i| self.procs[*i].alive())
+                    .collect();
+                let paused = followers[self.rng.index(followers.len())];
+                let _ = kill(Pid::from_raw(self.procs[leader].pid), Signal::SIGTERM);
+                let wait = self.rng.duration(Duration::ZERO, Duration::from_millis(15));
+                std::thread::sleep(wait);
+                let groups = self.groups(paused);
+                for g in &groups {
+                    let _ = killpg(*g, Signal::SIGSTOP);
+                }
+                let froze = mono_ns();
+                let paused_key = self.procs[paused].key.clone();
+                self.history.froze(&paused_key, froze);
+                self.sleep(t.lease + t.renew).await;
+                for g in groups.iter().rev() {
+                    let _ = killpg(*g, Signal::SIGCONT);
+                }
+                let thawed = mono_ns();
+                self.history.thawed(&paused_key, thawed);
+                // A pause like any other: if it caught the follower already leading, the window
+                // after the thaw is a post-pause window. If it caught it acquiring (no term
+                // yet), there is none: a term it starts after the thaw must not overlap.
+                self.pauses.push(Pause {
+                    key: paused_key,
+                    froze,
+                    thawed,
+                });
             }
             Kind::Partition | Kind::PartitionFollower | Kind::Delay => {
                 let slot = if kind == Kind::PartitionFollower {

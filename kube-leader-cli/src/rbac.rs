@@ -42,12 +42,20 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
         // The same rules as deploy/rbac-for-life.yaml, which explains each verb.
         StrategyArg::ForLife => vec![
             Rule {
-                why: "the lock: get, list, watch it; create: become leader; update: write the fencing \
-                      token; delete: remove a stale lock (UID precondition) and step down",
+                why: "create: become leader (create cannot be limited by name)",
                 api_group: "",
                 resource: "configmaps",
                 resource_names: vec![],
-                verbs: &["get", "list", "watch", "create", "update", "delete"],
+                verbs: &["create"],
+            },
+            Rule {
+                why: "the lock only: get, list, watch it (by name, with a field selector); update: \
+                      write the fencing token; delete: remove a stale lock (UID precondition) and \
+                      step down",
+                api_group: "",
+                resource: "configmaps",
+                resource_names: vec![lock.to_string()],
+                verbs: &["get", "list", "watch", "update", "delete"],
             },
             Rule {
                 why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \

@@ -61,6 +61,19 @@ pub enum LossReason {
         /// What happened to the Pod ("is being deleted", "is in phase Failed (Evicted)", ...).
         why: String,
     },
+    /// Another process wrote the lock under this candidate's own identity: two candidates
+    /// share one identity (a copied `--identity`, two containers of one Pod, host names under
+    /// `hostNetwork`), and both would otherwise lead. Give every candidate a unique identity.
+    DuplicateIdentity {
+        /// The identity both use.
+        identity: String,
+    },
+    /// The background task that keeps the lock stopped unexpectedly (it panicked): a bug in
+    /// kube-leader, please report it. Leadership ends, since nobody confirms the lock any more.
+    KeeperStopped {
+        /// What happened to it.
+        why: String,
+    },
     /// Leadership was given up with [`Leadership::release`] or by dropping the handle.
     Released,
     /// The shutdown token passed to the elector was cancelled.
@@ -80,6 +93,14 @@ impl fmt::Display for LossReason {
                 write!(f, "the lease was not renewed within the renew deadline ({since_last_renewal:?} since the last renewal)")
             }
             LossReason::PodEnding { why } => write!(f, "this candidate's Pod {why}"),
+            LossReason::DuplicateIdentity { identity } => write!(
+                f,
+                "another process holds the lock under this candidate's identity {identity:?}; \
+                 every candidate needs a unique identity"
+            ),
+            LossReason::KeeperStopped { why } => {
+                write!(f, "the task keeping the lock {why} (a bug in kube-leader)")
+            }
             LossReason::Released => f.write_str("released"),
             LossReason::Cancelled => f.write_str("shutdown requested"),
         }
@@ -124,11 +145,34 @@ pub struct LeaderInfo {
 }
 
 /// The sending half of a leadership: kept by the strategy's background task.
+///
+/// Dropped without having ended leadership (the task panicked, or ended by a path that forgot
+/// to say why), it ends leadership with [`LossReason::KeeperStopped`]: nobody confirms the
+/// lock any more, so nobody may act on it.
 #[derive(Debug)]
 pub(crate) struct Keeper {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
     release_requested: Arc<AtomicBool>,
+    /// `false` for a skipped election, which has no task and never ends.
+    armed: bool,
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if self.armed && !self.is_lost() {
+            let why = if std::thread::panicking() {
+                "panicked"
+            } else {
+                "ended without a reason"
+            };
+            tracing::error!(
+                why,
+                "the task keeping the lock stopped unexpectedly; no longer leading"
+            );
+            self.lose(LossReason::KeeperStopped { why: why.into() });
+        }
+    }
 }
 
 impl Keeper {
@@ -220,6 +264,7 @@ impl Leadership {
                 lost,
                 reason: tx,
                 release_requested,
+                armed: true,
             },
             done,
         )
@@ -235,8 +280,9 @@ impl Leadership {
     /// cluster (the seed's behaviour, see [`OutsideCluster::Skip`](crate::OutsideCluster::Skip)).
     /// It is never lost and its fencing token is 0.
     pub(crate) fn skipped(term: Term) -> Self {
-        // No keeper: the reason stays `None` and `lost()` waits forever.
-        let (mut this, _keeper, _done) = Self::new(term);
+        // No keeper task: the reason stays `None` and `lost()` waits forever.
+        let (mut this, mut keeper, _done) = Self::new(term);
+        keeper.armed = false;
         this.skipped = true;
         this
     }
@@ -405,6 +451,27 @@ mod tests {
         l.release().await.unwrap();
         assert!(done.is_cancelled());
         assert!(keeper.release_requested());
+    }
+
+    #[tokio::test]
+    async fn a_keeper_that_is_gone_ends_leadership() {
+        let (l, keeper, _done) = Leadership::new(term());
+        let task = tokio::spawn(async move {
+            let _keeper = keeper;
+            panic!("a bug in the keeper");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert!(!l.is_leader(), "a panicked keeper left the handle leading");
+        assert!(
+            matches!(l.loss_reason(), Some(LossReason::KeeperStopped { .. })),
+            "{:?}",
+            l.loss_reason()
+        );
+        assert!(l.lost_token().is_cancelled());
+
+        let (l, keeper, _done) = Leadership::new(term());
+        drop(keeper);
+        assert!(!l.is_leader());
     }
 
     #[tokio::test(start_paused = true)]

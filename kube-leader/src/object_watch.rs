@@ -36,6 +36,15 @@ pub(crate) struct ObjectWatch<K: 'static> {
     op: OwnedOp,
 }
 
+/// A change of the watched object.
+#[derive(Debug)]
+pub(crate) struct Change<'a, K> {
+    /// The object now (`None`: absent).
+    pub(crate) object: Option<&'a K>,
+    /// Whether this comes from a (re)list, not from a watch event.
+    pub(crate) relisted: bool,
+}
+
 /// An [`Op`] with owned names, to build errors long after the watch started.
 #[derive(Debug, Clone)]
 struct OwnedOp {
@@ -112,6 +121,16 @@ where
     /// # Cancellation safety
     /// Cancel-safe: no event is lost if the future is dropped.
     pub(crate) async fn changed(&mut self) -> Result<Option<&K>, Failure> {
+        self.change().await.map(|c| c.object)
+    }
+
+    /// As [`changed`](Self::changed), and whether the state comes from a (re)list rather than
+    /// from a watch event: an object absent on a relist was not seen going (a 410 or a broken
+    /// watch hid how), unlike one whose deletion event arrived.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: no event is lost if the future is dropped.
+    pub(crate) async fn change(&mut self) -> Result<Change<'_, K>, Failure> {
         loop {
             let Some(event) = self.stream.next().await else {
                 // The watcher stream never ends; treat an end as a transient failure.
@@ -125,15 +144,24 @@ where
                 watcher::Event::InitDone => {
                     self.current = self.init.take().flatten();
                     self.synced = true;
-                    return Ok(self.current.as_ref());
+                    return Ok(Change {
+                        object: self.current.as_ref(),
+                        relisted: true,
+                    });
                 }
                 watcher::Event::Apply(k) => {
                     self.current = Some(k);
-                    return Ok(self.current.as_ref());
+                    return Ok(Change {
+                        object: self.current.as_ref(),
+                        relisted: false,
+                    });
                 }
                 watcher::Event::Delete(_) => {
                     self.current = None;
-                    return Ok(None);
+                    return Ok(Change {
+                        object: None,
+                        relisted: false,
+                    });
                 }
             }
         }

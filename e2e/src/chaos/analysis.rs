@@ -267,12 +267,14 @@ impl Analysis<'_> {
             }
         }
 
+        // Pauses of a candidate that led when frozen (a pause of a follower, e.g. one caught
+        // acquiring, has no post-pause window: a term it starts after the thaw is a term).
         let post_pauses = self
             .pauses
             .iter()
-            .map(|p| {
-                let term = term_at(terms, &p.key, p.froze);
-                let stopped = term.and_then(|t| t.end);
+            .filter_map(|p| {
+                let term = term_at(terms, &p.key, p.froze)?;
+                let stopped = term.end;
                 let window_end = stopped.unwrap_or(self.until);
                 let writes: Vec<&Write> = self
                     .writes
@@ -280,7 +282,7 @@ impl Analysis<'_> {
                     .filter(|w| w.key == p.key && w.start >= p.thawed && w.start <= window_end)
                     .collect();
                 let count = |f: fn(&WriteOutcome) -> bool| writes.iter().filter(|w| f(&w.outcome)).count();
-                PostPause {
+                Some(PostPause {
                     key: p.key.clone(),
                     frozen_for: Duration::from_nanos(p.thawed.saturating_sub(p.froze)),
                     window: stopped.map(|s| Duration::from_nanos(s.saturating_sub(p.thawed))),
@@ -289,7 +291,7 @@ impl Analysis<'_> {
                     rejected: count(|o| matches!(o, WriteOutcome::Rejected { .. })),
                     unreached: count(|o| *o == WriteOutcome::Unreached),
                     unknown: count(|o| *o == WriteOutcome::Unknown),
-                }
+                })
             })
             .collect();
 

@@ -74,7 +74,17 @@ const FREEZE_SLACK: Duration = Duration::from_millis(750);
 /// [`pod_name`](Self::pod_name) or `POD_NAME` (set it with the Downward API), and recognised by
 /// its UID: a Pod recreated under the same name is another candidate.
 ///
-/// Needs, in the lock's namespace: `get, list, watch, create, update, delete` on ConfigMaps,
+/// # One process per Pod
+/// A process that finds the lock owned by its own Pod (same name and UID) continues as the
+/// leader: that is how a restarted container keeps leading, as with operator-sdk. It follows
+/// that two live processes in one Pod (two containers running candidates for the same lock, or
+/// a second process started beside the first) cannot be told apart from a restart by the lock
+/// alone, and both lead. Run one candidate per Pod and lock. (The Lease strategy detects its
+/// equivalent, two processes with one identity: see
+/// [`LossReason::DuplicateIdentity`](crate::LossReason::DuplicateIdentity).)
+///
+/// Needs, in the lock's namespace: `create` on ConfigMaps, `get, list, watch, update, delete`
+/// on the lock ConfigMap (by name),
 /// `get, list, watch, delete` on Pods and `create` on Events; see `deploy/rbac-for-life.yaml`.
 #[derive(Clone)]
 pub struct ForLife {
@@ -408,6 +418,13 @@ struct NodeCheck {
     next_check: Instant,
 }
 
+/// Whether a fresh read of the leader Pod confirms what a decision was made on.
+enum Confirmed {
+    Yes,
+    Changed,
+    Unknown,
+}
+
 /// What woke a waiting candidate.
 enum Wake {
     Lock(Result<Option<Box<ConfigMap>>, Failure>),
@@ -502,8 +519,17 @@ impl<'a> Election<'a> {
                         delete_pod,
                     } => {
                         self.last_wait = None;
-                        if self.delete_stale(&lock_uid, &why, delete_pod).await? {
-                            continue;
+                        match self.confirm_leader_pod().await? {
+                            // The Pod is as decided on: the lock is stale.
+                            Confirmed::Yes => {
+                                if self.delete_stale(&lock_uid, &why, delete_pod).await? {
+                                    continue;
+                                }
+                            }
+                            // The Pod changed: decide again on what it is now.
+                            Confirmed::Changed => continue,
+                            // Cannot tell now: wait, re-reading with the backoff.
+                            Confirmed::Unknown => {}
                         }
                     }
                     Decision::Wait { why, recheck_at: at } => {
@@ -796,6 +822,40 @@ impl<'a> Election<'a> {
             acquired_at: record.acquired_at.unwrap_or_else(SystemTime::now),
             lock,
             restarted: true,
+        }
+    }
+
+    /// Reads the leader Pod afresh right before a stale-lock deletion: the watched state can be
+    /// old (a Pod watch that fails keeps the last state it saw, e.g. across an API server
+    /// restart), and a Pod re-created under the same name may lead with a new lock meanwhile,
+    /// which a stale view would take for "replaced".
+    async fn confirm_leader_pod(&mut self) -> Result<Confirmed> {
+        let timeout = self.config().api_timeout;
+        let Some(p) = self.leader_pod.as_mut() else {
+            // No other Pod to confirm (the lock is this Pod's own earlier one, or has no
+            // owner): the lock's UID precondition guards the deletion.
+            return Ok(Confirmed::Yes);
+        };
+        let op = pod_op(&self.lock.namespace, &p.name, "get");
+        match call(op, timeout, self.pods.get_opt(&p.name)).await {
+            Ok(pod) => {
+                let fresh = pod.as_ref().map_or(LeaderPod::Absent, |pod| {
+                    LeaderPod::Present(PodView::from_pod(pod))
+                });
+                if fresh == p.state {
+                    Ok(Confirmed::Yes)
+                } else {
+                    debug!(holder = %p.name, "the leader Pod changed since it was last seen; deciding again");
+                    p.state = fresh;
+                    Ok(Confirmed::Changed)
+                }
+            }
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(e) => {
+                debug!(error = ?e, holder = %p.name, "cannot read the leader Pod to confirm the lock is stale; waiting");
+                self.arm_retry();
+                Ok(Confirmed::Unknown)
+            }
         }
     }
 
@@ -1113,9 +1173,9 @@ impl Holder {
                 biased;
                 () = done.cancelled() => {
                     if keeper.release_requested() {
-                        let released = self.release().await;
+                        // The loss first: once the lock is deleted a successor may start at once.
                         keeper.lose(LossReason::Released);
-                        return released;
+                        return self.release().await;
                     }
                     debug!("the leadership handle was dropped; no longer watching the lock \
                         (it stays until this Pod is deleted)");

@@ -53,7 +53,10 @@ pub struct LeaseConfig {
     /// Renewals go on meanwhile, so nobody else leads while the work winds down. Past this bound
     /// the lease is left to expire instead of being released. Default 30 s.
     pub shutdown_grace: Duration,
-    /// Bound on each API call. Default: the renew deadline.
+    /// Bound on each API call. Default (`None`): half the renew deadline, so that one request
+    /// that hangs (a half-open connection) leaves time for another attempt within the renew
+    /// deadline instead of costing the term (client-go's fix for the same problem,
+    /// kubernetes PR 98059). Renewals are bounded by the time left to the deadline anyway.
     pub api_timeout: Option<Duration>,
 }
 
@@ -146,14 +149,26 @@ impl LeaseConfig {
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
+    /// The bound on each API call: [`api_timeout`](Self::api_timeout), or half the renew deadline.
     pub(crate) fn api_timeout(&self) -> Duration {
-        self.api_timeout.unwrap_or(self.renew_deadline)
+        self.api_timeout.unwrap_or(self.renew_deadline / 2)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_hung_request_leaves_time_for_another_attempt() {
+        let c = LeaseConfig::default();
+        assert_eq!(c.api_timeout(), Duration::from_secs(5), "half the renew deadline");
+        let explicit = LeaseConfig {
+            api_timeout: Some(Duration::from_secs(3)),
+            ..LeaseConfig::default()
+        };
+        assert_eq!(explicit.api_timeout(), Duration::from_secs(3));
+    }
 
     fn cfg(l: u64, r: u64, p: u64) -> LeaseConfig {
         LeaseConfig {

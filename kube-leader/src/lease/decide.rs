@@ -15,6 +15,11 @@ pub(crate) struct Observed {
     pub(crate) resource_version: Option<String>,
     /// When this candidate first saw this record (its own monotonic clock).
     pub(crate) observed_at: Instant,
+    /// Whether this very candidate (process) wrote the record: its identity is the holder, and
+    /// the Lease carries its instance id for this record's renewTime. A record held under its
+    /// identity that it did not write belongs to another process with the same identity, or to
+    /// this candidate before a restart: either way somebody else may act on it.
+    pub(crate) mine: bool,
 }
 
 impl Observed {
@@ -35,7 +40,19 @@ impl Observed {
             record,
             resource_version: rv,
             observed_at,
+            mine: false,
         }
+    }
+
+    /// Marks whether this candidate wrote the record (see [`Observed::mine`]).
+    pub(crate) fn written_by_me(mut self, mine: bool) -> Self {
+        self.mine = mine;
+        self
+    }
+
+    /// Whether the record is held under `identity` by somebody else than this candidate.
+    pub(crate) fn held_by_a_twin(&self, identity: &str) -> bool {
+        self.record.is_held_by(identity) && !self.mine
     }
 
     /// When the observed holder's lease expires for this candidate: the holder's advertised
@@ -52,8 +69,8 @@ pub(crate) enum Decision {
     Create,
     /// The lease is free (released, or expired): take it over; `leaseTransitions` + 1.
     Takeover,
-    /// This candidate holds it already (for example after a restart): renew, keeping
-    /// `acquireTime` and `leaseTransitions`.
+    /// This candidate holds it already (it wrote the record: an earlier term of this
+    /// process): renew, keeping `acquireTime` and `leaseTransitions`.
     Renew,
     /// Another candidate holds a valid lease until the given instant.
     WaitUntil(Instant),
@@ -73,7 +90,9 @@ pub(crate) fn decide(
     };
     match obs.record.holder.as_deref() {
         None => Decision::Takeover,
-        Some(h) if h == identity => Decision::Renew,
+        Some(h) if h == identity && obs.mine => Decision::Renew,
+        // Another holder, or a record under our identity written by another process (two
+        // candidates with one identity, or this one before a restart): wait it out.
         Some(_) => {
             let expiry = obs.expires_at(fallback);
             if now >= expiry {
@@ -119,7 +138,9 @@ pub(crate) fn decide_absent(
 ) -> Decision {
     let expiry = match absent {
         Absent::Never => return Decision::Create,
-        Absent::Deleted(d) if d.record.holder.as_deref().is_some_and(|h| h != identity) => {
+        Absent::Deleted(d)
+            if d.record.holder.as_deref().is_some_and(|h| h != identity) || d.held_by_a_twin(identity) =>
+        {
             d.expires_at(fallback)
         }
         Absent::Deleted(_) => return Decision::Create,
@@ -223,11 +244,27 @@ mod tests {
         let t0 = Instant::now();
         let mut held = rec(Some("me"), Some(15), 9);
         held.acquire_time = Some(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        let obs = Observed::update(None, held, None, t0);
+        let obs = Observed::update(None, held, None, t0).written_by_me(true);
         assert_eq!(decide(Some(&obs), "me", t0, D), Decision::Renew);
         let r = record_for(&Decision::Renew, Some(&obs), "me", D, now());
         assert_eq!(r.transitions, 9);
         assert_eq!(r.acquire_time, Some(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    }
+
+    /// Issue 16: two processes with one identity. A record held under our identity that this
+    /// process did not write is waited out as another holder's; never renewed at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_under_our_identity_written_by_another_process_is_waited_out() {
+        let t0 = Instant::now();
+        let twin = Observed::update(None, rec(Some("me"), Some(2), 3), None, t0);
+        assert_eq!(
+            decide(Some(&twin), "me", t0, D),
+            Decision::WaitUntil(t0 + Duration::from_secs(2))
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(decide(Some(&twin), "me", Instant::now(), D), Decision::Takeover);
+        let taken = record_for(&Decision::Takeover, Some(&twin), "me", D, now());
+        assert_eq!(taken.transitions, 4, "a takeover from the twin is a new term");
     }
 
     #[tokio::test(start_paused = true)]
@@ -275,11 +312,18 @@ mod tests {
             Decision::Create
         );
         // Our own deleted lease (we know we stopped), or a released one: at once.
-        let ours = Observed::update(None, rec(Some("me"), Some(2), 4), None, Instant::now());
+        let ours =
+            Observed::update(None, rec(Some("me"), Some(2), 4), None, Instant::now()).written_by_me(true);
         assert_eq!(
             decide_absent(Absent::Deleted(&ours), "me", Instant::now(), D),
             Decision::Create
         );
+        // Held under our identity by another process: waited out like any other holder.
+        let twin = Observed::update(None, rec(Some("me"), Some(2), 4), None, Instant::now());
+        assert!(matches!(
+            decide_absent(Absent::Deleted(&twin), "me", Instant::now(), D),
+            Decision::WaitUntil(_)
+        ));
         let free = Observed::update(None, rec(None, Some(2), 4), None, Instant::now());
         assert_eq!(
             decide_absent(Absent::Deleted(&free), "me", Instant::now(), D),
@@ -371,15 +415,17 @@ mod tests {
             #[test]
             fn never_takes_over_a_valid_foreign_lease(
                 rec in record(), observed in 0u64..100_000, now in 0u64..200_000, fallback in 1000u64..100_000,
+                mine: bool,
             ) {
                 let base = Instant::now();
-                let obs = Observed::update(None, rec.clone(), Some("1".into()), base + ms(observed));
+                let obs = Observed::update(None, rec.clone(), Some("1".into()), base + ms(observed))
+                    .written_by_me(mine);
                 let now = base + ms(now);
                 let decision = decide(Some(&obs), "me", now, ms(fallback));
                 let expiry = base + ms(observed) + rec.lease_duration.unwrap_or(ms(fallback));
                 match rec.holder.as_deref() {
                     None => prop_assert_eq!(decision, Decision::Takeover),
-                    Some("me") => prop_assert_eq!(decision, Decision::Renew),
+                    Some("me") if mine => prop_assert_eq!(decision, Decision::Renew),
                     Some(_) if now < expiry => prop_assert_eq!(decision, Decision::WaitUntil(expiry)),
                     Some(_) => prop_assert_eq!(decision, Decision::Takeover),
                 }
@@ -414,7 +460,8 @@ mod tests {
                 let now = t + ms(after);
                 let fallback = ms(15_000);
                 let decision = decide(Some(&obs), "me", now, fallback);
-                let foreign = obs.record.holder.as_deref().is_some_and(|h| h != "me");
+                // Not written by this process (the default): "me" counts as foreign too.
+                let foreign = obs.record.holder.is_some();
                 if foreign && now < last_change + obs.record.lease_duration.unwrap_or(fallback) {
                     prop_assert!(matches!(decision, Decision::WaitUntil(_)), "{:?}", decision);
                 }

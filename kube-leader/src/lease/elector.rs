@@ -18,14 +18,17 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use super::{
     config::LeaseConfig,
     decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
-    record::{now_micro, set_fencing_token, stored_fencing_token, LeaseRecord},
+    record::{
+        new_instance_id, now_micro, set_fencing_token, set_writer, stored_fencing_token, written_by,
+        LeaseRecord,
+    },
 };
 use crate::{
     api::{call, Failure, Op},
     error::{Error, Result},
     leadership::{Keeper, LeaderInfo, Leadership, LossReason, Strategy, Term},
     lock::{self, LockRef},
-    object_watch::{self, ObjectWatch},
+    object_watch::{self, Change, ObjectWatch},
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
@@ -80,6 +83,9 @@ struct Shared {
     /// The greatest `leaseTransitions` this elector has seen on its Lease (`None`: it never saw
     /// the Lease): a Lease it creates again after a deletion goes on counting from there.
     transitions_seen: std::sync::Mutex<Option<u32>>,
+    /// This candidate's instance id, written beside every record it writes, so that it tells
+    /// its own records from those of another process with the same identity.
+    instance: String,
 }
 
 impl Shared {
@@ -163,6 +169,7 @@ impl LeaseElector {
                 leader: watch::channel(None).0,
                 renewals: watch::channel(Renewals::default()).0,
                 transitions_seen: std::sync::Mutex::new(None),
+                instance: new_instance_id(),
             }),
         }
     }
@@ -175,6 +182,15 @@ impl LeaseElector {
     }
 
     /// Sets this candidate's identity (`holderIdentity`); it must be unique among candidates.
+    ///
+    /// Every candidate also has a random instance id, written beside each record it writes
+    /// ([`INSTANCE_ANNOTATION`](crate::lease::INSTANCE_ANNOTATION)). A Lease held under this
+    /// identity that this candidate did not write (a second process with the same identity, or
+    /// this candidate's process before a restart) is waited out like any other holder's, and a
+    /// leader that sees such a write stops with
+    /// [`LossReason::DuplicateIdentity`](crate::LossReason::DuplicateIdentity) and an error log.
+    /// A restarted candidate therefore takes its old lease over only when it expires (or at
+    /// once, if the old process released it on its way out).
     #[must_use]
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = Some(identity.into());
@@ -350,6 +366,10 @@ impl LeaseElector {
         // Whether this elector saw the Lease before this campaign (an earlier term or campaign).
         let seen_before = self.shared.saw_lease();
         let mut absent_since: Option<Instant> = None;
+        // Absent on a relist after this campaign knew the Lease: since when (nobody saw it go).
+        let mut unknown_since: Option<Instant> = None;
+        // A record under our identity that another process wrote, as last logged.
+        let mut twin_logged: Option<LeaseRecord> = None;
         let cfg = &self.config;
         let cancelled = || Error::Cancelled {
             lock: lock.to_string(),
@@ -361,21 +381,23 @@ impl LeaseElector {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return Err(cancelled()),
-                    ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
+                    ev = watch.change() => self.absorb(ev, &mut observed, &mut deleted, &mut unknown_since, &lock)?,
                 }
                 continue;
             }
             let decision = match &observed {
-                Some(_) => {
+                Some(obs) => {
                     absent_since = None;
+                    log_twin(obs, &identity, &mut twin_logged);
                     decide(observed.as_ref(), &identity, Instant::now(), cfg.lease_duration)
                 }
                 None => {
                     let since = *absent_since.get_or_insert_with(Instant::now);
-                    let absent = match &deleted {
-                        Some(d) => Absent::Deleted(d),
-                        None if seen_before => Absent::Unknown { since },
-                        None => Absent::Never,
+                    let absent = match (&deleted, unknown_since) {
+                        (Some(d), _) => Absent::Deleted(d),
+                        (None, Some(since)) => Absent::Unknown { since },
+                        (None, None) if seen_before => Absent::Unknown { since },
+                        (None, None) => Absent::Never,
                     };
                     decide_absent(absent, &identity, Instant::now(), cfg.lease_duration)
                 }
@@ -395,7 +417,8 @@ impl LeaseElector {
                 let sent = Instant::now();
                 let result = match decision {
                     Decision::Create => {
-                        let lease = new_lease(&lock, &record, cfg.lease_duration_seconds());
+                        let mut lease = new_lease(&lock, &record, cfg.lease_duration_seconds());
+                        set_writer(&mut lease, &self.shared.instance, &record);
                         call(
                             op("create"),
                             cfg.api_timeout(),
@@ -414,6 +437,7 @@ impl LeaseElector {
                         );
                         // The previous term's token does not belong to this one.
                         set_fencing_token(&mut lease, None);
+                        set_writer(&mut lease, &self.shared.instance, &record);
                         call(
                             op("update"),
                             cfg.api_timeout(),
@@ -424,13 +448,17 @@ impl LeaseElector {
                 };
                 match result {
                     Ok(lease) => {
-                        let obs = Observed::update(
-                            None,
-                            record.clone(),
-                            lease.metadata.resource_version.clone(),
+                        let won = Won {
+                            token_rv: lease.metadata.resource_version.clone(),
+                            lease,
+                            record,
                             sent,
-                        );
-                        return Ok(self.lead(lock, identity, lease, obs, sent, watch, shutdown));
+                        };
+                        match self.confirm_term(won, &lock, &identity, &shutdown).await? {
+                            Some(won) => return Ok(self.lead(lock, identity, won, watch, shutdown)),
+                            // Not confirmed in time: decide again on what the watch shows.
+                            None => continue,
+                        }
                     }
                     Err(Failure::Conflict) | Err(Failure::NotFound) => {
                         // Somebody wrote first: wait for the watch to show what, then decide again.
@@ -438,7 +466,7 @@ impl LeaseElector {
                         tokio::select! {
                             biased;
                             _ = shutdown.cancelled() => return Err(cancelled()),
-                            ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
+                            ev = watch.change() => self.absorb(ev, &mut observed, &mut deleted, &mut unknown_since, &lock)?,
                             _ = tokio::time::sleep(cfg.retry_period) => {}
                         }
                     }
@@ -448,7 +476,7 @@ impl LeaseElector {
                         tokio::select! {
                             biased;
                             _ = shutdown.cancelled() => return Err(cancelled()),
-                            ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
+                            ev = watch.change() => self.absorb(ev, &mut observed, &mut deleted, &mut unknown_since, &lock)?,
                             _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
                         }
                     }
@@ -462,7 +490,7 @@ impl LeaseElector {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Err(cancelled()),
-                ev = watch.changed() => self.absorb(ev, &mut observed, &mut deleted, &lock, &op)?,
+                ev = watch.change() => self.absorb(ev, &mut observed, &mut deleted, &mut unknown_since, &lock)?,
                 _ = tokio::time::sleep_until(expiry) => {
                     debug!(holder = ?observed.as_ref().and_then(|o| o.record.holder.clone()), "lease expired; trying to take over");
                 }
@@ -471,23 +499,25 @@ impl LeaseElector {
     }
 
     /// Folds a watch result into the observation; fatal watch errors end the campaign.
-    fn absorb<'a>(
+    fn absorb(
         &self,
-        ev: Result<Option<&Lease>, Failure>,
+        ev: Result<Change<'_, Lease>, Failure>,
         observed: &mut Option<Observed>,
         deleted: &mut Option<Observed>,
+        unknown_since: &mut Option<Instant>,
         lock: &LockRef,
-        op: &impl Fn(&'static str) -> Op<'a>,
     ) -> Result<()> {
-        match ev {
-            Ok(Some(lease)) => {
+        match ev.map(|c| (c.object, c.relisted)) {
+            Ok((Some(lease), _)) => {
                 let record = LeaseRecord::from_lease(lease);
+                let mine = written_by(lease, &record, &self.shared.instance);
                 let next = Observed::update(
                     observed.as_ref(),
                     record,
                     lease.metadata.resource_version.clone(),
                     Instant::now(),
-                );
+                )
+                .written_by_me(mine);
                 self.publish(
                     lock,
                     Some(&next.record),
@@ -495,10 +525,19 @@ impl LeaseElector {
                 );
                 *observed = Some(next);
                 *deleted = None;
+                *unknown_since = None;
             }
-            Ok(None) => {
+            Ok((None, relisted)) => {
                 self.publish(lock, None, None);
-                if let Some(last) = observed.take() {
+                let last = observed.take();
+                if relisted && (last.is_some() || deleted.is_some()) {
+                    // Absent on a relist (after a 410, or a watch that broke): nobody saw it go,
+                    // and whoever held it may have renewed meanwhile and may still act. Not a
+                    // witnessed deletion: a whole lease duration from now.
+                    debug!("the lease is absent on a relist; whoever held it last is unknown");
+                    *deleted = None;
+                    *unknown_since = Some(Instant::now());
+                } else if let Some(last) = last {
                     *deleted = Some(last);
                 }
             }
@@ -506,10 +545,7 @@ impl LeaseElector {
                 warn!(error = %e, "cannot watch the lease");
                 return Err(e);
             }
-            Err(e) => {
-                let _ = op;
-                debug!(error = ?e, "lease watch failed; it is retried with backoff");
-            }
+            Err(e) => debug!(error = ?e, "lease watch failed; it is retried with backoff"),
         }
         Ok(())
     }
@@ -529,36 +565,103 @@ impl LeaseElector {
         });
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A won term is handed out only while its renew deadline, counted from when the winning
+    /// write was sent, has not passed: an answer that came late (a slow API server, or a pause
+    /// of this process right after the write) leaves a term that may already be over for the
+    /// followers' clocks. Such a term is confirmed by renewing first, until a renewal is
+    /// answered in time. `None`: the lease is not ours any more (or not confirmable now); decide
+    /// again on what the watch shows.
+    async fn confirm_term(
+        &self,
+        mut won: Won,
+        lock: &LockRef,
+        identity: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Won>> {
+        let cfg = &self.config;
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &lock.namespace);
+        loop {
+            let late = won.sent.elapsed();
+            if late < cfg.renew_deadline {
+                return Ok(Some(won));
+            }
+            if shutdown.is_cancelled() {
+                return Err(Error::Cancelled {
+                    lock: lock.to_string(),
+                });
+            }
+            warn!(lock = %lock, identity = %identity, answered_after = ?late, renew_deadline = ?cfg.renew_deadline,
+                "the write that won the lease was answered after the renew deadline; renewing before leading");
+            let mut record = won.record.clone();
+            record.renew_time = Some(now_micro());
+            let mut lease = won.lease.clone();
+            record.write_to(
+                lease.spec.get_or_insert_with(LeaseSpec::default),
+                cfg.lease_duration_seconds(),
+            );
+            set_writer(&mut lease, &self.shared.instance, &record);
+            let sent = Instant::now();
+            let op = Op {
+                verb: "update",
+                resource: RESOURCE,
+                namespace: &lock.namespace,
+                name: &lock.name,
+                hint: RBAC_HINT,
+            };
+            match call(
+                op,
+                cfg.api_timeout(),
+                api.replace(&lock.name, &PostParams::default(), &lease),
+            )
+            .await
+            {
+                Ok(written) => {
+                    won.lease = written;
+                    won.record = record;
+                    won.sent = sent;
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(e) => {
+                    debug!(error = ?e, "confirming the won term failed; deciding again");
+                    tokio::time::sleep(jittered(cfg.retry_period)).await;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
     fn lead(
         &self,
         lock: LockRef,
         identity: String,
-        lease: Lease,
-        observed: Observed,
-        sent: Instant,
+        won: Won,
         watch: ObjectWatch<Lease>,
         shutdown: CancellationToken,
     ) -> Leadership {
+        let Won {
+            lease,
+            record,
+            sent,
+            token_rv,
+        } = won;
         // The fencing token: the revision of the write that made this candidate leader. etcd's
         // revisions grow with every write to any key, so every later term's token (including on
         // a Lease deleted and created again) is greater.
-        let fencing_token = lock::parse_resource_version(lease.metadata.resource_version.as_deref())
-            .unwrap_or_else(|| {
-                let fallback = u64::from(observed.record.transitions);
-                warn!(resource_version = ?lease.metadata.resource_version, fallback,
-                    "the API server's resourceVersion is not a number; the fencing token falls back to leaseTransitions");
-                fallback
-            });
+        let fencing_token = lock::parse_resource_version(token_rv.as_deref()).unwrap_or_else(|| {
+            let fallback = u64::from(record.transitions);
+            warn!(resource_version = ?token_rv, fallback,
+                "the API server's resourceVersion is not a number; the fencing token falls back to leaseTransitions");
+            fallback
+        });
         let term = Term {
             identity: identity.clone(),
             lock: lock.clone(),
             strategy: Strategy::Lease,
             fencing_token,
-            acquired_at: observed.record.acquired_at().unwrap_or_else(SystemTime::now),
+            acquired_at: record.acquired_at().unwrap_or_else(SystemTime::now),
         };
         info!(lock = %lock, identity = %identity, fencing_token = term.fencing_token, "became leader");
-        self.publish(&lock, Some(&observed.record), Some(fencing_token));
+        self.publish(&lock, Some(&record), Some(fencing_token));
         self.shared.set_health(|h| {
             h.leading = true;
             h.last_success = Some(sent);
@@ -572,7 +675,7 @@ impl LeaseElector {
             lock,
             identity,
             lease,
-            record: observed.record,
+            record,
             fencing_token,
             last_sent: sent,
             keeper,
@@ -581,6 +684,18 @@ impl LeaseElector {
         let task = tokio::spawn(renewer.run(watch, done, shutdown).instrument(span));
         leadership.with_task(task)
     }
+}
+
+/// A write that made this candidate the holder.
+struct Won {
+    /// The Lease as written (the precondition of the next write).
+    lease: Lease,
+    /// The record written.
+    record: LeaseRecord,
+    /// When the write was sent.
+    sent: Instant,
+    /// The resourceVersion of the write that won the term: the fencing token.
+    token_rv: Option<String>,
 }
 
 /// The leader's background task.
@@ -658,6 +773,10 @@ impl Renewer {
                             self.keeper.lose(LossReason::OtherHolder { holder });
                             break Ok(());
                         }
+                        if newer(lease, &self.lease) && !written_by(lease, &record, &self.elector.shared.instance) {
+                            self.twin_seen();
+                            break Ok(());
+                        }
                         if newer(lease, &self.lease) {
                             // Our lease, touched by somebody else (labels): keep its version.
                             self.lease = lease.clone();
@@ -711,6 +830,7 @@ impl Renewer {
         );
         // Free: renewals write the whole object anyway.
         set_fencing_token(&mut lease, Some((&self.identity, self.fencing_token)));
+        set_writer(&mut lease, &self.elector.shared.instance, &record);
         let timeout = self
             .cfg()
             .api_timeout()
@@ -753,9 +873,13 @@ impl Renewer {
                 {
                     Ok(current) => {
                         let rec = LeaseRecord::from_lease(&current);
-                        if rec.is_held_by(&self.identity) {
+                        if rec.is_held_by(&self.identity)
+                            && written_by(&current, &rec, &self.elector.shared.instance)
+                        {
                             self.lease = current;
                             Err(None)
+                        } else if rec.is_held_by(&self.identity) {
+                            Err(Some(self.duplicate_identity()))
                         } else {
                             Err(Some(LossReason::OtherHolder {
                                 holder: rec.holder.unwrap_or_default(),
@@ -786,6 +910,9 @@ impl Renewer {
         if self.keeper.is_lost() && !matches!(self.keeper_reason(), Some(LossReason::Cancelled) | None) {
             return Ok(());
         }
+        // The loss first: once the release is written, a successor may start at once, and no
+        // work gated on this term may still be running then.
+        self.keeper.lose(LossReason::Released);
         let now = now_micro();
         let record = LeaseRecord {
             holder: None,
@@ -798,6 +925,7 @@ impl Renewer {
             let mut lease = self.lease.clone();
             record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
             set_fencing_token(&mut lease, None);
+            set_writer(&mut lease, &self.elector.shared.instance, &record);
             let op = self.op("update");
             match call(
                 op,
@@ -814,7 +942,14 @@ impl Renewer {
                 Err(Failure::Conflict) => {
                     let op = self.op("get");
                     match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
-                        Ok(current) if LeaseRecord::from_lease(&current).is_held_by(&self.identity) => {
+                        Ok(current)
+                            if LeaseRecord::from_lease(&current).is_held_by(&self.identity)
+                                && written_by(
+                                    &current,
+                                    &LeaseRecord::from_lease(&current),
+                                    &self.elector.shared.instance,
+                                ) =>
+                        {
                             self.lease = current
                         }
                         _ => return Ok(()), // not ours any more: nothing to release
@@ -834,6 +969,55 @@ impl Renewer {
     fn keeper_reason(&self) -> Option<LossReason> {
         self.keeper.reason()
     }
+
+    /// The Lease names this candidate but this process did not write it: another process
+    /// shares the identity. Both must not lead; this one stops, loudly.
+    fn duplicate_identity(&self) -> LossReason {
+        tracing::error!(lock = %self.lock, identity = %self.identity,
+            "another process wrote the lease under this candidate's identity: two candidates share \
+             one identity (a copied --identity, two containers of one Pod, or host names under \
+             hostNetwork); stopping leading. Give every candidate a unique identity (POD_NAME from \
+             the Downward API, or --identity)");
+        LossReason::DuplicateIdentity {
+            identity: self.identity.clone(),
+        }
+    }
+
+    /// Ends the term on a twin's write seen by the watch.
+    fn twin_seen(&self) {
+        let reason = self.duplicate_identity();
+        self.keeper.lose(reason);
+    }
+}
+
+/// Logs, once per record, that the Lease is held under this candidate's identity by another
+/// process; the second time (the record changed: that process is alive and renewing) as an
+/// error, since two candidates share one identity.
+fn log_twin(obs: &Observed, identity: &str, logged: &mut Option<LeaseRecord>) {
+    if !obs.held_by_a_twin(identity) {
+        *logged = None;
+        return;
+    }
+    if logged.as_ref() == Some(&obs.record) {
+        return;
+    }
+    if logged.is_none() {
+        warn!(
+            identity,
+            "the lease is held under this candidate's identity by another process \
+            (this candidate before a restart, or a second candidate with the same identity); \
+            waiting for that lease to expire"
+        );
+    } else {
+        tracing::error!(
+            identity,
+            "another live process renews the lease under this candidate's \
+            identity: two candidates share one identity (a copied --identity, two containers of \
+            one Pod, or host names under hostNetwork). Give every candidate a unique identity \
+            (POD_NAME from the Downward API, or --identity)"
+        );
+    }
+    *logged = Some(obs.record.clone());
 }
 
 /// Whether `a`'s resourceVersion is newer than `b`'s (numerically, as etcd revisions are;

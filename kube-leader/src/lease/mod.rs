@@ -7,4 +7,4 @@ mod record;
 
 pub use config::{LeaseConfig, JITTER_FACTOR};
 pub use elector::{current_leader, watch_leader, LeaseElector, Recampaign, Renewals, Unhealthy};
-pub use record::LeaseRecord;
+pub use record::{LeaseRecord, INSTANCE_ANNOTATION};

@@ -81,6 +81,51 @@ impl LeaseRecord {
     }
 }
 
+/// Which candidate process wrote a Lease's record: `<instance id> <renewTime>`, written by
+/// every kube-leader write of the record (acquire and renew) beside the client-go fields.
+///
+/// A candidate's identity names it to others, but two processes can share one (a copied
+/// `--identity`, two containers of one Pod, host names under `hostNetwork`). The instance id is
+/// random per candidate, so a candidate tells its own writes from a twin's; the renewTime ties
+/// the annotation to the record it was written with, so a client-go process with the same
+/// identity (which keeps annotations it does not know) is told apart too.
+pub const INSTANCE_ANNOTATION: &str = "kube-leader.io/instance";
+
+/// Marks `lease` as written by `instance` for `record` (see [`INSTANCE_ANNOTATION`]).
+pub(crate) fn set_writer(lease: &mut Lease, instance: &str, record: &LeaseRecord) {
+    let a = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    match record.renew_time {
+        Some(t) if record.holder.is_some() => {
+            a.insert(INSTANCE_ANNOTATION.to_string(), format!("{instance} {t}"));
+        }
+        _ => {
+            a.remove(INSTANCE_ANNOTATION);
+        }
+    }
+}
+
+/// Whether `instance` wrote `lease`'s record (`record`, read from it): the annotation names
+/// the instance and the renewTime the record has.
+pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) -> bool {
+    let Some(value) = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTANCE_ANNOTATION))
+    else {
+        return false;
+    };
+    let Some((id, time)) = value.split_once(' ') else {
+        return false;
+    };
+    id == instance && record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
+}
+
+/// A new random instance id: 64 bits, hex.
+pub(crate) fn new_instance_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// The fencing token a kube-leader holder stored in its Lease (annotations
 /// [`FENCING_TOKEN_ANNOTATION`] and [`HOLDER_ANNOTATION`]), if they name the holder of
 /// `record` (the Lease's own record).
@@ -136,6 +181,33 @@ pub(crate) fn now_micro() -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_writer_is_told_by_instance_and_renew_time() {
+        let record = LeaseRecord {
+            holder: Some("me".into()),
+            lease_duration: Some(Duration::from_secs(15)),
+            renew_time: Some(now_micro()),
+            ..Default::default()
+        };
+        let mut l = Lease::default();
+        record.write_to(l.spec.get_or_insert_with(LeaseSpec::default), 15);
+        assert!(!written_by(&l, &record, "a"), "no annotation: nobody's");
+        set_writer(&mut l, "a", &record);
+        assert!(written_by(&l, &record, "a"));
+        assert!(!written_by(&l, &record, "b"), "another instance");
+        // Round trip through the API's JSON, as a watch delivers it.
+        let back: Lease = serde_json::from_value(serde_json::to_value(&l).unwrap()).unwrap();
+        assert!(written_by(&back, &LeaseRecord::from_lease(&back), "a"));
+        // A twin renewing under the same identity keeps the annotation but not the renewTime.
+        let mut renewed = record.clone();
+        renewed.renew_time =
+            Some(Timestamp::from_microsecond(record.renew_time.unwrap().as_microsecond() + 1).unwrap());
+        assert!(!written_by(&l, &renewed, "a"));
+        // A release clears it.
+        set_writer(&mut l, "a", &LeaseRecord::default());
+        assert!(!written_by(&l, &record, "a"));
+    }
 
     fn lease(json: serde_json::Value) -> Lease {
         serde_json::from_value(serde_json::json!({
