@@ -1298,7 +1298,9 @@ impl Arena {
                         () = tokio::time::sleep(Duration::from_millis(20)) => self.poll().await,
                     }
                 }
-                shared.restarting.store(false, std::sync::atomic::Ordering::SeqCst);
+                shared
+                    .restarting
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
                 let end = mono_ns();
                 let took = Duration::from_nanos(end - start);
                 if took > Duration::from_secs(20) {
@@ -1323,7 +1325,8 @@ impl Arena {
                 let _ = kill(Pid::from_raw(supervisor), Signal::SIGKILL);
                 let died = self.death_of(command, SOON).await;
                 self.history.ended(&key, died);
-                self.supervisor_kill_stops.push(Duration::from_nanos(died - start));
+                self.supervisor_kill_stops
+                    .push(Duration::from_nanos(died - start));
             }
             Kind::DeafCommand => {
                 let command = self.procs[leader].command_pid.expect("COMMAND's pid");
