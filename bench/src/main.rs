@@ -314,7 +314,10 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
     if ok && std::env::var_os("KUBE_LEADER_BENCH_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&log_dir);
     } else {
-        eprintln!("    candidates' logs are in {} (KUBE_LEADER_BENCH_KEEP keeps them)", log_dir.display());
+        eprintln!(
+            "    candidates' logs are in {} (KUBE_LEADER_BENCH_KEEP keeps them)",
+            log_dir.display()
+        );
     }
     drop(b);
     Ok(ok)

@@ -10,10 +10,10 @@ use crate::{
     procfs::{mib, Memory},
     scenario::{
         for_life::ForLifeResult,
+        handover::SidecarHandover,
         idle::IdleLoad,
         lease::{LeaseFailover, Stop},
         scale::{ManyLeases, OneLock},
-        handover::SidecarHandover,
         sidecar::SidecarMemory,
     },
     stats::{self, fmt, Summary},
@@ -101,7 +101,12 @@ impl Results {
         let _ = writeln!(s, "|---|---|---|---|---|---|---|");
         let t = h.timings.map(|t| t.label()).unwrap_or_default();
         if let Some(l) = self.lease(Impl::KubeLeader, Stop::Graceful) {
-            row(s, &format!("library, lease {t}: SIGTERM → next leader's first act"), &l.samples, "");
+            row(
+                s,
+                &format!("library, lease {t}: SIGTERM → next leader's first act"),
+                &l.samples,
+                "",
+            );
         }
         row(
             s,
@@ -116,7 +121,12 @@ impl Results {
             "p99 ≤ 30 ms",
         );
         if let Some(f) = &self.for_life {
-            row(s, "library, leader for life: lock deleted → next leader's first act", &f.lock_deleted, "");
+            row(
+                s,
+                "library, leader for life: lock deleted → next leader's first act",
+                &f.lock_deleted,
+                "",
+            );
         }
         row(
             s,

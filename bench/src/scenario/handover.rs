@@ -80,7 +80,12 @@ fn sidecar(b: &Bench, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<tokio:
 }
 
 /// Lease: `rounds` graceful handovers through `kube-leader run`.
-pub(crate) async fn lease(b: &Bench, t: Timings, rounds: usize, out: &mut SidecarHandover) -> anyhow::Result<()> {
+pub(crate) async fn lease(
+    b: &Bench,
+    t: Timings,
+    rounds: usize,
+    out: &mut SidecarHandover,
+) -> anyhow::Result<()> {
     out.timings = Some(t);
     let users = b.users(CANDIDATES)?;
     let ns = b.lease_namespace(&users).await?;
@@ -94,8 +99,20 @@ pub(crate) async fn lease(b: &Bench, t: Timings, rounds: usize, out: &mut Sideca
             b,
             &b.kubeconfig(user)?,
             &[
-                "--strategy", "lease", "--lock", LEASE, "--namespace", ns.name(), "--identity", &id,
-                "--lease-duration", &lease, "--renew-deadline", &renew, "--retry-period", &retry,
+                "--strategy",
+                "lease",
+                "--lock",
+                LEASE,
+                "--namespace",
+                ns.name(),
+                "--identity",
+                &id,
+                "--lease-duration",
+                &lease,
+                "--renew-deadline",
+                &renew,
+                "--retry-period",
+                &retry,
             ],
         )?;
         fleet.spawn(&id, user, command)?;
