@@ -1661,7 +1661,11 @@ async fn a_follower_has_command_ready_before_it_wins() {
     signal(a.pid(), "TERM");
     assert_eq!(a.wait_exit(WAIT).code(), Some(0), "{}", a.log_text());
     wait_for("b takes over", WAIT, || b.leading().then_some(()));
-    assert_eq!(b.command_pid(), Some(waiting), "COMMAND is the process that waited");
+    assert_eq!(
+        b.command_pid(),
+        Some(waiting),
+        "COMMAND is the process that waited"
+    );
     assert_eq!(parent_of(waiting), supervisor);
     let (id, _, _) = b.command_env().unwrap();
     assert_eq!(id, "b");
