@@ -560,7 +560,9 @@ mod tests {
         r.validate().unwrap();
         let r = run("kube-leader run --lock l --strategy lease --shards 4 --shards-signal usr1 -- true");
         assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGUSR1);
-        let e = run("kube-leader run --lock l --shards 4 -- true").validate().unwrap_err();
+        let e = run("kube-leader run --lock l --shards 4 -- true")
+            .validate()
+            .unwrap_err();
         assert!(e.contains("--shards") && e.contains("--strategy lease"), "{e}");
         for bad in [
             "kube-leader run --lock l --strategy lease --shards 0 -- true",
