@@ -11,6 +11,10 @@
 #      is released and taken over at once);
 #   4. stops every process it started, also on Ctrl-C or error.
 #
+# Where the machine can run a real kubelet node, the demo runs there instead
+# (scripts/demo-node.sh: three real Pods of deploy/deployment.yaml, `kubectl delete pod` on the
+# leader); KUBE_LEADER_DEMO_NODE=0 skips that.
+#
 # Options (environment): KUBE_LEADER_DEMO_KEEP=1 keeps the temporary directory with all logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +66,16 @@ command -v python3 >/dev/null || die "python3 is missing (apt-get install python
 cargo build --profile sidecar --quiet -p kube-leader-cli
 BIN="$PWD/target/sidecar/kube-leader"
 say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; control plane from $ASSETS"
+
+# --- on a real node, where the machine allows it -----------------------------------------------
+# Three real Pods of deploy/deployment.yaml on a kubelet node (scripts/demo-node.sh); where the
+# machine cannot run one (it says why), the demo below with Pod objects that never run.
+if [ "${KUBE_LEADER_DEMO_NODE:-1}" = 1 ]; then
+  node_code=0
+  KUBE_LEADER_BIN="$BIN" ./scripts/demo-node.sh || node_code=$?
+  [ "$node_code" = 3 ] || exit "$node_code"
+  say "so: the demo with Pod objects that never run (no kubelet)"
+fi
 
 # --- the control plane ------------------------------------------------------------------------
 free_ports() {

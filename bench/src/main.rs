@@ -49,7 +49,7 @@ use crate::{
     candidate::Impl,
     harness::{Bench, Mode, Plan},
     report::{Header, Results},
-    scenario::{for_life, idle, lease, lease::Stop, scale, shards, sidecar},
+    scenario::{for_life, handover, idle, lease, lease::Stop, scale, shards, sidecar},
 };
 
 /// kube-leader's benchmarks against client-go, on a local control plane.
@@ -79,6 +79,9 @@ enum Command {
     /// Internal: many candidates in one process, for the scale scenarios.
     #[command(hide = true)]
     Swarm(swarm::SwarmArgs),
+    /// Internal: the COMMAND of the sidecar handover scenarios (stamps its start and SIGTERM).
+    #[command(hide = true)]
+    Stamp,
 }
 
 /// The scenarios, for `--only`.
@@ -89,12 +92,18 @@ enum Scenario {
     Crash,
     Idle,
     Sidecar,
+    /// Handovers through `kube-leader run` (issue 14).
+    Handover,
     Scale,
     Shards,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Stamp) = cli.command {
+        // COMMAND's first instruction: nothing before the stamp.
+        return handover::stamp();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -111,6 +120,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Some(Command::Swarm(args)) => runtime.block_on(swarm::run(args)).map(|()| true),
+        Some(Command::Stamp) => unreachable!("handled above"),
         None => runtime.block_on(bench(cli.mode, cli.out, cli.only)),
     };
     match result {
@@ -169,6 +179,7 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
         lease: Vec::new(),
         idle: Vec::new(),
         sidecar: None,
+        handover: None,
         sidecar_missing,
         one_lock: Vec::new(),
         many: None,
@@ -241,6 +252,26 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
             }
         }
     }
+    if wanted(Scenario::Handover) && b.bins.sidecar.is_some() {
+        let mut h = handover::SidecarHandover::default();
+        let t = plan.failover_timings;
+        step(&format!(
+            "sidecar handover, lease: {} graceful handovers through `kube-leader run`, {}",
+            plan.lease_rounds,
+            t.label()
+        ));
+        if let Err(e) = handover::lease(&b, t, plan.lease_rounds, &mut h).await {
+            failed(&mut r, "sidecar handover (lease)".into(), e);
+        }
+        step(&format!(
+            "sidecar handover, leader for life: {} lock deletions through `kube-leader run`",
+            plan.for_life_rounds
+        ));
+        if let Err(e) = handover::for_life(&b, plan.for_life_rounds, &mut h).await {
+            failed(&mut r, "sidecar handover (leader for life)".into(), e);
+        }
+        r.handover = Some(h);
+    }
     if wanted(Scenario::Scale) {
         for &n in &plan.scale {
             step(&format!("scale: {n} candidates on one Lease"));
@@ -312,10 +343,13 @@ async fn bench(mode: Mode, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<
         r.elapsed
     );
     let ok = r.failures.is_empty();
-    if ok {
+    if ok && std::env::var_os("KUBE_LEADER_BENCH_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&log_dir);
     } else {
-        eprintln!("    candidates' logs are in {}", log_dir.display());
+        eprintln!(
+            "    candidates' logs are in {} (KUBE_LEADER_BENCH_KEEP keeps them)",
+            log_dir.display()
+        );
     }
     drop(b);
     Ok(ok)

@@ -10,6 +10,7 @@ use crate::{
     procfs::{mib, Memory},
     scenario::{
         for_life::ForLifeResult,
+        handover::SidecarHandover,
         idle::IdleLoad,
         lease::{LeaseFailover, Stop},
         scale::{ManyLeases, OneLock},
@@ -28,6 +29,8 @@ pub(crate) struct Results {
     pub(crate) lease: Vec<LeaseFailover>,
     pub(crate) idle: Vec<IdleLoad>,
     pub(crate) sidecar: Option<SidecarMemory>,
+    /// Handovers through `kube-leader run` (issue 14).
+    pub(crate) handover: Option<SidecarHandover>,
     /// Why the sidecar was not measured.
     pub(crate) sidecar_missing: Option<String>,
     pub(crate) one_lock: Vec<OneLock>,
@@ -77,6 +80,68 @@ impl Results {
         self.idle.iter().find(|l| l.imp == imp)
     }
 
+    /// Handovers through `kube-leader run` beside the library's (issue 14).
+    fn handover_table(&self, s: &mut String) {
+        let Some(h) = &self.handover else { return };
+        let row = |s: &mut String, what: &str, samples: &[Duration], goal: &str| {
+            let cells = match Summary::of(samples) {
+                Some(x) => format!(
+                    "{} | {} | {} | {} | {} | {}",
+                    x.n,
+                    fmt(x.p50),
+                    fmt(x.p90),
+                    fmt(x.p99),
+                    fmt(x.max),
+                    goal
+                ),
+                None => format!("0 | – | – | – | – | {goal}"),
+            };
+            let _ = writeln!(s, "| {what} | {cells} |");
+        };
+        let _ = writeln!(
+            s,
+            "### Handover through `kube-leader run` (COMMAND stamps its first instruction and its SIGTERM)\n"
+        );
+        let _ = writeln!(s, "| path | n | p50 | p90 | p99 | max | goal (issue 14) |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        let t = h.timings.map(|t| t.label()).unwrap_or_default();
+        if let Some(l) = self.lease(Impl::KubeLeader, Stop::Graceful) {
+            row(
+                s,
+                &format!("library, lease {t}: SIGTERM → next leader's first act"),
+                &l.samples,
+                "",
+            );
+        }
+        row(
+            s,
+            &format!("sidecar, lease {t}: SIGTERM to kube-leader → next COMMAND"),
+            &h.sigterm_to_start,
+            "p99 ≤ 40 ms",
+        );
+        row(
+            s,
+            &format!("sidecar, lease {t}: COMMAND exit → next COMMAND"),
+            &h.exit_to_start,
+            "p99 ≤ 30 ms",
+        );
+        if let Some(f) = &self.for_life {
+            row(
+                s,
+                "library, leader for life: lock deleted → next leader's first act",
+                &f.lock_deleted,
+                "",
+            );
+        }
+        row(
+            s,
+            "sidecar, leader for life: lock deleted → next COMMAND",
+            &h.lock_deleted_to_start,
+            "p99 ≤ 30 ms",
+        );
+        let _ = writeln!(s);
+    }
+
     /// The whole report.
     pub(crate) fn markdown(&self) -> String {
         let mut s = String::new();
@@ -110,6 +175,7 @@ impl Results {
              same run.\n"
         );
         self.failover_table(&mut s);
+        self.handover_table(&mut s);
         self.ratios(&mut s);
         self.idle_table(&mut s);
         self.memory_table(&mut s);

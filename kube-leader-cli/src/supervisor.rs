@@ -32,6 +32,7 @@
 //!
 //! | direction            | line            | meaning                                                 |
 //! |----------------------|-----------------|---------------------------------------------------------|
+//! | kube-leader → sup.   | `start <json>`  | start COMMAND: its environment, and `until` (as below)  |
 //! | kube-leader → sup.   | `until <ns>`    | leadership confirmed until CLOCK_MONOTONIC `<ns>`       |
 //! | kube-leader → sup.   | `stop`          | leadership lost: SIGTERM, grace, SIGKILL                |
 //! | kube-leader → sup.   | `signal <n>`    | forward signal `<n>` to COMMAND's process group         |
@@ -40,7 +41,9 @@
 //! | sup. → kube-leader   | `failed <code>` | COMMAND could not be started                            |
 //! | sup. → kube-leader   | `exited <code>` | the last line: COMMAND and what it left are gone        |
 //!
-//! The supervisor starts COMMAND on the first heartbeat and exits with COMMAND's exit code
+//! kube-leader starts its supervisor while it still follows, and the supervisor starts
+//! COMMAND's process (`__exec --wait`) in advance: winning costs the `start` message, one line
+//! on a pipe and COMMAND's own `execve`. The supervisor exits with COMMAND's exit code
 //! (128+N for signal N), after `exited`. COMMAND runs in its own process group, so that a
 //! terminal's Ctrl-C reaches it once (forwarded); after COMMAND exits, whatever is left of its
 //! group, and every process re-parented to the supervisor, is killed.
@@ -63,6 +66,7 @@ use nix::{
     time::{clock_gettime, ClockId},
     unistd::{getpgrp, getpid, getppid, Pid},
 };
+use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
     net::unix::{OwnedReadHalf, OwnedWriteHalf},
@@ -239,8 +243,9 @@ async fn kill_what_is_left(group: Pid, command: Pid) {
 
 // === `kube-leader __exec` ===
 
-/// `kube-leader __exec --parent <pid> -- COMMAND`: dies with the supervisor, then becomes
-/// COMMAND. Returns only if COMMAND cannot be executed (the exit code).
+/// `kube-leader __exec --parent <pid> [--wait] -- COMMAND`: dies with the supervisor, waits for
+/// its start message (`--wait`), then becomes COMMAND. Returns only if COMMAND is not to start
+/// or cannot be executed (the exit code).
 pub(crate) fn exec(args: ExecArgs) -> u8 {
     if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
         error!(error = %e, "cannot ask to die with the supervisor; not starting COMMAND");
@@ -250,8 +255,27 @@ pub(crate) fn exec(args: ExecArgs) -> u8 {
     if getppid().as_raw() != args.parent {
         return exit::LOST;
     }
+    let mut env: Vec<(String, String)> = Vec::new();
+    if args.wait {
+        // Started while kube-leader follows: COMMAND's environment comes when it wins.
+        let mut line = String::new();
+        match std::io::stdin().read_line(&mut line) {
+            Ok(0) | Err(_) => return 0,
+            Ok(_) => match serde_json::from_str(&line) {
+                Ok(e) => env = e,
+                Err(e) => {
+                    error!(error = %e, "unreadable start message from the supervisor");
+                    return exit::CANNOT_EXECUTE;
+                }
+            },
+        }
+    }
     let (program, rest) = args.command.split_first().expect("clap requires COMMAND");
-    let e = std::process::Command::new(program).args(rest).exec();
+    let e = std::process::Command::new(program)
+        .args(rest)
+        .envs(env)
+        .stdin(Stdio::null())
+        .exec();
     error!(command = ?args.command, error = %e, "cannot start COMMAND");
     match e.kind() {
         std::io::ErrorKind::NotFound => exit::NOT_FOUND,
@@ -332,24 +356,42 @@ impl Supervise {
             }
         };
 
-        // COMMAND starts on the first heartbeat, if it is still current.
-        let mut valid_until = loop {
+        // COMMAND's process, started now and waiting: winning then costs one message and
+        // COMMAND's own exec.
+        let standby = match self.spawn(true) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                debug!(error = %e, "cannot start COMMAND's process in advance");
+                None
+            }
+        };
+
+        // COMMAND starts on `start`, if leadership is still confirmed by then.
+        let (mut valid_until, env) = loop {
             match parse(self.lines.next_line().await) {
-                Msg::Until(at) => break from_mono(at),
+                Msg::Start(start) => break (from_mono(start.until()), start.env),
+                Msg::Until(at) => break (from_mono(at), Vec::new()),
                 Msg::Signal(_) | Msg::Other => {}
                 Msg::Stop | Msg::Closed => {
                     debug!("stopped before COMMAND started");
+                    // The waiting process sees the end of its input and exits.
+                    drop(standby);
                     return self.finish(0).await;
                 }
             }
         };
         if valid_until <= Instant::now() {
             warn!("leadership was over before COMMAND could start; not starting it");
+            drop(standby);
             self.send("expired 0".into()).await;
             return self.finish(exit::LOST).await;
         }
 
-        let pid = match self.spawn() {
+        let started = match standby {
+            Some(s) => s.go(&env),
+            None => Err(std::io::Error::other("no process started in advance")),
+        };
+        let pid = match started.or_else(|_| self.spawn(false).and_then(|s| s.go(&env))) {
             Ok(pid) => pid,
             Err(e) => {
                 warn!(command = ?self.args.command, error = %e, "cannot start COMMAND");
@@ -394,6 +436,8 @@ impl Supervise {
                         last_beat = Instant::now();
                         valid_until = from_mono(at);
                     }
+                    // COMMAND runs already.
+                    Msg::Start(_) => {}
                     Msg::Stop => {
                         if state == State::Running {
                             info!(pid = pid.as_raw(), "leadership lost: stopping COMMAND");
@@ -420,23 +464,30 @@ impl Supervise {
         self.finish(code).await
     }
 
-    /// Starts `kube-leader __exec -- COMMAND` in a process group of its own, from this (the
-    /// main) thread; returns its pid, which COMMAND keeps.
-    fn spawn(&self) -> std::io::Result<Pid> {
+    /// Starts `kube-leader __exec --wait -- COMMAND` in a process group of its own, from this
+    /// (the main) thread: it waits for its environment on a pipe, then becomes COMMAND (its pid
+    /// is COMMAND's). `in_advance`: while kube-leader still follows.
+    fn spawn(&self, in_advance: bool) -> std::io::Result<Standby> {
         let exe = std::env::current_exe()?;
+        let (rx, tx) = std::io::pipe()?;
         let child = std::process::Command::new(exe)
             .arg("--log-format")
             .arg(log_format_arg(self.log_format))
             .arg("__exec")
             .arg("--parent")
             .arg(getpid().as_raw().to_string())
+            .arg("--wait")
             .arg("--")
             .args(&self.args.command)
-            .stdin(Stdio::null())
+            .stdin(rx)
             .process_group(0)
             .spawn()?;
+        debug!(pid = child.id(), in_advance, "COMMAND's process waits");
         // Waited for by `reap_all`, never through the handle.
-        Ok(Pid::from_raw(i32::try_from(child.id()).unwrap_or(0)))
+        Ok(Standby {
+            pid: Pid::from_raw(i32::try_from(child.id()).unwrap_or(0)),
+            go: tx,
+        })
     }
 
     /// SIGTERM now, SIGKILL after the grace, counted from the end of the last confirmed
@@ -448,6 +499,23 @@ impl Supervise {
         State::Stopping {
             kill_at: (Instant::now() + self.args.grace).min(valid_until + self.args.grace),
         }
+    }
+}
+
+/// COMMAND's process, waiting for its environment.
+struct Standby {
+    pid: Pid,
+    go: std::io::PipeWriter,
+}
+
+impl Standby {
+    /// Lets it execute COMMAND with `env` added; returns its pid.
+    fn go(mut self, env: &[(String, String)]) -> std::io::Result<Pid> {
+        use std::io::Write as _;
+        let line = serde_json::to_string(env).map_err(std::io::Error::other)?;
+        // A pipe write of a short line: it does not block.
+        writeln!(self.go, "{line}")?;
+        Ok(self.pid)
     }
 }
 
@@ -483,7 +551,23 @@ async fn sleep_until_opt(t: Option<Instant>) {
     }
 }
 
+/// `start <json>`: COMMAND's environment, and until when leadership is confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Start {
+    /// CLOCK_MONOTONIC nanoseconds.
+    until_ns: u64,
+    env: Vec<(String, String)>,
+}
+
+impl Start {
+    fn until(&self) -> Duration {
+        Duration::from_nanos(self.until_ns)
+    }
+}
+
 enum Msg {
+    /// Start COMMAND with this environment.
+    Start(Start),
     /// Leadership confirmed until this CLOCK_MONOTONIC reading.
     Until(Duration),
     Stop,
@@ -494,6 +578,9 @@ enum Msg {
 
 fn parse(line: std::io::Result<Option<String>>) -> Msg {
     let Ok(Some(line)) = line else { return Msg::Closed };
+    if let Some(json) = line.strip_prefix("start ") {
+        return serde_json::from_str(json).map_or(Msg::Other, Msg::Start);
+    }
     let mut words = line.split_whitespace();
     match (words.next(), words.next()) {
         (Some("until"), Some(ns)) => ns
@@ -548,12 +635,12 @@ pub(crate) struct Control {
 }
 
 impl Supervisor {
-    /// Starts `kube-leader __supervise -- COMMAND` with `env` added to COMMAND's environment.
+    /// Starts `kube-leader __supervise -- COMMAND`, which gets COMMAND's process ready and waits
+    /// for [`Control::start`].
     pub(crate) fn spawn(
         command: &[OsString],
         grace: Duration,
         log_format: LogFormat,
-        env: &[(&str, String)],
     ) -> anyhow::Result<Self> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().context("create the control socket")?;
         let exe = std::env::current_exe().context("find kube-leader's own executable")?;
@@ -567,9 +654,6 @@ impl Supervisor {
             .args(command)
             .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .kill_on_drop(false);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let process = cmd.spawn().context("start the supervisor process")?;
         ours.set_nonblocking(true).context("control socket")?;
         let sock = tokio::net::UnixStream::from_std(ours).context("control socket")?;
@@ -587,6 +671,17 @@ impl Supervisor {
 }
 
 impl Control {
+    /// Start COMMAND with `env` added to its environment: leadership is confirmed until
+    /// `until`.
+    pub(crate) async fn start(&mut self, until: Instant, env: &[(&str, String)]) {
+        let start = Start {
+            until_ns: u64::try_from(to_mono(until).as_nanos()).unwrap_or(u64::MAX),
+            env: env.iter().map(|(k, v)| ((*k).to_string(), v.clone())).collect(),
+        };
+        let json = serde_json::to_string(&start).unwrap_or_default();
+        self.send(&format!("start {json}")).await;
+    }
+
     /// Leadership is confirmed until `until` (an instant of this process's monotonic clock,
     /// sent as the CLOCK_MONOTONIC reading both processes share).
     pub(crate) async fn confirm_until(&mut self, until: Instant) {
@@ -655,6 +750,11 @@ impl Control {
 }
 
 impl SupervisorProcess {
+    /// Whether it has exited already (a supervisor started in advance may have died).
+    pub(crate) fn has_exited(&mut self) -> bool {
+        !matches!(self.0.try_wait(), Ok(None))
+    }
+
     /// Waits for the supervisor to exit; returns its exit code.
     ///
     /// # Cancellation safety

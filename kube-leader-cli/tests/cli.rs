@@ -1552,3 +1552,65 @@ fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
     s.read_to_string(&mut raw).ok()?;
     raw.split_whitespace().nth(1)?.parse().ok()
 }
+
+// === handover speed (issue 14) ===
+
+/// The children of `pid` (from `/proc/<pid>/task/*/children`).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(list) = fs::read_to_string(t.path().join("children")) {
+                out.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+fn cmdline(pid: i32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// A follower has its supervisor and COMMAND's process ready (waiting) before it wins, so
+/// that winning costs a message and COMMAND's exec; the waiting process becomes COMMAND, with
+/// the term's environment.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_has_command_ready_before_it_wins() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("ready");
+    let flags = lease_flags("ready", ns.name());
+    let mut a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let b = Candidate::spawn(cp, &dir, "b", &flags, &work_script(&dir, "b", "exit 0"));
+    wait_for("b follows", WAIT, || {
+        b.log_text().contains("leader is a").then_some(())
+    });
+    let (supervisor, waiting) = wait_for("b's supervisor and COMMAND's process", WAIT, || {
+        let sup = children_of(b.pid() as i32)
+            .into_iter()
+            .find(|p| cmdline(*p).contains("__supervise"))?;
+        let waiting = children_of(sup)
+            .into_iter()
+            .find(|p| cmdline(*p).contains("__exec"))?;
+        Some((sup, waiting))
+    });
+    assert!(cmdline(waiting).contains("--wait"), "{}", cmdline(waiting));
+    assert!(!b.leading());
+
+    signal(a.pid(), "TERM");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(0), "{}", a.log_text());
+    wait_for("b takes over", WAIT, || b.leading().then_some(()));
+    assert_eq!(
+        b.command_pid(),
+        Some(waiting),
+        "COMMAND is the process that waited"
+    );
+    assert_eq!(parent_of(waiting), supervisor);
+    let (id, _, _) = b.command_env().unwrap();
+    assert_eq!(id, "b");
+    let _ = fs::remove_dir_all(dir);
+}

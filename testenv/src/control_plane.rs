@@ -79,8 +79,24 @@ pub struct ControlPlane {
     started_in: Duration,
     processes: Mutex<Processes>,
     remove_dir_on_drop: bool,
+    /// What a control plane serving a kubelet node has beyond the plain one.
+    node: Option<NodeSupport>,
     /// Declared last: dropped after the processes are killed.
     _etcd_data_janitor: Option<Janitor>,
+}
+
+/// What a control plane serving a kubelet node ([`crate::Node`]) has beyond the plain one: a
+/// CA that the Pods' service-account mounts carry and whose serving certificate is valid for
+/// 127.0.0.1, the kubelet's user, and the Pod-facing admission and controllers.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSupport {
+    /// The node's name; its kubelet authenticates as `system:node:<name>` (group `system:nodes`).
+    pub(crate) name: String,
+    /// The kubelet's bearer token.
+    pub(crate) kubelet_token: String,
+    /// The CA certificate (PEM): it signed the API server's serving certificate and the API
+    /// server's kubelet client certificate; the kubelet trusts it for client certificates.
+    pub(crate) ca_cert: PathBuf,
 }
 
 #[derive(Debug)]
@@ -153,6 +169,16 @@ impl ControlPlane {
 
     /// Starts a control plane of its own from the given binaries; see [`ControlPlane::start`].
     pub fn start_with(assets: Assets) -> Result<Self> {
+        Self::start_on_thread(assets, None)
+    }
+
+    /// Starts a control plane that serves a kubelet node named `node_name`; see
+    /// [`crate::Node`].
+    pub(crate) fn start_for_node(assets: Assets, node_name: &str) -> Result<Self> {
+        Self::start_on_thread(assets, Some(node_name.to_owned()))
+    }
+
+    fn start_on_thread(assets: Assets, node_name: Option<String>) -> Result<Self> {
         std::thread::Builder::new()
             .name("kube-leader-testenv-start".into())
             .spawn(move || {
@@ -160,14 +186,14 @@ impl ControlPlane {
                     .enable_all()
                     .build()
                     .map_err(|e| Error::io("start a tokio runtime for", "the control plane", e))?;
-                runtime.block_on(Self::boot(assets))
+                runtime.block_on(Self::boot(assets, node_name))
             })
             .map_err(|e| Error::io("start a thread for", "the control plane", e))?
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
-    async fn boot(assets: Assets) -> Result<Self> {
+    async fn boot(assets: Assets, node_name: Option<String>) -> Result<Self> {
         let started = Instant::now();
         remove_stale_dirs();
         let dir = new_dir()?;
@@ -183,6 +209,11 @@ impl ControlPlane {
             started_in: Duration::ZERO,
             processes: Mutex::default(),
             remove_dir_on_drop: false,
+            node: node_name.map(|name| NodeSupport {
+                name,
+                kubelet_token: random_token(),
+                ca_cert: PathBuf::new(),
+            }),
             _etcd_data_janitor: None,
         };
         // On failure the processes are killed and etcd's data removed (by drop), but the logs
@@ -265,6 +296,14 @@ impl ControlPlane {
             let kubeconfig = self.dir.join("kubeconfig").join(&name);
             self.users.insert(name, User { token, kubeconfig });
         }
+        if let Some(node) = &self.node {
+            writeln!(
+                tokens,
+                "{},system:node:{},kubelet-{},\"system:nodes\"",
+                node.kubelet_token, node.name, node.name
+            )
+            .unwrap();
+        }
         let token_file = dir.join("tokens.csv");
         write(&token_file, tokens)?;
 
@@ -285,7 +324,6 @@ impl ControlPlane {
                 format!("--secure-port={port}").into(),
                 "--bind-address=127.0.0.1".into(),
                 "--advertise-address=127.0.0.1".into(),
-                flag("--cert-dir", dir.join("certs")),
                 flag("--token-auth-file", &token_file),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
                 flag("--service-account-key-file", &public_key),
@@ -294,9 +332,6 @@ impl ControlPlane {
                 // The reconciler would put 127.0.0.1 into the endpoints of Service `kubernetes`,
                 // which validation refuses (loopback), and log that error every 10 s.
                 "--endpoint-reconciler-type=none".into(),
-                "--authorization-mode=RBAC".into(),
-                // No ServiceAccount controller runs, so Pods could not get their default one.
-                "--disable-admission-plugins=ServiceAccount".into(),
                 "--profiling=false".into(),
                 // API Priority and Fairness on, as in every cluster since 1.20 (its default), so
                 // that overload is answered with its 429s and Retry-After (issue 13).
@@ -306,6 +341,8 @@ impl ControlPlane {
                 // Each event is written before the response, so a test reads its own requests.
                 "--audit-log-mode=blocking".into(),
             ];
+            let node_args = self.node_apiserver_args(&dir)?;
+            self.apiserver_args.extend(node_args);
             match self.start_apiserver().await {
                 Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     tracing::debug!(attempt, "kube-apiserver lost a port race; trying another port");
@@ -316,17 +353,84 @@ impl ControlPlane {
         unreachable!("the last attempt returns")
     }
 
+    /// The API server's flags that differ for a node: a CA-signed serving certificate for
+    /// 127.0.0.1 (Pods verify it with their service-account `ca.crt`), the kubelet's client
+    /// certificate, Node authorization, ServiceAccount admission on (the plain control plane turns
+    /// it off: no ServiceAccount controller runs there). Without a node: a self-signed certificate
+    /// and RBAC only.
+    fn node_apiserver_args(&mut self, dir: &Path) -> Result<Vec<OsString>> {
+        let Some(node) = &mut self.node else {
+            return Ok(vec![
+                flag("--cert-dir", dir.join("certs")),
+                "--authorization-mode=RBAC".into(),
+                // No ServiceAccount controller runs, so Pods could not get their default one.
+                "--disable-admission-plugins=ServiceAccount".into(),
+            ]);
+        };
+        let pki = dir.join("pki");
+        std::fs::create_dir_all(&pki).map_err(|e| Error::io("create directory", &pki, e))?;
+        let ca = pki.join("ca");
+        if !pki.join("ca.crt").exists() {
+            certificate(&pki, "ca", "/CN=kube-leader-testenv-ca", None)?;
+            certificate(
+                &pki,
+                "apiserver",
+                "/CN=kube-apiserver",
+                Some((
+                    &ca,
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
+                )),
+            )?;
+            certificate(
+                &pki,
+                "kubelet-client",
+                "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                Some((&ca, "extendedKeyUsage=clientAuth")),
+            )?;
+        }
+        node.ca_cert = pki.join("ca.crt");
+        Ok(vec![
+            flag("--tls-cert-file", pki.join("apiserver.crt")),
+            flag("--tls-private-key-file", pki.join("apiserver.key")),
+            flag("--client-ca-file", pki.join("ca.crt")),
+            flag("--kubelet-client-certificate", pki.join("kubelet-client.crt")),
+            flag("--kubelet-client-key", pki.join("kubelet-client.key")),
+            // Otherwise `kubectl logs/exec` make the API server resolve the node's name through
+            // the machine's DNS server.
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+        ])
+    }
+
     async fn boot_controller_manager(&mut self) -> Result<()> {
         let dir = self.component_dir("kube-controller-manager")?;
         let args: Vec<OsString> = vec![
             flag("--kubeconfig", self.kubeconfig_path()),
-            "--controllers=garbagecollector,namespace".into(),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             // No serving at all: readiness is proven by the garbage collector working.
             "--secure-port=0".into(),
             "--port=0".into(),
         ];
+        let mut args = args;
+        match &self.node {
+            None => args.push("--controllers=garbagecollector,namespace".into()),
+            Some(node) => args.extend([
+                // What a Deployment of real Pods needs: ServiceAccounts and their tokens, the
+                // Deployment and ReplicaSet controllers, the garbage collector, namespace
+                // deletion, Pod GC, and node lifecycle (NotReady, taints).
+                "--controllers=serviceaccount-token,serviceaccount,garbagecollector,namespace,deployment,replicaset,podgc,nodelifecycle".into(),
+                flag("--root-ca-file", &node.ca_cert),
+                flag(
+                    "--service-account-private-key-file",
+                    self.dir.join("kube-apiserver").join("service-account.key"),
+                ),
+                // A stopped kubelet makes its node NotReady after this long (default 40 s).
+                "--node-monitor-grace-period=16s".into(),
+                "--node-monitor-period=2s".into(),
+            ]),
+        }
         let process = Process::spawn(
             "kube-controller-manager",
             &self.assets.binary("kube-controller-manager"),
@@ -587,6 +691,18 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// What this control plane has for a node, if it serves one.
+    pub(crate) fn node_support(&self) -> Option<&NodeSupport> {
+        self.node.as_ref()
+    }
+
+    /// The CA certificate (PEM) that the API server's
+    /// serving certificate is signed by, if this control plane serves a node (else its
+    /// certificate is self-signed and clients skip verification).
+    pub fn ca_cert_path(&self) -> Option<&Path> {
+        self.node.as_ref().map(|node| node.ca_cert.as_path())
+    }
+
     /// How long [`ControlPlane::start`] took, until every component was ready.
     pub fn started_in(&self) -> Duration {
         self.started_in
@@ -805,7 +921,7 @@ fn port_taken(error: &Error) -> bool {
 
 /// Picks `N` distinct free ports on 127.0.0.1. The listeners are closed again, so another
 /// process may take a port before the component binds it; callers retry on that.
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     let listeners = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()
@@ -855,11 +971,11 @@ fn remove_stale_dirs() {
     }
 }
 
-fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+pub(crate) fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     std::fs::write(path, contents).map_err(|e| Error::io("write", path, e))
 }
 
-fn flag(name: &str, path: impl AsRef<Path>) -> OsString {
+pub(crate) fn flag(name: &str, path: impl AsRef<Path>) -> OsString {
     let mut flag = OsString::from(name);
     flag.push("=");
     flag.push(path.as_ref());
@@ -883,6 +999,79 @@ fn openssl(before: &[&str], path: &Path, after: &[&str]) -> Result<()> {
             status: output.status,
             stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
+    }
+}
+
+/// Writes `<dir>/<name>.key` (RSA 2048) and `<dir>/<name>.crt` for `subject`: self-signed (a
+/// CA) without `signer`, else signed by `signer`'s `<path>.crt`/`<path>.key` with the given
+/// extensions (lines of an openssl extension file).
+fn certificate(dir: &Path, name: &str, subject: &str, signer: Option<(&Path, &str)>) -> Result<()> {
+    let key = dir.join(format!("{name}.key"));
+    let crt = dir.join(format!("{name}.crt"));
+    let run = |args: Vec<OsString>| -> Result<()> {
+        let mut command = Command::new("openssl");
+        command.args(&args);
+        let output = command.output().map_err(|e| Error::io("run", "openssl", e))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::Command {
+                command: format!("{command:?}"),
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            })
+        }
+    };
+    match signer {
+        None => run(vec![
+            "req".into(),
+            "-x509".into(),
+            "-newkey".into(),
+            "rsa:2048".into(),
+            "-nodes".into(),
+            "-days".into(),
+            "30".into(),
+            "-subj".into(),
+            subject.into(),
+            "-keyout".into(),
+            key.into(),
+            "-out".into(),
+            crt.into(),
+        ]),
+        Some((ca, extensions)) => {
+            let csr = dir.join(format!("{name}.csr"));
+            let ext = dir.join(format!("{name}.ext"));
+            write(&ext, format!("{extensions}\n"))?;
+            run(vec![
+                "req".into(),
+                "-newkey".into(),
+                "rsa:2048".into(),
+                "-nodes".into(),
+                "-subj".into(),
+                subject.into(),
+                "-keyout".into(),
+                key.into(),
+                "-out".into(),
+                csr.clone().into(),
+            ])?;
+            run(vec![
+                "x509".into(),
+                "-req".into(),
+                "-in".into(),
+                csr.into(),
+                "-CA".into(),
+                ca.with_extension("crt").into(),
+                "-CAkey".into(),
+                ca.with_extension("key").into(),
+                "-CAcreateserial".into(),
+                "-days".into(),
+                "30".into(),
+                "-extfile".into(),
+                ext.into(),
+                "-out".into(),
+                crt.into(),
+            ])
+        }
     }
 }
 

@@ -112,6 +112,13 @@ pub enum Error {
     #[error("unknown user {0:?}: the control plane knows \"admin\" and \"user-1\" to \"user-40\"")]
     UnknownUser(String),
 
+    /// This machine cannot run a real kubelet node ([`crate::Node::unavailable`] says why).
+    #[error("this machine cannot run a kubelet node: {reason}")]
+    NodeUnavailable {
+        /// Why, in words.
+        reason: String,
+    },
+
     /// The control plane was stopped.
     #[error("the control plane was stopped")]
     Stopped,

@@ -20,6 +20,10 @@
 //! }
 //! ```
 //!
+//! [`Node`] adds a real kubelet node (containerd, kubelet, kube-scheduler and the controllers a
+//! Deployment needs), so that Pods run; where the machine cannot run one, [`Node::shared`] says
+//! why in one line and the tests that need it skip.
+//!
 //! Every process dies with the test binary, however it ends (see [`ControlPlane`]).
 //!
 //! One [`Error`] type serves the whole crate rather than one per module: it is small, and the
@@ -31,6 +35,7 @@ mod control_plane;
 mod error;
 mod fixtures;
 mod namespace;
+mod node;
 mod process;
 mod proxy;
 
@@ -40,4 +45,5 @@ pub use control_plane::{ControlPlane, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};
 pub use fixtures::{bind_role, create_pod, pod, rule, set_pod_phase};
 pub use namespace::TestNamespace;
+pub use node::Node;
 pub use proxy::{Fault, FaultProxy};

@@ -72,6 +72,17 @@ impl Process {
         args: &[OsString],
         dir: &Path,
     ) -> Result<Self> {
+        Self::spawn_with_env(component, binary, args, dir, &[])
+    }
+
+    /// [`Process::spawn`] with extra environment variables.
+    pub(crate) fn spawn_with_env(
+        component: &'static str,
+        binary: &Path,
+        args: &[OsString],
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let log = dir.join(format!("{component}.log"));
         let stdout = File::options()
             .create(true)
@@ -87,6 +98,7 @@ impl Process {
             .arg("--")
             .arg(binary)
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(stdout)

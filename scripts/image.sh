@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Builds container images offline, without any registry or image builder: one-layer
+# docker-archive tarballs (manifest.json, a config JSON, one layer tar), loadable by containerd
+# (`ctr images import`), docker and podman (`load`) and kind (`kind load image-archive`).
+#
+#   scripts/image.sh [kube-leader] [--binary FILE] [--no-load]
+#       The kube-leader image, localhost/kube-leader:<version> (the image of deploy/):
+#       /usr/local/bin/kube-leader (`cargo build --profile sidecar -p kube-leader-cli`, or FILE),
+#       the shared libraries `ldd` lists for it, busybox (sh, sleep and the usual tools, for the
+#       COMMANDs it wraps), running as the numeric non-root user 65532.
+#   scripts/image.sh pause [--no-load]
+#       The Pod sandbox ("pause") image, built with `gcc -static` from build/pause/linux/pause.c
+#       of the Kubernetes source tree that scripts/testenv-assets.sh unpacks.
+#   scripts/image.sh node-test --binary FILE [--no-load]
+#       The real-node tests' image: the kube-leader image (with FILE, stripped) whose `sh` is
+#       dash and whose `sleep` is the instrumented test workload (scripts/images/workload.c),
+#       so deploy/'s sample COMMAND `sh -c '...; exec sleep infinity'` writes start/stop records.
+#
+# Prints `<image reference> <archive path>` on stdout; everything else goes to stderr.
+# Archives are cached by content: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/images/, named by
+# the SHA-256 of their layer; pause and node-test images carry the first 12 hex digits of it in
+# their tag, so an image that changed never hides behind an old one with the same name.
+#
+# Loading: into containerd when one is reachable at $CONTAINERD_ADDRESS (default
+# /run/containerd/containerd.sock), namespace k8s.io (the kubelet's). --no-load skips it.
+# Needs: gcc, libc6-dev, busybox-static (scripts/node-deps.sh installs them), GNU tar, sha256sum.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+log() { printf 'image: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+KIND=kube-leader
+case "${1:-}" in
+  kube-leader|pause|node-test) KIND=$1; shift ;;
+esac
+BINARY=""
+LOAD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --binary) BINARY=${2:?--binary needs a file}; shift 2 ;;
+    --no-load) LOAD=0; shift ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument: $1 (see --help)" ;;
+  esac
+done
+
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader"
+IMAGES="$CACHE/images"
+mkdir -p "$IMAGES"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-image.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+ROOTFS="$WORK/rootfs"
+mkdir -p "$ROOTFS"
+
+for tool in gcc tar sha256sum; do
+  command -v "$tool" >/dev/null || die "$tool is missing (run scripts/node-deps.sh)"
+done
+
+# --- rootfs helpers -------------------------------------------------------------------------
+# Copies FILE to the same path in the rootfs, following symlinks.
+add_file() {
+  mkdir -p "$ROOTFS$(dirname "$1")"
+  cp -L "$1" "$ROOTFS$1"
+}
+# Copies the shared libraries (and the loader) that `ldd` lists for an executable.
+add_libraries() {
+  local lib
+  # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and "/lib64/ld-linux-x86-64.so.2 (0x...)"
+  for lib in $(ldd "$1" 2>/dev/null | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (0x.*/\1/p'); do
+    [ -e "$ROOTFS$lib" ] || add_file "$lib"
+  done
+}
+# busybox as /bin/busybox with a link per applet in /bin, except the ones named.
+add_busybox() {
+  [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 \
+    || die "busybox is missing (run scripts/node-deps.sh: package busybox-static)"
+  file -L /bin/busybox 2>/dev/null | grep -q 'dynamically linked' \
+    && die "/bin/busybox is dynamically linked: install busybox-static"
+  mkdir -p "$ROOTFS/bin"
+  cp /bin/busybox "$ROOTFS/bin/busybox"
+  local applet skip
+  for applet in $(/bin/busybox --list); do
+    for skip in "$@"; do [ "$applet" = "$skip" ] && continue 2; done
+    [ -e "$ROOTFS/bin/$applet" ] || ln -s busybox "$ROOTFS/bin/$applet"
+  done
+}
+add_base() {
+  mkdir -p "$ROOTFS/etc" "$ROOTFS/tmp" "$ROOTFS/usr/local/bin"
+  chmod 1777 "$ROOTFS/tmp"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/home/nonroot:/bin/sh\n' >"$ROOTFS/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$ROOTFS/etc/group"
+}
+add_kube_leader() { # FILE
+  [ -x "$1" ] || die "no kube-leader binary at $1"
+  # Debug builds carry hundreds of MB of debug information; the image needs none of it.
+  strip -o "$ROOTFS/usr/local/bin/kube-leader" "$1" 2>/dev/null || cp "$1" "$ROOTFS/usr/local/bin/kube-leader"
+  chmod 0755 "$ROOTFS/usr/local/bin/kube-leader"
+  add_libraries "$1"
+}
+
+# --- the archive ----------------------------------------------------------------------------
+# write_archive NAME TAG-PREFIX CONFIG-JSON: the layer from the rootfs, then the archive.
+# The tag is TAG-PREFIX, with "-<12 hex of the layer digest>" appended if TAG-PREFIX ends in "-".
+write_archive() {
+  local name=$1 tag=$2 config=$3
+  # Reproducible layer: sorted, owned by root, fixed times; same content, same digest.
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu \
+    -C "$ROOTFS" -cf "$WORK/layer.tar" .
+  local diff_id
+  diff_id=$(sha256sum "$WORK/layer.tar" | cut -d' ' -f1)
+  case "$tag" in *-|"") tag="$tag${diff_id:0:12}" ;; esac
+  local ref="localhost/$name:$tag"
+  local archive="$IMAGES/$name-${diff_id:0:12}.tar"
+  if [ ! -s "$archive" ]; then
+    mkdir -p "$WORK/archive/$diff_id"
+    mv "$WORK/layer.tar" "$WORK/archive/$diff_id/layer.tar"
+    printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"kube-leader scripts/image.sh %s"}]}' \
+      "$config" "$diff_id" "$KIND" >"$WORK/config.json"
+    local config_digest
+    config_digest=$(sha256sum "$WORK/config.json" | cut -d' ' -f1)
+    mv "$WORK/config.json" "$WORK/archive/$config_digest.json"
+    printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["%s/layer.tar"]}]' \
+      "$config_digest" "$ref" "$diff_id" >"$WORK/archive/manifest.json"
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu \
+      -C "$WORK/archive" -cf "$archive.tmp" .
+    mv "$archive.tmp" "$archive"
+    log "wrote $archive ($(( $(stat -c %s "$archive") / 1024 )) KiB)"
+    # Keep the three newest archives of this image; the content hash names the rest.
+    ls -t "$IMAGES/$name"-????????????.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  else
+    log "cached $archive"
+  fi
+  load "$ref" "$archive"
+  printf '%s %s\n' "$ref" "$archive"
+}
+
+load() { # REF ARCHIVE
+  [ "$LOAD" = 1 ] || return 0
+  local address=${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
+  if [ -S "$address" ] && command -v ctr >/dev/null; then
+    ctr --address "$address" -n k8s.io images import "$2" >&2
+    log "loaded $1 into containerd at $address (namespace k8s.io)"
+  else
+    log "no containerd at $address: not loaded. To load it:"
+    log "  containerd: ctr -n k8s.io images import $2"
+    log "  docker:     docker load -i $2"
+    log "  podman:     podman load -i $2"
+    log "  kind:       kind load image-archive $2"
+  fi
+}
+
+USER_CONFIG='"User":"65532:65532","Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"WorkingDir":"/"'
+
+case "$KIND" in
+  kube-leader)
+    if [ -z "$BINARY" ]; then
+      log "building the sidecar (cargo build --profile sidecar -p kube-leader-cli)"
+      cargo build --profile sidecar --quiet -p kube-leader-cli >&2
+      BINARY="$ROOT/target/sidecar/kube-leader"
+    fi
+    add_base
+    add_busybox
+    add_kube_leader "$BINARY"
+    write_archive kube-leader "$VERSION" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/kube-leader\"]}"
+    ;;
+  pause)
+    PAUSE_C="$CACHE/build/1.20.2/build/pause/linux/pause.c"
+    [ -f "$PAUSE_C" ] || die "$PAUSE_C is missing: run scripts/testenv-assets.sh (it unpacks the Kubernetes source)"
+    gcc -static -O2 -DVERSION=kube-leader -o "$ROOTFS/pause" "$PAUSE_C"
+    strip "$ROOTFS/pause"
+    write_archive kube-leader-pause "" '{"User":"65535:65535","Entrypoint":["/pause"],"WorkingDir":"/"}'
+    ;;
+  node-test)
+    [ -n "$BINARY" ] || die "node-test needs --binary FILE (the kube-leader binary to test)"
+    add_base
+    add_busybox sh sleep
+    add_kube_leader "$BINARY"
+    add_file /bin/dash
+    add_libraries /bin/dash
+    ln -s dash "$ROOTFS/bin/sh"
+    gcc -static -O2 -Wall -o "$ROOTFS/usr/local/bin/sleep" scripts/images/workload.c
+    strip "$ROOTFS/usr/local/bin/sleep"
+    write_archive kube-leader-node-test "" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/kube-leader\"]}"
+    ;;
+esac

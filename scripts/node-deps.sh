@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what a real kubelet node needs on this machine, from Debian bookworm with apt-get,
+# idempotently (a second run only checks):
+#   containerd, runc                 the container runtime (started by the tests, never by systemd)
+#   containernetworking-plugins      only its `loopback` CNI plugin is used (Pods use hostNetwork)
+#   busybox-static                   the shell and tools of the images
+#   gcc, libc6-dev                   the pause image and the test workload: static C programs
+#
+# Without root it installs nothing and says so: the node tests then skip with one line.
+# All output goes to stderr.
+set -euo pipefail
+
+log() { printf 'node-deps: %s\n' "$*" >&2; }
+
+need=()
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+[ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[ -f /usr/include/stdio.h ] || need+=(libc6-dev)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+
+if [ ${#need[@]} -eq 0 ]; then
+  log "all present"
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  log "not root: cannot install ${need[*]} (the real-node tests will be skipped)"
+  exit 0
+fi
+
+# busybox-static replaces Debian's dynamically linked `busybox` package; both provide /bin/busybox.
+log "installing: ${need[*]}"
+apt-get update -qq >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+# The package's systemd unit is not used (no systemd here, and the tests run their own
+# containerd with a private root, state and socket).
+log "installed"
