@@ -152,7 +152,19 @@ async fn shards_spread_after_start_join_and_crash_and_are_released_on_shutdown()
             .and_then(|m| m.get(ROLE_LABEL))
             .map(String::as_str)
         {
-            Some("shard") => assert_eq!(r.holder, None, "{:?} not released", l.metadata.name),
+            Some("shard") => {
+                // Released on shutdown, unless the release could not be made (a renew deadline
+                // passed first, or the write failed): then it expires, and the log says why.
+                if let Some(h) = &r.holder {
+                    let log = std::fs::read_to_string(dir.join(format!("{h}.log"))).unwrap_or_default();
+                    assert!(
+                        log.contains("renew deadline passed") || log.contains("could not release"),
+                        "{:?} not released by {h}, and its log does not say why",
+                        l.metadata.name
+                    );
+                    println!("{:?} left to expire by {h} (a loaded machine)", l.metadata.name);
+                }
+            }
             _ => {
                 members.insert(r.holder.unwrap_or_default());
             }

@@ -1648,10 +1648,17 @@ impl Engine {
                 t.state = State::Releasing;
                 self.queue.insert((1, now, Key::Shard(index)));
             }
-            State::Leaving { .. } | State::Gone => {
+            State::Leaving { release, .. } => {
+                if release {
+                    debug!(
+                        shard = index,
+                        "could not release the shard: its renew deadline passed; it will expire"
+                    );
+                }
                 t.state = State::Gone;
                 self.finish_term(index);
             }
+            State::Gone => self.finish_term(index),
             State::Active | State::Releasing => {}
         }
     }
