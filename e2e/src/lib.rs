@@ -14,6 +14,22 @@ pub fn mono_ns() -> u64 {
     u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec()).unwrap_or(0)
 }
 
+/// A Lease candidate with the short timings of the tests, 2 s / 1 s / 200 ms (and the default
+/// API timeout, half the renew deadline).
+pub fn short_lease_elector(
+    client: &kube::Client,
+    ns: &str,
+    lease: &str,
+    id: &str,
+) -> kube_leader::LeaseElector {
+    kube_leader::LeaseElector::new(client.clone(), lease)
+        .namespace(ns)
+        .identity(id)
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200))
+}
+
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

@@ -11,20 +11,10 @@ use kube::{
     Api, Client,
 };
 use kube_leader::{lease::LeaseRecord, Error, Leadership, LeaseElector, LossReason};
-use kube_leader_e2e::{init_tracing, wait_for};
+use kube_leader_e2e::{init_tracing, short_lease_elector as elector, wait_for};
 use kube_leader_testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
-
-/// Short timings for tests: 2 s / 1 s / 200 ms.
-fn elector(client: &Client, ns: &str, lease: &str, id: &str) -> LeaseElector {
-    LeaseElector::new(client.clone(), lease)
-        .namespace(ns)
-        .identity(id)
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
-}
 
 async fn record(client: &Client, ns: &str, lease: &str) -> LeaseRecord {
     let l = Api::<Lease>::namespaced(client.clone(), ns)

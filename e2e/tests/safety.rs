@@ -12,26 +12,16 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
-use kube_leader::{for_life::Environment, lease::LeaseRecord, ForLife, LeaseElector, LossReason};
+use kube_leader::{for_life::Environment, lease::LeaseRecord, ForLife, LossReason};
 use kube_leader_e2e::{
     faults::{Fault, Faulty, Matcher},
-    init_tracing, wait_for,
+    init_tracing, short_lease_elector as elector, wait_for,
 };
 use kube_leader_testenv::{create_pod, ControlPlane};
 use tokio_util::sync::CancellationToken;
 
 /// Generous bound for anything that should happen "at once", on a loaded 2-core machine.
 const SOON: Duration = Duration::from_secs(20);
-
-/// 2 s / 1 s / 200 ms, and the default API timeout (half the renew deadline).
-fn elector(client: &Client, ns: &str, lease: &str, id: &str) -> LeaseElector {
-    LeaseElector::new(client.clone(), lease)
-        .namespace(ns)
-        .identity(id)
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
-}
 
 async fn faulty_client(cp: &ControlPlane) -> (Client, Faulty) {
     Faulty::client(cp.config("admin").await.expect("admin config"))

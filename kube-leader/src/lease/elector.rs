@@ -377,13 +377,7 @@ impl LeaseElector {
         shutdown: CancellationToken,
     ) -> Result<Leadership> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &lock.namespace);
-        let op = |verb| Op {
-            verb,
-            resource: RESOURCE,
-            namespace: &lock.namespace,
-            name: &lock.name,
-            hint: RBAC_HINT,
-        };
+        let op = |verb| lease_op(&lock, verb);
         let mut watch = ObjectWatch::new(api.clone(), &lock.name, op("watch"));
         let mut observed: Option<Observed> = None;
         // While the Lease is absent: what this candidate last saw before it was deleted.
@@ -626,15 +620,8 @@ impl LeaseElector {
             );
             set_writer(&mut lease, &self.shared.instance, &record);
             let sent = Instant::now();
-            let op = Op {
-                verb: "update",
-                resource: RESOURCE,
-                namespace: &lock.namespace,
-                name: &lock.name,
-                hint: RBAC_HINT,
-            };
             match call(
-                op,
+                lease_op(lock, "update"),
                 cfg.api_timeout(),
                 api.replace(&lock.name, &PostParams::default(), &lease),
             )
@@ -747,13 +734,12 @@ struct Renewer {
 
 impl Renewer {
     fn op(&self, verb: &'static str) -> Op<'_> {
-        Op {
-            verb,
-            resource: RESOURCE,
-            namespace: &self.lock.namespace,
-            name: &self.lock.name,
-            hint: RBAC_HINT,
-        }
+        lease_op(&self.lock, verb)
+    }
+
+    /// Whether `lease` holds a record this very candidate wrote (see [`written_by`]).
+    fn is_mine(&self, lease: &Lease, record: &LeaseRecord) -> bool {
+        record.is_held_by(&self.identity) && written_by(lease, record, &self.elector.shared.instance)
     }
 
     fn cfg(&self) -> &LeaseConfig {
@@ -904,9 +890,7 @@ impl Renewer {
                 {
                     Ok(current) => {
                         let rec = LeaseRecord::from_lease(&current);
-                        if rec.is_held_by(&self.identity)
-                            && written_by(&current, &rec, &self.elector.shared.instance)
-                        {
+                        if self.is_mine(&current, &rec) {
                             self.lease = current;
                             Err(None)
                         } else if rec.is_held_by(&self.identity) {
@@ -973,14 +957,7 @@ impl Renewer {
                 Err(Failure::Conflict) => {
                     let op = self.op("get");
                     match call(op, self.cfg().api_timeout(), self.api.get(&self.lock.name)).await {
-                        Ok(current)
-                            if LeaseRecord::from_lease(&current).is_held_by(&self.identity)
-                                && written_by(
-                                    &current,
-                                    &LeaseRecord::from_lease(&current),
-                                    &self.elector.shared.instance,
-                                ) =>
-                        {
+                        Ok(current) if self.is_mine(&current, &LeaseRecord::from_lease(&current)) => {
                             self.lease = current
                         }
                         _ => return Ok(()), // not ours any more: nothing to release
@@ -1049,6 +1026,17 @@ fn log_twin(obs: &Observed, identity: &str, logged: &mut Option<LeaseRecord>) {
         );
     }
     *logged = Some(obs.record.clone());
+}
+
+/// The [`Op`] of a call on the Lease `lock`, for errors that name it.
+fn lease_op<'a>(lock: &'a LockRef, verb: &'static str) -> Op<'a> {
+    Op {
+        verb,
+        resource: RESOURCE,
+        namespace: &lock.namespace,
+        name: &lock.name,
+        hint: RBAC_HINT,
+    }
 }
 
 /// Whether `a`'s resourceVersion is newer than `b`'s (numerically, as etcd revisions are;
