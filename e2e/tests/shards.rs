@@ -234,10 +234,12 @@ async fn the_sidecar_tells_command_its_shards_and_waits_for_its_acknowledgement(
     let bin = kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_shard-candidate"));
     let dir = log_dir("sidecar");
     std::fs::create_dir_all(&dir).unwrap();
-    // COMMAND: logs its shards at start and on every SIGHUP, then acknowledges.
+    // COMMAND: logs its shards at start and on every SIGHUP, then acknowledges. It installs
+    // its handler only after a second, as a slow-starting program would: the change signals
+    // of its first shards must wait for it (SIGHUP's default action would end it).
     let script = r#"
+sleep 1
 log="$LOG_DIR/$KUBE_LEADER_IDENTITY.txt"
-echo "start $KUBE_LEADER_SHARD_SET count $KUBE_LEADER_SHARD_COUNT" >> "$log"
 ack() {
   g=$(head -1 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f2)
   s=$(tail -n +2 "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f1 | tr '\n' ',')
@@ -246,6 +248,7 @@ ack() {
 }
 trap ack HUP
 trap 'echo stop >> "$log"; exit 0' TERM
+echo "start $KUBE_LEADER_SHARD_SET count $KUBE_LEADER_SHARD_COUNT" >> "$log"
 while true; do sleep 0.05; done
 "#;
     let start = |identity: &str| {
@@ -290,11 +293,13 @@ while true; do sleep 0.05; done
         h
     };
     let mut a = start("a");
-    kube_leader_e2e::wait_for("a's COMMAND to start with shards", SOON, || async {
+    // COMMAND starts with its first share, or after a lease duration with none (a slow first
+    // acquisition): either way it then learns of every shard it holds.
+    kube_leader_e2e::wait_for("a's COMMAND to start", SOON, || async {
         read("a")
             .lines()
             .next()
-            .filter(|l| l.contains("count 4") && !l.contains("start  "))
+            .filter(|l| l.starts_with("start ") && l.ends_with(" count 4"))
             .map(|_| ())
     })
     .await;
@@ -302,11 +307,33 @@ while true; do sleep 0.05; done
         (holders().await.iter().all(|h| h == "a")).then_some(())
     })
     .await;
+    kube_leader_e2e::wait_for("a's COMMAND to know all 4 shards", SOON, || async {
+        let log = read("a");
+        let last = log
+            .lines()
+            .filter(|l| l.starts_with("start ") || l.starts_with("gen "))
+            .last()?;
+        let set = if last.starts_with("start ") {
+            last.split(' ')
+                .nth(1)?
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .count()
+        } else {
+            last.split(' ').nth(2)?.matches(',').count()
+        };
+        (set == 4).then_some(())
+    })
+    .await;
     let mut b = start("b");
     kube_leader_e2e::wait_for("2 shards each", SOON, || async {
         let h = holders().await;
         (h.iter().filter(|x| *x == "a").count() == 2 && h.iter().filter(|x| *x == "b").count() == 2)
             .then_some(())
+    })
+    .await;
+    kube_leader_e2e::wait_for("b's COMMAND to start", SOON, || async {
+        read("b").starts_with("start ").then_some(())
     })
     .await;
     let a_log = read("a");

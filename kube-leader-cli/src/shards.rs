@@ -8,7 +8,10 @@
 //!   `KUBE_LEADER_LOCK` (the set's name), `KUBE_LEADER_NAMESPACE`;
 //! - on every change, the file `KUBE_LEADER_SHARDS_FILE` is rewritten atomically (written
 //!   beside, then renamed) and COMMAND's process group gets `--shards-signal` (SIGHUP). The
-//!   file: a line `generation N`, then one line `INDEX FENCING_TOKEN` per held shard;
+//!   file: a line `generation N`, then one line `INDEX FENCING_TOKEN` per held shard. The
+//!   signal is held back until COMMAND catches or ignores it (`SigCgt`/`SigIgn` in
+//!   `/proc/PID/status`): a program is never ended by being told, however soon after its start
+//!   the first change comes; changes meanwhile are told by one signal;
 //! - COMMAND acknowledges a generation by writing `N` to `KUBE_LEADER_SHARDS_ACK` once it
 //!   has stopped work on every shard that generation no longer lists.
 //!
@@ -156,6 +159,9 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
     let mut pending: BTreeMap<u32, (u64, Instant)> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut engine_ended = false;
+    // A change written to the file but not yet signalled (COMMAND has no handler yet), since.
+    let mut untold: Option<Instant> = None;
+    let mut warned = false;
     let code = loop {
         tokio::select! {
             biased;
@@ -198,12 +204,23 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
                     if let Err(e) = write_atomically(&file, &render(generation, &next)) {
                         warn!(error = %e, file = %file.display(), "cannot write the shard file");
                     }
-                    forward(group, notify);
-                    info!(shards = %list(&next), generation, "shards changed; COMMAND told");
+                    untold.get_or_insert_with(Instant::now);
+                    if tell(group, notify, &mut untold) {
+                        info!(shards = %list(&next), generation, "shards changed; COMMAND told");
+                    } else {
+                        info!(shards = %list(&next), generation, signal = notify.as_str(), "shards changed; COMMAND is told once it handles the signal");
+                    }
                 }
                 current = next;
             }
-            _ = tick.tick(), if !pending.is_empty() => {
+            _ = tick.tick(), if !pending.is_empty() || untold.is_some() => {
+                let since = untold;
+                if since.is_some() && tell(group, notify, &mut untold) {
+                    info!(generation, "COMMAND handles the signal now; told");
+                } else if since.is_some_and(|t| !warned && t.elapsed() >= grace) {
+                    warned = true;
+                    warn!(signal = notify.as_str(), pid = group.as_raw(), "COMMAND neither catches nor ignores the shard signal, so it is not sent (its default action would end COMMAND): install a handler (exec the program from a shell wrapper) or choose --shards-signal");
+                }
                 let acked = read_ack(&ack);
                 let now = Instant::now();
                 let done: Vec<u32> = pending
@@ -247,6 +264,38 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&ack);
     Ok(code)
+}
+
+/// Sends the change signal to COMMAND's group if COMMAND handles it; clears `untold` if sent.
+fn tell(group: Pid, signal: Signal, untold: &mut Option<Instant>) -> bool {
+    if group.as_raw() <= 0 || !handles(group, signal) {
+        return false;
+    }
+    forward(group, signal);
+    *untold = None;
+    true
+}
+
+/// Whether sending `signal` to `pid` cannot end it: the process catches or ignores it
+/// (`SigCgt`/`SigIgn` in `/proc/PID/status`), or the signal's default action is to ignore it.
+fn handles(pid: Pid, signal: Signal) -> bool {
+    if matches!(
+        signal,
+        Signal::SIGCHLD | Signal::SIGURG | Signal::SIGWINCH | Signal::SIGCONT
+    ) {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| handled_in(&status, signal))
+}
+
+/// `handles` on the text of `/proc/PID/status`.
+fn handled_in(status: &str, signal: Signal) -> bool {
+    let bit = 1u64 << (signal as i32 - 1);
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("SigCgt:").or_else(|| l.strip_prefix("SigIgn:")))
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & bit != 0)
 }
 
 fn forward(group: Pid, signal: Signal) {
@@ -310,6 +359,42 @@ mod tests {
         std::fs::write(&ack, "7\n").unwrap();
         assert_eq!(read_ack(&ack), 7);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_signal_is_handled_when_caught_or_ignored() {
+        let status =
+            "Name:\tsh\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000002\nSigCgt:\t0000000000010001\n";
+        assert!(handled_in(status, Signal::SIGHUP)); // caught: bit 0
+        assert!(handled_in(status, Signal::SIGINT)); // ignored: bit 1
+        assert!(handled_in(status, Signal::SIGCHLD)); // caught: bit 16
+        assert!(!handled_in(status, Signal::SIGUSR1));
+        assert!(!handled_in("garbage", Signal::SIGHUP));
+    }
+
+    #[test]
+    fn a_process_handles_the_signal_only_once_its_handler_is_installed() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read _; trap 'echo hup' USR1; echo ready; read _"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        assert!(!handles(pid, Signal::SIGUSR1), "no trap yet");
+        assert!(handles(pid, Signal::SIGWINCH), "ignored by default");
+        use std::io::{BufRead, Write};
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        assert!(handles(pid, Signal::SIGUSR1), "trapped");
+        drop(stdin);
+        child.wait().unwrap();
+        assert!(!handles(pid, Signal::SIGUSR1), "gone");
     }
 
     #[test]
