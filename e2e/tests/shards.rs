@@ -311,8 +311,7 @@ while true; do sleep 0.05; done
         let log = read("a");
         let last = log
             .lines()
-            .filter(|l| l.starts_with("start ") || l.starts_with("gen "))
-            .last()?;
+            .rfind(|l| l.starts_with("start ") || l.starts_with("gen "))?;
         let set = if last.starts_with("start ") {
             last.split(' ')
                 .nth(1)?
