@@ -22,7 +22,8 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use kube_leader::{
-    for_life::{self, Environment, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    for_life::{self, Environment},
+    lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
     DeadLeaderPod, Error, ForLife, Leadership, LockRef, LossReason, OutsideCluster, Strategy,
 };
 use kube_leader_e2e::{init_tracing, wait_for};

@@ -546,7 +546,7 @@ async fn invalid_config_is_a_typed_error() {
         .become_leader(&shutdown)
         .await
         .unwrap_err();
-    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
     let e = LeaseElector::new(client, "Not_A_Name")
         .namespace("default")
         .identity("me")

@@ -28,7 +28,8 @@ use kube::{
     Api, Client,
 };
 use kube_leader::{
-    for_life::{self, Environment, FENCING_TOKEN_ANNOTATION},
+    for_life::{self, Environment},
+    lock::FENCING_TOKEN_ANNOTATION,
     lease, Error, ForLife, LeaseElector, LockRef, LossReason,
 };
 use kube_leader_testenv::{bind_role, create_pod, set_pod_phase, ControlPlane, Fault, FaultProxy, ADMIN};

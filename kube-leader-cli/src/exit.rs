@@ -54,7 +54,7 @@ impl fmt::Display for Fail {
 pub(crate) fn for_error(e: &kube_leader::Error) -> u8 {
     use kube_leader::Error as E;
     match e {
-        E::InvalidConfig(_) | E::InvalidLockName { .. } | E::NoNamespace { .. } | E::NoPodName => USAGE,
+        E::InvalidConfig { .. } | E::InvalidLockName { .. } | E::NoNamespace { .. } | E::NoPodName => USAGE,
         E::OwnPodNotFound { .. } => USAGE,
         _ => CLUSTER,
     }
@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn library_errors() {
         assert_eq!(for_error(&kube_leader::Error::NoPodName), USAGE);
-        assert_eq!(for_error(&kube_leader::Error::InvalidConfig("x".into())), USAGE);
+        assert_eq!(for_error(&kube_leader::Error::InvalidConfig {
+                field: "x",
+                reason: "y".into()
+            }), USAGE);
         let forbidden = kube_leader::Error::Forbidden {
             verb: "get".into(),
             resource: "leases".into(),

@@ -1,6 +1,6 @@
 //! Exponential backoff with an exact cap and bounded jitter.
 //!
-//! The seed (operator-sdk `leader.Become`) sleeps `wait.Jitter(backoff, 0.2)` starting at 1 s and
+//! operator-sdk's `leader.Become` sleeps `wait.Jitter(backoff, 0.2)` starting at 1 s and
 //! doubling while below 16 s. operator-lib made the cap configurable, but keeps doubling past it
 //! when the cap is not a power of two (a 10 s cap gives 16 s sleeps). Here the base delay is
 //! `min(initial * 2^n, cap)` and each sleep is drawn uniformly from `[0.8 * base, base]`: it never
@@ -11,12 +11,17 @@
 
 use std::time::Duration;
 
-/// Fraction of each delay that is randomised (the seed's `wait.Jitter(backoff, .2)`).
-pub const JITTER: f64 = 0.2;
+/// Fraction of each delay that is randomised (operator-sdk's `wait.Jitter(backoff, .2)`).
+pub(crate) const JITTER: f64 = 0.2;
+
+/// `d` less up to [`JITTER`], so that candidates retrying after one error spread out.
+pub(crate) fn jittered(d: Duration) -> Duration {
+    d.mul_f64(1.0 - JITTER * rand::random::<f64>())
+}
 
 /// An exponential backoff: `initial`, doubling up to exactly `cap`, with 20% jitter below.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     cap: Duration,
     current: Duration,
@@ -28,7 +33,7 @@ impl Backoff {
     /// A backoff starting at `initial` and never exceeding `cap` (`cap` is raised to `initial`
     /// if smaller).
     #[must_use]
-    pub fn new(initial: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, cap: Duration) -> Self {
         let cap = cap.max(initial);
         Self {
             initial,
@@ -38,21 +43,20 @@ impl Backoff {
     }
 
     /// The base delay of the next sleep, before jitter.
-    #[must_use]
-    pub fn base(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn base(&self) -> Duration {
         self.current
     }
 
     /// The next delay: uniformly random in `[0.8 * base, base]`; then doubles the base, capped.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let base = self.current;
-        let factor = 1.0 - JITTER * rand::random::<f64>();
         self.current = base.saturating_mul(2).min(self.cap);
-        base.mul_f64(factor)
+        jittered(base)
     }
 
     /// Starts again from the initial delay (after a success).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.current = self.initial;
     }
 }

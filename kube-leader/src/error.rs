@@ -2,6 +2,14 @@
 
 use std::time::Duration;
 
+/// An [`Error::InvalidConfig`] of `field`.
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidConfig {
+        field,
+        reason: reason.into(),
+    }
+}
+
 /// The result type of kube-leader's fallible operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -14,8 +22,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// The configuration was rejected before anything was sent to the API server.
-    #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// The setting that was rejected, as the configuration names it (`renew_deadline`).
+        field: &'static str,
+        /// Why, in words that name the setting and the values involved.
+        reason: String,
+    },
 
     /// The lock name is not a valid Kubernetes object name (DNS-1123 subdomain).
     #[error("invalid lock name {name:?}: {reason}")]

@@ -148,13 +148,14 @@ pub struct LeaderInfo {
     pub lease_duration: Option<Duration>,
 }
 
-/// The sending half of a leadership: kept by the strategy's background task.
+/// The sending half of a leadership: held by the strategy's keeper (the background task that
+/// keeps the term: renews a Lease, watches a leader-for-life lock), which ends the term with it.
 ///
 /// Dropped without having ended leadership (the task panicked, or ended by a path that forgot
 /// to say why), it ends leadership with [`LossReason::KeeperStopped`]: nobody confirms the
 /// lock any more, so nobody may act on it.
 #[derive(Debug)]
-pub(crate) struct Keeper {
+pub(crate) struct KeeperHandle {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
     release_requested: Arc<AtomicBool>,
@@ -162,7 +163,7 @@ pub(crate) struct Keeper {
     armed: bool,
 }
 
-impl Drop for Keeper {
+impl Drop for KeeperHandle {
     fn drop(&mut self) {
         if self.armed && !self.is_lost() {
             let why = if std::thread::panicking() {
@@ -179,7 +180,7 @@ impl Drop for Keeper {
     }
 }
 
-impl Keeper {
+impl KeeperHandle {
     /// Ends leadership with `reason`, once; later calls are ignored.
     pub(crate) fn lose(&self, reason: LossReason) {
         let first = self.reason.send_if_modified(|r| {
@@ -247,8 +248,22 @@ impl fmt::Debug for Leadership {
 // === impl Leadership ===
 
 impl Leadership {
+    /// Starts a term: the handle, and the strategy's keeper spawned in `span`. The keeper gets
+    /// the [`KeeperHandle`] that ends the term and a token cancelled when the handle is dropped
+    /// or released; the handle's [`release`](Self::release) waits for the keeper to end.
+    pub(crate) fn spawn<F, Fut>(term: Term, span: tracing::Span, keeper: F) -> Self
+    where
+        F: FnOnce(KeeperHandle, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        use tracing::Instrument;
+        let (this, handle, done) = Self::new(term);
+        let task = tokio::spawn(keeper(handle, done).instrument(span));
+        this.with_task(task)
+    }
+
     /// A new leadership and the keeper side for the background task.
-    pub(crate) fn new(term: Term) -> (Self, Keeper, CancellationToken) {
+    pub(crate) fn new(term: Term) -> (Self, KeeperHandle, CancellationToken) {
         let lost = CancellationToken::new();
         let (tx, rx) = watch::channel(None);
         let done = CancellationToken::new();
@@ -264,7 +279,7 @@ impl Leadership {
         };
         (
             this,
-            Keeper {
+            KeeperHandle {
                 lost,
                 reason: tx,
                 release_requested,

@@ -22,7 +22,7 @@
 //! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
 
 mod api;
-pub mod backoff;
+mod backoff;
 pub mod error;
 pub mod events;
 pub mod for_life;
@@ -32,6 +32,7 @@ pub mod lock;
 mod object_watch;
 pub mod observer;
 pub mod shards;
+mod time;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
 /// `PROPTEST_CASES` if set (a long fuzzing run). Failures are not persisted: odd inputs found

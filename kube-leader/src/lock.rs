@@ -1,4 +1,5 @@
-//! Naming the lock object, and finding the namespace and identity of this candidate.
+//! The lock object: its name, the metadata kube-leader writes on it, resourceVersions as fencing
+//! tokens, and finding the namespace and identity of this candidate.
 
 use std::{fmt, path::Path};
 
@@ -6,6 +7,21 @@ use crate::error::{Error, Result};
 
 /// The in-cluster service-account namespace file (the seed's `k8sutil.GetOperatorNamespace`).
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+// The metadata kube-leader writes on its lock objects (both strategies).
+
+/// Annotation naming the holder of the lock: the Pod (leader for life), or the identity whose
+/// fencing token [`FENCING_TOKEN_ANNOTATION`] holds (Lease).
+pub const HOLDER_ANNOTATION: &str = "kube-leader.io/holder";
+/// Annotation with the time the holder acquired the lock (RFC 3339, the holder's wall clock).
+pub const ACQUIRED_AT_ANNOTATION: &str = "kube-leader.io/acquired-at";
+/// Annotation with the holder's fencing token: the lock's `resourceVersion` at creation (leader
+/// for life), or that of the write that made the holder leader (Lease).
+pub const FENCING_TOKEN_ANNOTATION: &str = "kube-leader.io/fencing-token";
+/// Label marking the lock as kube-leader's (`app.kubernetes.io/managed-by=kube-leader`).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Label naming the strategy of the lock (`kube-leader.io/strategy=for-life`).
+pub const STRATEGY_LABEL: &str = "kube-leader.io/strategy";
 
 /// The lock object: its namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -116,10 +132,54 @@ pub fn pod_name_from_env() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The namespace of a lock that names none: as [`discover_namespace`], else the client's
+/// default namespace (its kubeconfig context's, or `default`).
+pub fn namespace_or_default(explicit: Option<&str>, client: &kube::Client) -> String {
+    discover_namespace(explicit).map_or_else(|| client.default_namespace().to_string(), |(ns, _)| ns)
+}
+
+/// This candidate's identity: `explicit`, else `POD_NAME`, else the host name; `None` if all
+/// are empty.
+pub fn resolve_identity(explicit: Option<&str>) -> Option<String> {
+    explicit
+        .map(str::to_string)
+        .or_else(pod_name_from_env)
+        .or_else(hostname)
+        .filter(|id| !id.trim().is_empty())
+}
+
+/// The host name, for a default identity.
+fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
 /// A `resourceVersion` as a fencing token: etcd3's revision, a decimal number. Kubernetes calls
 /// resource versions opaque; every etcd-backed API server writes the revision of the write.
 pub(crate) fn parse_resource_version(rv: Option<&str>) -> Option<u64> {
     rv?.trim().parse().ok()
+}
+
+/// The fencing token of the write that answered with `rv`; `fallback` (with a warning) if the
+/// API server's resourceVersion is not a number.
+pub(crate) fn fencing_token(rv: Option<&str>, fallback: u64) -> u64 {
+    parse_resource_version(rv).unwrap_or_else(|| {
+        tracing::warn!(resource_version = ?rv, fallback,
+            "the API server's resourceVersion is not a number; the fencing token falls back");
+        fallback
+    })
+}
+
+/// Whether resourceVersion `a` is newer than `b` (numerically, as etcd revisions are; versions
+/// that are not numbers count as newer when they differ, so a cache follows its watch).
+pub(crate) fn is_newer(a: Option<&str>, b: Option<&str>) -> bool {
+    match (parse_resource_version(a), parse_resource_version(b)) {
+        (Some(a), Some(b)) => a > b,
+        _ => a != b,
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +216,17 @@ mod tests {
             assert!(matches!(err, Error::InvalidLockName { .. }), "{bad}");
             assert!(err.to_string().contains("invalid lock name"), "{err}");
         }
+    }
+
+    #[test]
+    fn resource_versions_compare_as_numbers() {
+        assert!(is_newer(Some("10"), Some("9")));
+        assert!(!is_newer(Some("9"), Some("10")));
+        assert!(!is_newer(Some("9"), Some("9")));
+        assert!(is_newer(Some("x"), Some("9")));
+        assert!(!is_newer(Some("x"), Some("x")));
+        assert_eq!(fencing_token(Some("42"), 7), 42);
+        assert_eq!(fencing_token(Some("abc"), 7), 7);
     }
 
     #[test]

@@ -268,7 +268,7 @@ proptest! {
         let got = c.validate();
         prop_assert_eq!(got.is_ok(), reference_valid(&c), "{:?}: {:?}", c, got);
         if let Err(e) = got {
-            prop_assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+            prop_assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
         }
         let _ = c.lease_duration_seconds();
     }

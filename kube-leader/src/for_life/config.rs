@@ -3,7 +3,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    error::{Error, Result},
+    error::{invalid, Result},
     lock,
 };
 
@@ -20,7 +20,7 @@ pub enum OutsideCluster {
     /// seed's "Skipping leader election; not running in a cluster." The default.
     #[default]
     Skip,
-    /// Fail with [`Error::NoNamespace`].
+    /// Fail with [`Error::NoNamespace`](crate::Error::NoNamespace).
     Fail,
 }
 
@@ -136,36 +136,39 @@ impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
     /// and takeover grace, and no duration beyond i64 nanoseconds (about 292 years).
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidConfig(m));
+        let bad = |field, m: String| Err(invalid(field, m));
         if self.backoff_cap < INITIAL_BACKOFF {
-            return bad(format!(
+            return bad("backoff_cap", format!(
                 "backoff cap must be at least the initial delay of {INITIAL_BACKOFF:?}, got {:?}",
                 self.backoff_cap
             ));
         }
         if self.api_timeout.is_zero() {
-            return bad("API timeout must be greater than zero".into());
+            return bad("api_timeout", "API timeout must be greater than zero".into());
         }
         // Found by fuzzing the CLI's flags: deadlines are `Instant + duration`, which panics on
         // overflow. Client-go's longest duration (i64 nanoseconds, ~292 years) is the limit.
         let max = Duration::from_nanos(i64::MAX.unsigned_abs());
-        for (what, d) in [
-            ("backoff cap", Some(self.backoff_cap)),
-            ("API timeout", Some(self.api_timeout)),
-            ("NotReady takeover grace", self.not_ready_takeover),
+        for (field, what, d) in [
+            ("backoff_cap", "backoff cap", Some(self.backoff_cap)),
+            ("api_timeout", "API timeout", Some(self.api_timeout)),
+            ("not_ready_takeover", "NotReady takeover grace", self.not_ready_takeover),
         ] {
             if let Some(d) = d.filter(|d| *d > max) {
-                return bad(format!("{what} must be at most {max:?}, got {d:?}"));
+                return bad(field, format!("{what} must be at most {max:?}, got {d:?}"));
             }
         }
         if self.not_ready_takeover.is_some_and(|g| g.is_zero()) {
-            return bad("the NotReady takeover grace must be greater than zero".into());
+            return bad(
+                "not_ready_takeover",
+                "the NotReady takeover grace must be greater than zero".into(),
+            );
         }
         if self.namespace.as_deref().is_some_and(|n| n.trim().is_empty()) {
-            return bad("namespace must not be empty".into());
+            return bad("namespace", "namespace must not be empty".into());
         }
         if self.pod_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
-            return bad("Pod name must not be empty".into());
+            return bad("pod_name", "Pod name must not be empty".into());
         }
         Ok(())
     }
@@ -174,6 +177,7 @@ impl ForLifeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     #[test]
     fn defaults_are_the_seeds_and_valid() {
@@ -240,7 +244,7 @@ mod tests {
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err();
-            assert!(matches!(err, Error::InvalidConfig(_)));
+            assert!(matches!(err, Error::InvalidConfig { .. }));
             assert!(err.to_string().contains(want), "{err} should contain {want}");
         }
     }

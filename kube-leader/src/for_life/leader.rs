@@ -8,12 +8,12 @@ use tokio::sync::watch;
 
 use super::{
     elector::RBAC_HINT,
-    record::{parse_resource_version, LockRecord},
+    record::LockRecord,
 };
 use crate::{
     error::Result,
     leadership::{LeaderInfo, Strategy},
-    lock::LockRef,
+    lock::{parse_resource_version, LockRef},
     object_watch,
 };
 

@@ -48,15 +48,16 @@
 //!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
 //! - The leader keeps watching its lock and learns when it is deleted or replaced.
 
+mod campaign;
 mod config;
 mod decide;
 mod elector;
+mod fencing;
+mod keeper;
 mod leader;
+mod node;
 mod record;
 
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
 pub use elector::ForLife;
 pub use leader::{current_leader, watch_leader};
-pub use record::{
-    ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL, STRATEGY_LABEL,
-};

@@ -9,20 +9,11 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::lock::LockRef;
+use crate::lock::{
+    LockRef, ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL,
+    STRATEGY_LABEL,
+};
 
-/// Annotation naming the holder of the lock: the Pod (leader for life), or the identity whose
-/// fencing token [`FENCING_TOKEN_ANNOTATION`] holds (Lease).
-pub const HOLDER_ANNOTATION: &str = "kube-leader.io/holder";
-/// Annotation with the time the holder acquired the lock (RFC 3339, the holder's wall clock).
-pub const ACQUIRED_AT_ANNOTATION: &str = "kube-leader.io/acquired-at";
-/// Annotation with the holder's fencing token: the lock's `resourceVersion` at creation (leader
-/// for life), or that of the write that made the holder leader (Lease).
-pub const FENCING_TOKEN_ANNOTATION: &str = "kube-leader.io/fencing-token";
-/// Label marking the lock as kube-leader's (`app.kubernetes.io/managed-by=kube-leader`).
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Label naming the strategy of the lock (`kube-leader.io/strategy=for-life`).
-pub const STRATEGY_LABEL: &str = "kube-leader.io/strategy";
 
 /// A Pod by name and UID: a candidate, or the owner of a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -199,7 +190,6 @@ pub(crate) fn with_fencing_token(mut cm: ConfigMap, token: u64) -> ConfigMap {
     cm
 }
 
-pub(crate) use crate::lock::parse_resource_version;
 
 /// What a waiting candidate knows about the Pod that owns the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,6 +244,7 @@ impl PodView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::parse_resource_version;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn me() -> PodRef {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{invalid, Result};
 
 /// client-go's `JitterFactor`: the renew deadline must exceed `1.2 × retry period`.
 pub const JITTER_FACTOR: f64 = 1.2;
@@ -85,57 +85,58 @@ impl LeaseConfig {
     /// longest (`time.Duration` is an `int64` of nanoseconds, about 292 years), so that no
     /// deadline arithmetic can overflow.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidConfig(m));
+        let bad = |field, m: String| Err(invalid(field, m));
         if self.lease_duration.is_zero() {
-            return bad("lease duration must be greater than zero".into());
+            return bad("lease_duration", "lease duration must be greater than zero".into());
         }
         if self.renew_deadline.is_zero() {
-            return bad("renew deadline must be greater than zero".into());
+            return bad("renew_deadline", "renew deadline must be greater than zero".into());
         }
         if self.retry_period.is_zero() {
-            return bad("retry period must be greater than zero".into());
+            return bad("retry_period", "retry period must be greater than zero".into());
         }
         let durations = [
-            ("lease duration", Some(self.lease_duration)),
-            ("renew deadline", Some(self.renew_deadline)),
-            ("retry period", Some(self.retry_period)),
-            ("shutdown grace", Some(self.shutdown_grace)),
-            ("API timeout", self.api_timeout),
+            ("lease_duration", "lease duration", Some(self.lease_duration)),
+            ("renew_deadline", "renew deadline", Some(self.renew_deadline)),
+            ("retry_period", "retry period", Some(self.retry_period)),
+            ("shutdown_grace", "shutdown grace", Some(self.shutdown_grace)),
+            ("api_timeout", "API timeout", self.api_timeout),
         ];
-        for (name, d) in durations {
+        for (field, name, d) in durations {
             if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
-                return bad(format!(
-                    "{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"
-                ));
+                return bad(
+                    field,
+                    format!("{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"),
+                );
             }
         }
         if self.lease_duration < Duration::from_secs(1) {
-            return bad(format!(
+            return bad("lease_duration", format!(
                 "lease duration must be at least 1s (leaseDurationSeconds is whole seconds), got {:?}",
                 self.lease_duration
             ));
         }
         if self.lease_duration > MAX_LEASE_DURATION {
-            return bad(format!(
+            return bad("lease_duration", format!(
                 "lease duration must be at most {MAX_LEASE_DURATION:?} (leaseDurationSeconds is a 32-bit integer), got {:?}",
                 self.lease_duration
             ));
         }
         if self.lease_duration <= self.renew_deadline {
-            return bad(format!(
+            return bad("renew_deadline", format!(
                 "lease duration ({:?}) must be greater than renew deadline ({:?})",
                 self.lease_duration, self.renew_deadline
             ));
         }
         let jittered = jittered_retry_period(self.retry_period);
         if self.renew_deadline <= jittered {
-            return bad(format!(
+            return bad("retry_period", format!(
                 "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({jittered:?})",
                 self.renew_deadline
             ));
         }
         if matches!(self.api_timeout, Some(t) if t.is_zero()) {
-            return bad("API timeout must be greater than zero".into());
+            return bad("api_timeout", "API timeout must be greater than zero".into());
         }
         Ok(())
     }
@@ -158,6 +159,7 @@ impl LeaseConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     #[test]
     fn one_hung_request_leaves_time_for_another_attempt() {
@@ -202,7 +204,7 @@ mod tests {
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err();
-            assert!(matches!(err, Error::InvalidConfig(_)));
+            assert!(matches!(err, Error::InvalidConfig { .. }));
             assert!(err.to_string().contains(want), "{err} should contain {want}");
         }
     }

@@ -1,10 +1,18 @@
 //! The Lease strategy: client-go's `leaderelection` on a `coordination.k8s.io/v1` Lease.
+//!
+//! `config` (timings), `record` (the Lease's fields), `decide` (pure decisions on a monotonic
+//! clock), `campaign` (follow and acquire), `keeper` (renew, release), `leader` (read or watch
+//! the leader without campaigning), `elector` (the candidate's settings and face).
 
+mod campaign;
 mod config;
 pub(crate) mod decide;
 mod elector;
+mod keeper;
+mod leader;
 pub(crate) mod record;
 
 pub use config::{LeaseConfig, JITTER_FACTOR};
-pub use elector::{current_leader, watch_leader, LeaseElector, Recampaign, Renewals, Unhealthy};
+pub use elector::{LeaseElector, Recampaign, Renewals, Unhealthy};
+pub use leader::{current_leader, watch_leader};
 pub use record::{LeaseRecord, INSTANCE_ANNOTATION};

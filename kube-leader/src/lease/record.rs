@@ -10,7 +10,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::for_life::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
+use crate::lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
 
 /// The election record of a Lease (client-go's `LeaderElectionRecord`).
 ///

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::{
-    error::{Error, Result},
+    error::{invalid, Result},
     lease::LeaseConfig,
 };
 
@@ -62,19 +62,22 @@ impl ShardsConfig {
     pub fn validate(&self) -> Result<()> {
         self.lease.validate()?;
         if self.max_in_flight == 0 {
-            return Err(Error::InvalidConfig("max in flight must be at least 1".into()));
+            return Err(invalid("max_in_flight", "max in flight must be at least 1"));
         }
         if self.handover_grace > Duration::from_secs(365 * 24 * 3600) {
-            return Err(Error::InvalidConfig(format!(
-                "handover grace must be at most 365 days, got {:?}",
-                self.handover_grace
-            )));
+            return Err(invalid(
+                "handover_grace",
+                format!("handover grace must be at most 365 days, got {:?}", self.handover_grace),
+            ));
         }
         if let Some(s) = self.join_settle.filter(|s| *s > self.lease.lease_duration) {
-            return Err(Error::InvalidConfig(format!(
-                "join settle ({s:?}) must be at most the lease duration ({:?})",
-                self.lease.lease_duration
-            )));
+            return Err(invalid(
+                "join_settle",
+                format!(
+                    "join settle ({s:?}) must be at most the lease duration ({:?})",
+                    self.lease.lease_duration
+                ),
+            ));
         }
         Ok(())
     }

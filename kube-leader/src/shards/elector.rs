@@ -32,7 +32,7 @@ use super::{
 use crate::{
     api::{call, classify_watch, Failure, Op},
     error::{Error, Result},
-    leadership::{Keeper, Leadership, LossReason, Strategy, Term},
+    leadership::{KeeperHandle as Keeper, Leadership, LossReason, Strategy, Term},
     lease::{
         decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
         record::{new_instance_id, now_micro, set_fencing_token, set_writer, written_by, LeaseRecord},
@@ -204,7 +204,7 @@ impl Shards {
             .or_else(hostname)
             .unwrap_or_default();
         if id.trim().is_empty() {
-            return Err(Error::InvalidConfig("identity must not be empty".into()));
+            return Err(crate::error::invalid("identity", "identity must not be empty"));
         }
         Ok(id)
     }
@@ -213,10 +213,10 @@ impl Shards {
     pub fn validate(&self) -> Result<()> {
         self.config.validate()?;
         if self.count == 0 || self.count > MAX_SHARDS {
-            return Err(Error::InvalidConfig(format!(
-                "the number of shards must be between 1 and {MAX_SHARDS}, got {}",
-                self.count
-            )));
+            return Err(crate::error::invalid(
+                "count",
+                format!("the number of shards must be between 1 and {MAX_SHARDS}, got {}", self.count),
+            ));
         }
         // The set's name is a label value too: at most 63 characters.
         if self.name.len() > 63 {

@@ -1,0 +1,522 @@
+//! A leader-for-life campaign: watch the lock and its holder's Pod, and take the lock the
+//! moment it is free (or stale), as operator-sdk's `leader.Become` does by polling.
+
+use std::{
+    sync::atomic::Ordering,
+    time::{Duration, SystemTime},
+};
+
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Pod},
+    jiff::Timestamp,
+};
+use kube::{api::PostParams, Api};
+use tokio::time::Instant;
+use tracing::{debug, info, warn, Instrument};
+
+use super::{
+    config::{ForLifeConfig, INITIAL_BACKOFF},
+    decide::{decide, Decision, Inputs, Policy, Stale, Waiting},
+    elector::{cm_op, pod_op, uid_precondition, ForLife},
+    fencing::fencing_token_of,
+    node::NodeCheck,
+    record::{lock_config_map, LeaderPod, LockRecord, PodRef, PodView},
+};
+use crate::{
+    api::{call, Failure},
+    backoff::Backoff,
+    error::{Error, Result},
+    lock::LockRef,
+    object_watch::ObjectWatch,
+    time::sleep_until_opt,
+};
+
+/// Reads this candidate's Pod (the seed's `myOwnerRef`), retrying transient errors.
+pub(super) async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeConfig) -> Result<PodRef> {
+    let op = pod_op(&lock.namespace, name, "get");
+    let not_found = || Error::OwnPodNotFound {
+        namespace: lock.namespace.clone(),
+        name: name.to_string(),
+    };
+    let mut backoff = Backoff::new(INITIAL_BACKOFF, config.backoff_cap);
+    loop {
+        match call(op, config.api_timeout, pods.get_opt(name)).await {
+            Ok(Some(pod)) => {
+                let uid = pod.metadata.uid.filter(|u| !u.is_empty()).ok_or_else(not_found)?;
+                return Ok(PodRef {
+                    name: name.to_string(),
+                    uid,
+                });
+            }
+            Ok(None) | Err(Failure::NotFound) => return Err(not_found()),
+            Err(Failure::Fatal(e)) => return Err(e),
+            Err(e @ (Failure::Conflict | Failure::Transient(_))) => {
+                let delay = backoff.next_delay();
+                debug!(error = ?e, ?delay, "reading this candidate's Pod failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// What winning yields: the lock as written, and the term's facts.
+#[derive(Debug)]
+pub(super) struct Won {
+    pub(super) lock: ConfigMap,
+    pub(super) fencing_token: u64,
+    pub(super) acquired_at: SystemTime,
+    /// Found this Pod's own lock (a restart) rather than creating one.
+    pub(super) restarted: bool,
+    /// The lock carries the fencing token already.
+    pub(super) token_stored: bool,
+}
+
+/// The leader Pod as watched by a waiting candidate.
+pub(super) struct LeaderPodWatch {
+    pub(super) name: String,
+    pub(super) watch: ObjectWatch<Pod>,
+    pub(super) state: LeaderPod,
+    pub(super) failing: bool,
+}
+
+/// Whether a fresh read of the leader Pod confirms what a decision was made on.
+enum Confirmed {
+    Yes,
+    Changed,
+    Unknown,
+}
+
+/// What woke a waiting candidate.
+enum Wake {
+    Lock(Result<Option<Box<ConfigMap>>, Failure>),
+    Pod(Result<Option<PodView>, Failure>),
+    Timer,
+}
+
+/// One campaign: the state of a waiting candidate.
+pub(super) struct Election<'a> {
+    pub(super) elector: &'a ForLife,
+    pub(super) lock: LockRef,
+    pub(super) me: PodRef,
+    pub(super) configmaps: Api<ConfigMap>,
+    pub(super) pods: Api<Pod>,
+    pub(super) backoff: Backoff,
+    pub(super) lock_watch: ObjectWatch<ConfigMap>,
+    /// The lock as last observed: `None` until first observed, `Some(None)` when absent.
+    pub(super) lock_state: Option<Option<ConfigMap>>,
+    pub(super) lock_watch_failing: bool,
+    pub(super) leader_pod: Option<LeaderPodWatch>,
+    pub(super) node: Option<NodeCheck>,
+    /// When to re-read the lock (and leader Pod) with GET instead of waiting for the watches:
+    /// the fallback after an action, a transient error, or while a watch fails.
+    pub(super) retry_at: Option<Instant>,
+    /// The last reason for waiting that was logged.
+    pub(super) last_wait: Option<Waiting>,
+}
+
+// === impl Election ===
+
+impl<'a> Election<'a> {
+    pub(super) fn new(elector: &'a ForLife, lock: LockRef, me: PodRef, pods: Api<Pod>) -> Self {
+        let configmaps: Api<ConfigMap> = Api::namespaced(elector.client.clone(), &lock.namespace);
+        let lock_watch = ObjectWatch::new(configmaps.clone(), &lock.name, cm_op(&lock, "watch"));
+        Self {
+            elector,
+            backoff: Backoff::new(INITIAL_BACKOFF, elector.config.backoff_cap),
+            lock,
+            me,
+            configmaps,
+            pods,
+            lock_watch,
+            lock_state: None,
+            lock_watch_failing: false,
+            leader_pod: None,
+            node: None,
+            retry_at: None,
+            last_wait: None,
+        }
+    }
+
+    pub(super) fn config(&self) -> &ForLifeConfig {
+        &self.elector.config
+    }
+
+    pub(super) fn policy(&self) -> Policy {
+        let node_check = !self.elector.node_check_disabled.load(Ordering::Relaxed);
+        Policy {
+            dead_leader_pod: self.config().dead_leader_pod,
+            not_ready_takeover: self.config().not_ready_takeover.filter(|_| node_check),
+        }
+    }
+
+    /// Decides and acts until this candidate leads.
+    pub(super) async fn run(&mut self) -> Result<Won> {
+        loop {
+            let mut recheck_at = None;
+            if let Some(state) = self.lock_state.clone() {
+                let record = state.as_ref().map(LockRecord::from_config_map);
+                self.track_leader_pod(record.as_ref());
+                self.track_node();
+                let unknown = LeaderPod::Unknown;
+                let decision = decide(Inputs {
+                    lock: record.as_ref(),
+                    leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
+                    node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
+                    me: &self.me,
+                    now: Instant::now(),
+                    policy: self.policy(),
+                });
+                match decision {
+                    Decision::Create => {
+                        self.last_wait = None;
+                        if let Some(won) = self.create().await? {
+                            return Ok(won);
+                        }
+                    }
+                    Decision::Continue => return Ok(self.continue_as_leader(state.unwrap_or_default())),
+                    Decision::DeleteLock {
+                        lock_uid,
+                        why,
+                        delete_pod,
+                    } => {
+                        self.last_wait = None;
+                        match self.confirm_leader_pod().await? {
+                            // The Pod is as decided on: the lock is stale.
+                            Confirmed::Yes => {
+                                if self.delete_stale(&lock_uid, &why, delete_pod).await? {
+                                    continue;
+                                }
+                            }
+                            // The Pod changed: decide again on what it is now.
+                            Confirmed::Changed => continue,
+                            // Cannot tell now: wait, re-reading with the backoff.
+                            Confirmed::Unknown => {}
+                        }
+                    }
+                    Decision::Wait { why, recheck_at: at } => {
+                        if matches!(why, Waiting::Malformed(_)) {
+                            // Re-read with the backoff, as the seed did, in case an edit that
+                            // fixes the lock is missed; the watch usually brings it first.
+                            self.arm_retry();
+                        }
+                        self.log_wait(why);
+                        recheck_at = at;
+                    }
+                }
+            }
+            self.wait(recheck_at).await?;
+        }
+    }
+
+    /// Watches the Pod named by the lock's owner (if it is not this candidate), and only it.
+    fn track_leader_pod(&mut self, record: Option<&LockRecord>) {
+        let wanted = record
+            .and_then(|r| r.owner.as_ref().ok())
+            .filter(|o| o.name != self.me.name)
+            .map(|o| o.name.clone());
+        match wanted {
+            Some(name) if self.leader_pod.as_ref().is_some_and(|p| p.name == name) => {}
+            Some(name) => {
+                debug!(holder = %name, "watching the leader Pod");
+                let op = pod_op(&self.lock.namespace, &name, "watch");
+                let watch = ObjectWatch::new(self.pods.clone(), &name, op);
+                self.leader_pod = Some(LeaderPodWatch {
+                    name,
+                    watch,
+                    state: LeaderPod::Unknown,
+                    failing: false,
+                });
+                self.node = None;
+            }
+            None => {
+                self.leader_pod = None;
+                self.node = None;
+            }
+        }
+    }
+
+    /// Logs why this candidate waits, once per reason.
+    fn log_wait(&mut self, why: Waiting) {
+        if self.last_wait.as_ref() == Some(&why) {
+            return;
+        }
+        match &why {
+            Waiting::Malformed(m) => {
+                warn!(reason = %m, "the lock is not a leader-for-life lock; waiting, never taking it over")
+            }
+            Waiting::LeaderPodUnknown { .. } => debug!(reason = %why, "not the leader; waiting"),
+            _ => info!(reason = %why, "not the leader; waiting"),
+        }
+        self.last_wait = Some(why);
+    }
+
+    /// Arms the fallback re-read, if not armed.
+    fn arm_retry(&mut self) {
+        if self.retry_at.is_none() {
+            self.retry_at = Some(Instant::now() + self.backoff.next_delay());
+        }
+    }
+
+    /// Waits for a watch event or a timer, and takes in what it brings.
+    async fn wait(&mut self, recheck_at: Option<Instant>) -> Result<()> {
+        let node_at = self.node.as_ref().map(|n| n.next_check);
+        let wake_at = [self.retry_at, recheck_at, node_at].into_iter().flatten().min();
+        let wake = {
+            let lock_watch = &mut self.lock_watch;
+            let pod_watch = self.leader_pod.as_mut().map(|p| &mut p.watch);
+            tokio::select! {
+                biased;
+                r = lock_watch.changed() => Wake::Lock(r.map(|o| o.cloned().map(Box::new))),
+                r = changed_or_pending(pod_watch) => Wake::Pod(r),
+                () = sleep_until_opt(wake_at) => Wake::Timer,
+            }
+        };
+        match wake {
+            Wake::Lock(Ok(state)) => {
+                self.lock_state = Some(state.map(|b| *b));
+                self.lock_watch_failing = false;
+                self.watch_progressed();
+            }
+            Wake::Lock(Err(Failure::Fatal(e))) => return Err(e),
+            Wake::Lock(Err(e)) => {
+                debug!(error = ?e, "the lock watch failed; re-reading with backoff until it recovers");
+                self.lock_watch_failing = true;
+                self.arm_retry();
+            }
+            Wake::Pod(r) => {
+                let Some(p) = self.leader_pod.as_mut() else {
+                    return Ok(());
+                };
+                match r {
+                    Ok(pod) => {
+                        p.state = pod.map_or(LeaderPod::Absent, LeaderPod::Present);
+                        p.failing = false;
+                        self.watch_progressed();
+                    }
+                    Err(Failure::Fatal(e)) => return Err(e),
+                    Err(e) => {
+                        debug!(error = ?e, holder = %p.name,
+                            "the leader Pod watch failed; re-reading with backoff until it recovers");
+                        p.failing = true;
+                        self.arm_retry();
+                    }
+                }
+            }
+            Wake::Timer => self.on_timer().await?,
+        }
+        Ok(())
+    }
+
+    /// A watch delivered: the fallback is not needed unless another watch still fails.
+    fn watch_progressed(&mut self) {
+        if !self.lock_watch_failing && !self.leader_pod.as_ref().is_some_and(|p| p.failing) {
+            self.retry_at = None;
+            self.backoff.reset();
+        }
+    }
+
+    async fn on_timer(&mut self) -> Result<()> {
+        let now = Instant::now();
+        if self.retry_at.is_some_and(|t| t <= now) {
+            self.retry_at = None;
+            self.reread().await?;
+            if self.lock_watch_failing || self.leader_pod.as_ref().is_some_and(|p| p.failing) {
+                self.arm_retry();
+            }
+        }
+        if self.node.as_ref().is_some_and(|n| n.next_check <= now) {
+            self.check_node().await;
+        }
+        Ok(())
+    }
+
+    /// The fallback: reads the lock and the leader Pod with GET.
+    async fn reread(&mut self) -> Result<()> {
+        let timeout = self.config().api_timeout;
+        match call(
+            cm_op(&self.lock, "get"),
+            timeout,
+            self.configmaps.get_opt(&self.lock.name),
+        )
+        .await
+        {
+            Ok(state) => self.lock_state = Some(state),
+            Err(Failure::Fatal(e)) => return Err(e),
+            Err(e) => {
+                debug!(error = ?e, "re-reading the lock failed");
+                self.arm_retry();
+            }
+        }
+        if let Some(p) = self.leader_pod.as_mut() {
+            let op = pod_op(&self.lock.namespace, &p.name, "get");
+            match call(op, timeout, self.pods.get_opt(&p.name)).await {
+                Ok(pod) => {
+                    p.state = pod.as_ref().map_or(LeaderPod::Absent, |pod| {
+                        LeaderPod::Present(PodView::from_pod(pod))
+                    });
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(e) => debug!(error = ?e, holder = %p.name, "re-reading the leader Pod failed"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Tries to create the lock. `None`: not (yet) the leader.
+    async fn create(&mut self) -> Result<Option<Won>> {
+        let acquired_at = Timestamp::now();
+        let cm = lock_config_map(&self.lock, &self.me, acquired_at);
+        let timeout = self.config().api_timeout;
+        let params = PostParams::default();
+        let created = call(
+            cm_op(&self.lock, "create"),
+            timeout,
+            self.configmaps.create(&params, &cm),
+        );
+        match created.await {
+            Ok(created) => {
+                let fencing_token = fencing_token_of(&created);
+                Ok(Some(Won {
+                    lock: created,
+                    fencing_token,
+                    acquired_at: acquired_at.into(),
+                    restarted: false,
+                    token_stored: false,
+                }))
+            }
+            Err(Failure::Conflict) => {
+                debug!("the lock exists already");
+                self.arm_retry();
+                Ok(None)
+            }
+            Err(Failure::NotFound) => Err(Error::Rejected {
+                verb: "create".into(),
+                resource: "configmaps".into(),
+                namespace: self.lock.namespace.clone(),
+                name: self.lock.name.clone(),
+                message: format!("namespace {} not found", self.lock.namespace),
+            }),
+            Err(Failure::Transient(e)) => {
+                debug!(error = %e, "creating the lock failed; retrying");
+                self.arm_retry();
+                Ok(None)
+            }
+            Err(Failure::Fatal(e)) => Err(e),
+        }
+    }
+
+    /// The lock is this Pod's own: continue as leader (with the lock's current
+    /// `resourceVersion` as the fencing token if it has none yet).
+    fn continue_as_leader(&mut self, lock: ConfigMap) -> Won {
+        let record = LockRecord::from_config_map(&lock);
+        info!(lock_uid = %record.uid,
+            "found a lock held by this Pod (same UID), likely restarted; continuing as the leader");
+        Won {
+            fencing_token: record.fencing_token.unwrap_or_else(|| fencing_token_of(&lock)),
+            token_stored: record.fencing_token.is_some(),
+            acquired_at: record.acquired_at.unwrap_or_else(SystemTime::now),
+            lock,
+            restarted: true,
+        }
+    }
+
+    /// Reads the leader Pod afresh right before a stale-lock deletion: the watched state can be
+    /// old (a Pod watch that fails keeps the last state it saw, e.g. across an API server
+    /// restart), and a Pod re-created under the same name may lead with a new lock meanwhile,
+    /// which a stale view would take for "replaced".
+    async fn confirm_leader_pod(&mut self) -> Result<Confirmed> {
+        let timeout = self.config().api_timeout;
+        let Some(p) = self.leader_pod.as_mut() else {
+            // No other Pod to confirm (the lock is this Pod's own earlier one, or has no
+            // owner): the lock's UID precondition guards the deletion.
+            return Ok(Confirmed::Yes);
+        };
+        let op = pod_op(&self.lock.namespace, &p.name, "get");
+        match call(op, timeout, self.pods.get_opt(&p.name)).await {
+            Ok(pod) => {
+                let fresh = pod.as_ref().map_or(LeaderPod::Absent, |pod| {
+                    LeaderPod::Present(PodView::from_pod(pod))
+                });
+                if fresh == p.state {
+                    Ok(Confirmed::Yes)
+                } else {
+                    debug!(holder = %p.name, "the leader Pod changed since it was last seen; deciding again");
+                    p.state = fresh;
+                    Ok(Confirmed::Changed)
+                }
+            }
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(e) => {
+                debug!(error = ?e, holder = %p.name, "cannot read the leader Pod to confirm the lock is stale; waiting");
+                self.arm_retry();
+                Ok(Confirmed::Unknown)
+            }
+        }
+    }
+
+    /// Deletes a stale lock (UID precondition) and, by policy, the dead leader's Pod (in the
+    /// background). `true`: the lock is gone, so decide again at once.
+    async fn delete_stale(
+        &mut self,
+        lock_uid: &str,
+        why: &Stale,
+        delete_pod: Option<PodRef>,
+    ) -> Result<bool> {
+        info!(reason = %why, lock_uid, "the lock is stale; deleting it");
+        if let Some(pod) = delete_pod {
+            tokio::spawn(
+                delete_dead_pod(
+                    self.pods.clone(),
+                    self.lock.namespace.clone(),
+                    pod,
+                    self.config().api_timeout,
+                )
+                .instrument(tracing::Span::current()),
+            );
+        }
+        let params = uid_precondition(lock_uid);
+        let timeout = self.config().api_timeout;
+        let deleted = call(
+            cm_op(&self.lock, "delete"),
+            timeout,
+            self.configmaps.delete(&self.lock.name, &params),
+        );
+        match deleted.await {
+            // Gone: by this delete, or already (the garbage collector, another candidate). Create
+            // at once rather than after the watch says so; the create is atomic anyway.
+            Ok(_) | Err(Failure::NotFound) => {
+                self.lock_state = Some(None);
+                return Ok(true);
+            }
+            // Another lock by now: the watch brings it.
+            Err(Failure::Conflict) => debug!("the lock was replaced before it could be deleted"),
+            Err(Failure::Fatal(e)) => return Err(e),
+            Err(Failure::Transient(e)) => debug!(error = %e, "deleting the stale lock failed; retrying"),
+        }
+        self.arm_retry();
+        Ok(false)
+    }
+}
+
+/// Best effort: deletes a dead leader's Pod, if its UID is still the one seen.
+async fn delete_dead_pod(pods: Api<Pod>, namespace: String, pod: PodRef, timeout: Duration) {
+    info!(holder = %pod.name, "deleting the dead leader Pod");
+    let op = pod_op(&namespace, &pod.name, "delete");
+    match call(op, timeout, pods.delete(&pod.name, &uid_precondition(&pod.uid))).await {
+        Ok(_) | Err(Failure::NotFound | Failure::Conflict) => {}
+        Err(Failure::Fatal(e)) => {
+            warn!(error = %e, holder = %pod.name, "could not delete the dead leader Pod")
+        }
+        Err(Failure::Transient(e)) => {
+            debug!(error = %e, holder = %pod.name, "could not delete the dead leader Pod")
+        }
+    }
+}
+
+async fn changed_or_pending(watch: Option<&mut ObjectWatch<Pod>>) -> Result<Option<PodView>, Failure> {
+    match watch {
+        Some(w) => w.changed().await.map(|o| o.map(PodView::from_pod)),
+        None => std::future::pending().await,
+    }
+}
+

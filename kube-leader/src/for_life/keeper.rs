@@ -1,0 +1,290 @@
+//! The leader-for-life keeper: watches the lock and this candidate's own Pod while leading,
+//! ends the term the moment either says it is over, and deletes the lock on an explicit release.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    config::INITIAL_BACKOFF,
+    elector::{cm_op, pod_op, uid_precondition},
+    record::{LockRecord, PodRef, PodView},
+};
+use crate::{
+    api::{call, Failure},
+    backoff::Backoff,
+    error::{Error, Result},
+    leadership::{KeeperHandle, LossReason},
+    lock::LockRef,
+    object_watch::ObjectWatch,
+    time::sleep_until_opt,
+};
+
+/// How often a leader's keeper checks, without any request, whether its process was frozen.
+const FREEZE_CHECK: Duration = Duration::from_millis(250);
+/// A check this late means the process was stopped (SIGSTOP, a VM pause): the lock is read at
+/// once rather than waiting for a watch that may be reconnecting with backoff.
+const FREEZE_SLACK: Duration = Duration::from_millis(750);
+
+/// The leader's background task: watches its lock until it goes, the handle is dropped, or
+/// leadership is released.
+pub(super) struct Keeper {
+    pub(super) configmaps: Api<ConfigMap>,
+    pub(super) pods: Api<Pod>,
+    pub(super) lock: LockRef,
+    pub(super) lock_uid: String,
+    pub(super) me: PodRef,
+    pub(super) api_timeout: Duration,
+    pub(super) backoff_cap: Duration,
+}
+
+// === impl Keeper ===
+
+impl Keeper {
+    /// Keeps the term: watches the lock and this Pod until either ends it, or the handle is
+    /// dropped (the lock stays, to go with the Pod) or released (the lock is deleted).
+    pub(super) async fn keep(
+        self,
+        handle: KeeperHandle,
+        done: CancellationToken,
+        cancel: CancellationToken,
+    ) -> Result<()> {
+        let mut watches = Watches::new(&self);
+        loop {
+            let leading = !handle.is_lost();
+            let seen: Option<Option<ConfigMap>> = tokio::select! {
+                biased;
+                () = done.cancelled() => return self.step_down(&handle).await,
+                () = cancel.cancelled(), if leading => {
+                    info!("shutdown requested; no longer leading \
+                        (the lock stays until this Pod is deleted or the leadership is released)");
+                    handle.lose(LossReason::Cancelled);
+                    None
+                }
+                _ = watches.freeze_check.tick(), if leading => {
+                    watches.check_freeze();
+                    None
+                }
+                r = watches.lock.changed(), if leading => {
+                    let r = r.map(|s| s.cloned());
+                    watches.lock_changed(r)
+                }
+                r = watches.own_pod.changed(), if leading && !watches.own_pod_refused => {
+                    let r = r.map(|p| p.cloned());
+                    self.own_pod_changed(&handle, &mut watches, r);
+                    None
+                }
+                () = sleep_until_opt(watches.poll_at), if leading => self.poll(&mut watches).await,
+            };
+            if let Some(state) = seen {
+                self.check(&handle, state);
+            }
+        }
+    }
+
+    /// The handle was dropped or released.
+    async fn step_down(&self, handle: &KeeperHandle) -> Result<()> {
+        if handle.release_requested() {
+            // The loss first: once the lock is deleted a successor may start at once.
+            handle.lose(LossReason::Released);
+            return self.release().await;
+        }
+        debug!("the leadership handle was dropped; no longer watching the lock \
+            (it stays until this Pod is deleted)");
+        handle.lose(LossReason::Released);
+        Ok(())
+    }
+
+    /// An event of the watch on this candidate's own Pod.
+    fn own_pod_changed(&self, handle: &KeeperHandle, w: &mut Watches, r: Result<Option<Pod>, Failure>) {
+        match r {
+            Ok(pod) => self.check_own_pod(handle, pod.as_ref()),
+            Err(Failure::Fatal(e)) => {
+                w.own_pod_refused = true;
+                warn!(error = %e, "cannot watch this candidate's own Pod; leadership ends \
+                    only with the lock (grant watch on pods to step down as soon as the Pod ends)");
+            }
+            Err(e) => debug!(error = ?e, "the watch of this candidate's own Pod failed; it is retried"),
+        }
+    }
+
+    /// Reads the lock while its watch fails (or once after a freeze).
+    async fn poll(&self, w: &mut Watches) -> Option<Option<ConfigMap>> {
+        // Polling goes on only while the watch fails (a read after a freeze is one).
+        w.poll_at = w.watch_failing.then(|| Instant::now() + w.backoff.next_delay());
+        let get = self.configmaps.get_opt(&self.lock.name);
+        match call(cm_op(&self.lock, "get"), self.api_timeout, get).await {
+            Ok(state) => Some(state),
+            Err(e) => {
+                debug!(error = ?e, "reading the lock failed");
+                None
+            }
+        }
+    }
+
+    /// Ends leadership if the lock is gone or no longer this term's.
+    fn check(&self, handle: &KeeperHandle, state: Option<ConfigMap>) {
+        let Some(cm) = state else {
+            info!("the lock was deleted; no longer leading");
+            handle.lose(LossReason::LockDeleted);
+            return;
+        };
+        let record = LockRecord::from_config_map(&cm);
+        if record.uid != self.lock_uid || !record.is_owned_by(&self.me) {
+            let holder = record.holder().map(str::to_string);
+            info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
+            handle.lose(LossReason::LockReplaced { holder });
+        }
+    }
+
+    /// Ends leadership if this candidate's own Pod is ending: its lock goes next.
+    fn check_own_pod(&self, handle: &KeeperHandle, pod: Option<&Pod>) {
+        let why = match pod.map(PodView::from_pod) {
+            None => "was deleted".to_string(),
+            Some(v) if v.uid != self.me.uid => {
+                format!("was replaced by another Pod of that name (UID {})", v.uid)
+            }
+            Some(v) if v.deleting => "is being deleted".to_string(),
+            Some(v) if v.is_terminal() => format!(
+                "is in phase {}{}",
+                v.phase.as_deref().unwrap_or_default(),
+                v.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+            Some(_) => return,
+        };
+        info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
+        handle.lose(LossReason::PodEnding { why });
+    }
+
+    /// Explicit step-down: deletes the lock if it is still this term's (UID precondition).
+    async fn release(&self) -> Result<()> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
+        let params = uid_precondition(&self.lock_uid);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match call(
+                cm_op(&self.lock, "delete"),
+                self.api_timeout,
+                self.configmaps.delete(&self.lock.name, &params),
+            )
+            .await
+            {
+                Ok(_) => {
+                    info!("released: deleted the lock");
+                    return Ok(());
+                }
+                Err(Failure::NotFound | Failure::Conflict) => {
+                    info!("released: the lock was already gone or replaced");
+                    return Ok(());
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Transient(e)) if attempt >= 3 => {
+                    return Err(Error::Unreachable {
+                        elapsed: started.elapsed(),
+                        source: e,
+                    });
+                }
+                Err(Failure::Transient(e)) => {
+                    let delay = backoff.next_delay();
+                    debug!(error = %e, ?delay, "deleting the lock failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper")
+            .field("lock", &self.lock)
+            .field("lock_uid", &self.lock_uid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a leader for life watches, and how it falls back when a watch fails.
+struct Watches {
+    lock: ObjectWatch<ConfigMap>,
+    /// The leader's own Pod too: once it is being deleted, gone, replaced or terminal, its lock
+    /// is about to be deleted (by the garbage collector, or by a candidate), and a successor may
+    /// lead right after. Stepping down on the Pod's first sign keeps the successor's start after
+    /// this leader's end whenever this process still runs then (a force-deleted Pod, or no
+    /// kubelet to stop it); the lock watch alone would race the successor's.
+    own_pod: ObjectWatch<Pod>,
+    own_pod_refused: bool,
+    backoff: Backoff,
+    /// When to read the lock with GET (while its watch fails, or at once after a freeze).
+    poll_at: Option<Instant>,
+    warned: bool,
+    watch_failing: bool,
+    /// Leader for life has no renew deadline to expire while its process is frozen: after a
+    /// pause its watches are its only news, and one that broke before (an API server restart)
+    /// reconnects with backoff. A late timer shows the pause; the lock is read then.
+    freeze_check: tokio::time::Interval,
+    last_check: Instant,
+}
+
+// === impl Watches ===
+
+impl Watches {
+    fn new(k: &Keeper) -> Self {
+        let mut freeze_check = tokio::time::interval(FREEZE_CHECK);
+        freeze_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let own_pod_op = pod_op(&k.lock.namespace, &k.me.name, "watch");
+        Self {
+            lock: ObjectWatch::new(k.configmaps.clone(), &k.lock.name, cm_op(&k.lock, "watch")),
+            own_pod: ObjectWatch::new(k.pods.clone(), &k.me.name, own_pod_op),
+            own_pod_refused: false,
+            backoff: Backoff::new(INITIAL_BACKOFF, k.backoff_cap),
+            poll_at: None,
+            warned: false,
+            watch_failing: false,
+            freeze_check,
+            last_check: Instant::now(),
+        }
+    }
+
+    /// A late tick means this process was frozen: read the lock at once.
+    fn check_freeze(&mut self) {
+        let now = Instant::now();
+        let late = now
+            .saturating_duration_since(self.last_check)
+            .saturating_sub(FREEZE_CHECK);
+        self.last_check = now;
+        if late > FREEZE_SLACK {
+            info!(?late, "this process was frozen; reading the lock at once");
+            self.poll_at = Some(now);
+        }
+    }
+
+    /// An event of the lock watch: the lock as it is now, or `None` (fall back to reading).
+    fn lock_changed(&mut self, r: Result<Option<ConfigMap>, Failure>) -> Option<Option<ConfigMap>> {
+        match r {
+            Ok(state) => {
+                self.backoff.reset();
+                self.poll_at = None;
+                self.watch_failing = false;
+                Some(state)
+            }
+            Err(e) => {
+                self.watch_failing = true;
+                if e.is_transient() {
+                    debug!(error = ?e, "the lock watch failed; reading it with backoff until it recovers");
+                } else if !self.warned {
+                    self.warned = true;
+                    warn!(error = ?e, "cannot watch the lock; reading it with backoff instead");
+                }
+                let backoff = &mut self.backoff;
+                self.poll_at.get_or_insert_with(|| Instant::now() + backoff.next_delay());
+                None
+            }
+        }
+    }
+}

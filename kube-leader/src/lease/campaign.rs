@@ -1,0 +1,419 @@
+//! A Lease campaign: follow the Lease by its watch, decide, write, until this candidate leads.
+//!
+//! The campaign is a small state machine around one wake-up: [`Campaign::wait`] selects on
+//! shutdown, the Lease watch and one timer (the holder's expiry, or a retry). Everything it
+//! knows of the Lease is folded in by [`Campaign::absorb`]; every decision is the pure
+//! [`decide`]/[`decide_absent`] of what it knows.
+
+use std::sync::Arc;
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{api::PostParams, Api, Client};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    config::LeaseConfig,
+    decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
+    elector::{lease_op, Shared},
+    keeper::Keeper,
+    record::{now_micro, set_fencing_token, set_writer, stored_fencing_token, written_by, LeaseRecord},
+};
+use crate::{
+    api::{call, Failure},
+    backoff::jittered,
+    error::{Error, Result},
+    leadership::{Leadership, Strategy, Term},
+    lock::{self, LockRef},
+    object_watch::ObjectWatch,
+    observer::Hooks,
+    time::sleep_until_opt,
+};
+
+/// One campaign of one candidate.
+pub(crate) struct Campaign {
+    client: Client,
+    api: Api<Lease>,
+    cfg: LeaseConfig,
+    shared: Arc<Shared>,
+    hooks: Hooks,
+    lock: LockRef,
+    identity: String,
+    watch: ObjectWatch<Lease>,
+    /// The Lease as last seen (`None`: absent, or not seen yet).
+    observed: Option<Observed>,
+    /// While the Lease is absent: what this candidate last saw before it was deleted.
+    deleted: Option<Observed>,
+    /// Whether this elector saw the Lease before this campaign (an earlier term or campaign).
+    seen_before: bool,
+    /// Since when the Lease is absent, by this candidate's clock.
+    absent_since: Option<Instant>,
+    /// Absent on a relist after this campaign knew the Lease: since when (nobody saw it go).
+    unknown_since: Option<Instant>,
+    /// A record under our identity that another process wrote, as last logged.
+    twin_logged: Option<LeaseRecord>,
+}
+
+/// A write that made this candidate the holder.
+pub(crate) struct Won {
+    /// The Lease as written (the precondition of the next write).
+    pub(crate) lease: Lease,
+    /// The record written.
+    pub(crate) record: LeaseRecord,
+    /// When the write was sent.
+    pub(crate) sent: Instant,
+    /// The resourceVersion of the write that won the term: the fencing token.
+    pub(crate) token_rv: Option<String>,
+}
+
+// === impl Campaign ===
+
+impl Campaign {
+    pub(crate) fn new(
+        client: Client,
+        cfg: LeaseConfig,
+        shared: Arc<Shared>,
+        hooks: Hooks,
+        lock: LockRef,
+        identity: String,
+    ) -> Self {
+        let api: Api<Lease> = Api::namespaced(client.clone(), &lock.namespace);
+        let watch = ObjectWatch::new(api.clone(), &lock.name, lease_op(&lock, "watch"));
+        Self {
+            seen_before: shared.saw_lease(),
+            client,
+            api,
+            cfg,
+            shared,
+            hooks,
+            lock,
+            identity,
+            watch,
+            observed: None,
+            deleted: None,
+            absent_since: None,
+            unknown_since: None,
+            twin_logged: None,
+        }
+    }
+
+    /// Campaigns until this candidate leads (or `shutdown`).
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<Leadership> {
+        info!("campaigning");
+        loop {
+            if !self.watch.is_synced() {
+                self.wait(&shutdown, None).await?;
+                continue;
+            }
+            let wake_at = match self.decide() {
+                Decision::WaitUntil(expiry) => Some(expiry),
+                decision => match self.attempt(decision, &shutdown).await? {
+                    Attempt::Won(won) => return Ok(self.lead(*won, shutdown)),
+                    Attempt::DecideAgain => continue,
+                    Attempt::RetryAt(at) => Some(at),
+                },
+            };
+            let expired = self.wait(&shutdown, wake_at).await?;
+            if expired {
+                let holder = self.observed.as_ref().and_then(|o| o.record.holder.clone());
+                debug!(?holder, "lease expired or retry due; deciding again");
+            }
+        }
+    }
+
+    /// What to do now, on what the watch showed.
+    fn decide(&mut self) -> Decision {
+        let now = Instant::now();
+        let lease_duration = self.cfg.lease_duration;
+        if let Some(obs) = &self.observed {
+            self.absent_since = None;
+            log_twin(obs, &self.identity, &mut self.twin_logged);
+            return decide(Some(obs), &self.identity, now, lease_duration);
+        }
+        let since = *self.absent_since.get_or_insert(now);
+        let absent = match (&self.deleted, self.unknown_since) {
+            (Some(d), _) => Absent::Deleted(d),
+            (None, Some(since)) => Absent::Unknown { since },
+            (None, None) if self.seen_before => Absent::Unknown { since },
+            (None, None) => Absent::Never,
+        };
+        decide_absent(absent, &self.identity, now, lease_duration)
+    }
+
+    /// Writes what `decision` says and handles the answer.
+    async fn attempt(&mut self, decision: Decision, shutdown: &CancellationToken) -> Result<Attempt> {
+        let mut record = record_for(
+            &decision,
+            self.observed.as_ref(),
+            &self.identity,
+            self.cfg.lease_duration,
+            now_micro(),
+        );
+        if decision == Decision::Create {
+            // Created again after a deletion: keep counting (client-go starts at 0).
+            record.transitions = self.shared.transitions_for_create();
+        }
+        let sent = Instant::now();
+        match self.write(&decision, &record).await {
+            Ok(lease) => {
+                let won = Won {
+                    token_rv: lease.metadata.resource_version.clone(),
+                    lease,
+                    record,
+                    sent,
+                };
+                Ok(match self.confirm_term(won, shutdown).await? {
+                    Some(won) => Attempt::Won(Box::new(won)),
+                    // Not confirmed in time: decide again on what the watch shows.
+                    None => Attempt::DecideAgain,
+                })
+            }
+            Err(Failure::Conflict | Failure::NotFound) => {
+                // Somebody wrote first: wait for the watch to show what, then decide again.
+                debug!(?decision, "lost a write race; re-reading");
+                Ok(Attempt::RetryAt(Instant::now() + self.cfg.retry_period))
+            }
+            Err(Failure::Transient(e)) => {
+                // Keep following the watch meanwhile, so the retry decides on fresh state.
+                debug!(error = %e, "transient error while acquiring; retrying after the retry period");
+                Ok(Attempt::RetryAt(Instant::now() + jittered(self.cfg.retry_period)))
+            }
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "cannot campaign");
+                Err(e)
+            }
+        }
+    }
+
+    /// The create or update that `decision` calls for.
+    async fn write(&self, decision: &Decision, record: &LeaseRecord) -> Result<Lease, Failure> {
+        if *decision == Decision::Create {
+            let mut lease = new_lease(&self.lock, record, self.cfg.lease_duration_seconds());
+            set_writer(&mut lease, &self.shared.instance, record);
+            let params = PostParams::default();
+            let create = self.api.create(&params, &lease);
+            return call(lease_op(&self.lock, "create"), self.cfg.api_timeout(), create).await;
+        }
+        let mut lease = self
+            .watch
+            .current()
+            .cloned()
+            .unwrap_or_else(|| new_lease(&self.lock, record, 0));
+        // The previous term's token does not belong to this one.
+        set_fencing_token(&mut lease, None);
+        self.replace(lease, record).await
+    }
+
+    /// Writes `record` into `lease` and replaces the Lease with it (`lease`'s resourceVersion
+    /// is the precondition).
+    async fn replace(&self, mut lease: Lease, record: &LeaseRecord) -> Result<Lease, Failure> {
+        record.write_to(
+            lease.spec.get_or_insert_with(LeaseSpec::default),
+            self.cfg.lease_duration_seconds(),
+        );
+        set_writer(&mut lease, &self.shared.instance, record);
+        let params = PostParams::default();
+        let replace = self.api.replace(&self.lock.name, &params, &lease);
+        call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await
+    }
+
+    /// Waits for shutdown, a watch event or `until`; `true` if `until` came.
+    async fn wait(&mut self, shutdown: &CancellationToken, until: Option<Instant>) -> Result<bool> {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Err(Error::Cancelled { lock: self.lock.to_string() }),
+            ev = self.watch.change() => {
+                let ev = ev.map(|c| (c.object.cloned(), c.relisted));
+                self.absorb(ev)?;
+                Ok(false)
+            }
+            _ = sleep_until_opt(until) => Ok(true),
+        }
+    }
+
+    /// Folds a watch result into what this candidate knows; fatal watch errors end the campaign.
+    fn absorb(&mut self, ev: Result<(Option<Lease>, bool), Failure>) -> Result<()> {
+        match ev {
+            Ok((Some(lease), _)) => self.seen(&lease),
+            Ok((None, relisted)) => self.absent(relisted),
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "cannot watch the lease");
+                return Err(e);
+            }
+            Err(e) => debug!(error = ?e, "lease watch failed; it is retried with backoff"),
+        }
+        Ok(())
+    }
+
+    /// The Lease as the watch shows it now.
+    fn seen(&mut self, lease: &Lease) {
+        let record = LeaseRecord::from_lease(lease);
+        let mine = written_by(lease, &record, &self.shared.instance);
+        let rv = lease.metadata.resource_version.clone();
+        let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now()).written_by_me(mine);
+        let token = stored_fencing_token(lease, &next.record);
+        self.shared.publish(&self.lock, Some(&next.record), token);
+        self.observed = Some(next);
+        self.deleted = None;
+        self.unknown_since = None;
+    }
+
+    /// The Lease is absent: deleted before our eyes, or found absent on a relist.
+    fn absent(&mut self, relisted: bool) {
+        self.shared.publish(&self.lock, None, None);
+        let last = self.observed.take();
+        if relisted && (last.is_some() || self.deleted.is_some()) {
+            // Absent on a relist (after a 410, or a watch that broke): nobody saw it go, and
+            // whoever held it may have renewed meanwhile and may still act. Not a witnessed
+            // deletion: a whole lease duration from now.
+            debug!("the lease is absent on a relist; whoever held it last is unknown");
+            self.deleted = None;
+            self.unknown_since = Some(Instant::now());
+        } else if let Some(last) = last {
+            self.deleted = Some(last);
+        }
+    }
+
+    /// A won term is handed out only while its renew deadline, counted from when the winning
+    /// write was sent, has not passed: an answer that came late (a slow API server, or a pause
+    /// of this process right after the write) leaves a term that may already be over for the
+    /// followers' clocks. Such a term is confirmed by renewing first, until a renewal is
+    /// answered in time. `None`: the lease is not ours any more (or not confirmable now); decide
+    /// again on what the watch shows.
+    async fn confirm_term(&self, mut won: Won, shutdown: &CancellationToken) -> Result<Option<Won>> {
+        loop {
+            let late = won.sent.elapsed();
+            if late < self.cfg.renew_deadline {
+                return Ok(Some(won));
+            }
+            if shutdown.is_cancelled() {
+                return Err(Error::Cancelled {
+                    lock: self.lock.to_string(),
+                });
+            }
+            warn!(lock = %self.lock, identity = %self.identity, answered_after = ?late, renew_deadline = ?self.cfg.renew_deadline,
+                "the write that won the lease was answered after the renew deadline; renewing before leading");
+            let mut record = won.record.clone();
+            record.renew_time = Some(now_micro());
+            let sent = Instant::now();
+            match self.replace(won.lease.clone(), &record).await {
+                Ok(written) => {
+                    won.lease = written;
+                    won.record = record;
+                    won.sent = sent;
+                }
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(e) => {
+                    debug!(error = ?e, "confirming the won term failed; deciding again");
+                    tokio::time::sleep(jittered(self.cfg.retry_period)).await;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Starts the term: the handle, and the keeper that renews the Lease in the background.
+    fn lead(self, won: Won, shutdown: CancellationToken) -> Leadership {
+        let Won {
+            lease,
+            record,
+            sent,
+            token_rv,
+        } = won;
+        // The fencing token: the revision of the write that made this candidate leader. etcd's
+        // revisions grow with every write to any key, so every later term's token (including on
+        // a Lease deleted and created again) is greater.
+        let fencing_token = lock::fencing_token(token_rv.as_deref(), u64::from(record.transitions));
+        let term = Term {
+            identity: self.identity.clone(),
+            lock: self.lock.clone(),
+            strategy: Strategy::Lease,
+            fencing_token,
+            acquired_at: record.acquired_at().unwrap_or_else(std::time::SystemTime::now),
+        };
+        info!(lock = %self.lock, identity = %self.identity, fencing_token, "became leader");
+        self.shared.publish(&self.lock, Some(&record), Some(fencing_token));
+        self.shared.set_health(|h| {
+            h.leading = true;
+            h.last_success = Some(sent);
+            h.last_latency = Some(sent.elapsed());
+            h.successes += 1;
+        });
+        let lock_uid = lease.metadata.uid.clone();
+        let renewals = self.shared.renewals.subscribe();
+        let keeper = Keeper {
+            api: Api::namespaced(self.client, &self.lock.namespace),
+            cfg: self.cfg,
+            shared: self.shared,
+            lock: self.lock,
+            identity: self.identity,
+            lease,
+            record,
+            fencing_token,
+            last_sent: sent,
+        };
+        let watch = self.watch;
+        let leadership = Leadership::spawn(term, tracing::Span::current(), move |handle, done| {
+            keeper.run(handle, watch, done, shutdown)
+        });
+        self.hooks.follow(&leadership, lock_uid, false, Some(renewals));
+        leadership
+    }
+}
+
+/// What came of one attempt to write.
+enum Attempt {
+    Won(Box<Won>),
+    /// Decide again at once, on what the watch shows.
+    DecideAgain,
+    /// Decide again on the next watch event, or at this instant at the latest.
+    RetryAt(Instant),
+}
+
+/// Logs, once per record, that the Lease is held under this candidate's identity by another
+/// process; the second time (the record changed: that process is alive and renewing) as an
+/// error, since two candidates share one identity.
+fn log_twin(obs: &Observed, identity: &str, logged: &mut Option<LeaseRecord>) {
+    if !obs.held_by_a_twin(identity) {
+        *logged = None;
+        return;
+    }
+    if logged.as_ref() == Some(&obs.record) {
+        return;
+    }
+    if logged.is_none() {
+        warn!(
+            identity,
+            "the lease is held under this candidate's identity by another process \
+            (this candidate before a restart, or a second candidate with the same identity); \
+            waiting for that lease to expire"
+        );
+    } else {
+        tracing::error!(
+            identity,
+            "another live process renews the lease under this candidate's \
+            identity: two candidates share one identity (a copied --identity, two containers of \
+            one Pod, or host names under hostNetwork). Give every candidate a unique identity \
+            (POD_NAME from the Downward API, or --identity)"
+        );
+    }
+    *logged = Some(obs.record.clone());
+}
+
+/// A new Lease object holding `record`.
+fn new_lease(lock: &LockRef, record: &LeaseRecord, duration_secs: i32) -> Lease {
+    let mut spec = LeaseSpec::default();
+    record.write_to(&mut spec, duration_secs);
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(lock.name.clone()),
+            namespace: Some(lock.namespace.clone()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+    }
+}
