@@ -29,8 +29,9 @@ use kube::{
 };
 use kube_leader::{
     for_life::{self, Environment},
+    lease,
     lock::FENCING_TOKEN_ANNOTATION,
-    lease, Error, ForLife, LeaseElector, LockRef, LossReason,
+    Error, ForLife, LeaseElector, LockRef, LossReason,
 };
 use kube_leader_testenv::{bind_role, create_pod, set_pod_phase, ControlPlane, Fault, FaultProxy, ADMIN};
 use tokio_util::sync::CancellationToken;

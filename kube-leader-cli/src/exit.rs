@@ -100,10 +100,13 @@ mod tests {
     #[test]
     fn library_errors() {
         assert_eq!(for_error(&kube_leader::Error::NoPodName), USAGE);
-        assert_eq!(for_error(&kube_leader::Error::InvalidConfig {
+        assert_eq!(
+            for_error(&kube_leader::Error::InvalidConfig {
                 field: "x",
                 reason: "y".into()
-            }), USAGE);
+            }),
+            USAGE
+        );
         let forbidden = kube_leader::Error::Forbidden {
             verb: "get".into(),
             resource: "leases".into(),

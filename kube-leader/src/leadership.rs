@@ -220,7 +220,7 @@ impl KeeperHandle {
 /// leadership is lost, so work gated on it stops.
 ///
 /// Dropping the handle steps down: a lease is released (after renewals stop), and the watch on a
-/// leader-for-life lock ends (the lock itself lives until the Pod is deleted, as in the seed).
+/// leader-for-life lock ends (the lock itself lives until the Pod is deleted, as with operator-sdk).
 /// Call [`release`](Self::release) to step down and wait until that is done.
 #[must_use = "dropping the Leadership steps down at once"]
 pub struct Leadership {
@@ -296,7 +296,7 @@ impl Leadership {
     }
 
     /// The leadership of a candidate that skipped the election because it does not run in a
-    /// cluster (the seed's behaviour, see [`OutsideCluster::Skip`](crate::OutsideCluster::Skip)).
+    /// cluster (operator-sdk's behaviour, see [`OutsideCluster::Skip`](crate::OutsideCluster::Skip)).
     /// It is never lost and its fencing token is 0.
     pub(crate) fn skipped(term: Term) -> Self {
         // No keeper task: the reason stays `None` and `lost()` waits forever.

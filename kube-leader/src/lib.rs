@@ -14,7 +14,8 @@
 //!   polling, the leader renews with one write, and stops leading before anybody else can see
 //!   its lease as expired (fail-stop).
 //!
-//! Both give a [fencing token](Leadership::fencing_token) and a token that is cancelled when
+//! [`Elector`] is either, for programs that let their users choose. Both give a
+//! [fencing token](Leadership::fencing_token) and a token that is cancelled when
 //! leadership is lost, record client-go's `LeaderElection` [Events](events) on the lock, and
 //! report to an optional [observer] for metrics of your own.
 //!
@@ -23,6 +24,7 @@
 
 mod api;
 mod backoff;
+mod elector;
 pub mod error;
 pub mod events;
 pub mod for_life;
@@ -50,6 +52,7 @@ pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
     }
 }
 
+pub use elector::Elector;
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};

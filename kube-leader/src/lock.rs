@@ -5,7 +5,7 @@ use std::{fmt, path::Path};
 
 use crate::error::{Error, Result};
 
-/// The in-cluster service-account namespace file (the seed's `k8sutil.GetOperatorNamespace`).
+/// The in-cluster service-account namespace file (operator-sdk's `k8sutil.GetOperatorNamespace`).
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 // The metadata kube-leader writes on its lock objects (both strategies).
@@ -99,7 +99,7 @@ pub enum NamespaceSource {
 }
 
 /// Finds the namespace of this candidate: `explicit`, else `POD_NAMESPACE`, else the
-/// service-account file. `None` means "not running in a cluster" (the seed's `ErrNoNamespace`).
+/// service-account file. `None` means "not running in a cluster" (operator-sdk's `ErrNoNamespace`).
 pub fn discover_namespace(explicit: Option<&str>) -> Option<(String, NamespaceSource)> {
     discover_namespace_from(
         explicit,

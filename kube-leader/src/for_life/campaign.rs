@@ -31,8 +31,13 @@ use crate::{
     time::sleep_until_opt,
 };
 
-/// Reads this candidate's Pod (the seed's `myOwnerRef`), retrying transient errors.
-pub(super) async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeConfig) -> Result<PodRef> {
+/// Reads this candidate's Pod (operator-sdk's `myOwnerRef`), retrying transient errors.
+pub(super) async fn own_pod(
+    pods: &Api<Pod>,
+    lock: &LockRef,
+    name: &str,
+    config: &ForLifeConfig,
+) -> Result<PodRef> {
     let op = pod_op(&lock.namespace, name, "get");
     let not_found = || Error::OwnPodNotFound {
         namespace: lock.namespace.clone(),
@@ -195,7 +200,7 @@ impl<'a> Election<'a> {
                     }
                     Decision::Wait { why, recheck_at: at } => {
                         if matches!(why, Waiting::Malformed(_)) {
-                            // Re-read with the backoff, as the seed did, in case an edit that
+                            // Re-read with the backoff, as operator-sdk does, in case an edit that
                             // fixes the lock is missed; the watch usually brings it first.
                             self.arm_retry();
                         }
@@ -519,4 +524,3 @@ async fn changed_or_pending(watch: Option<&mut ObjectWatch<Pod>>) -> Result<Opti
         None => std::future::pending().await,
     }
 }
-

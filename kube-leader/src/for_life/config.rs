@@ -7,7 +7,7 @@ use crate::{
     lock,
 };
 
-/// The first retry delay of the fallback backoff: the seed's `backoff := time.Second`.
+/// The first retry delay of the fallback backoff: operator-sdk's `backoff := time.Second`.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What [`ForLife::become_leader`](crate::ForLife::become_leader) does when no namespace can be
@@ -17,7 +17,7 @@ pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 pub enum OutsideCluster {
     /// Skip the election and return a [`Leadership`](crate::Leadership) that
     /// [is skipped](crate::Leadership::is_skipped) and never lost, logging why at `info`: the
-    /// seed's "Skipping leader election; not running in a cluster." The default.
+    /// operator-sdk's "Skipping leader election; not running in a cluster." The default.
     #[default]
     Skip,
     /// Fail with [`Error::NoNamespace`](crate::Error::NoNamespace).
@@ -36,7 +36,7 @@ pub enum DeadLeaderPod {
     /// Leave the Pod alone.
     Keep,
     /// Delete the Pod only if it was evicted (phase `Failed`, reason `Evicted`) and is not
-    /// already being deleted: what the seed does. The default.
+    /// already being deleted: what operator-sdk does. The default.
     #[default]
     DeleteEvicted,
     /// Delete the Pod in any terminal phase (`Failed` for any reason, `Succeeded`) unless it is
@@ -86,14 +86,14 @@ pub struct ForLifeConfig {
     /// This candidate's Pod name. Default: none, which means `POD_NAME`.
     pub pod_name: Option<String>,
     /// The longest delay of the fallback backoff, which starts at 1 s and doubles up to exactly
-    /// this cap, with 20% jitter. Default 16 s: the seed's `maxBackoffInterval`. The backoff
+    /// this cap, with 20% jitter. Default 16 s: operator-sdk's `maxBackoffInterval`. The backoff
     /// only paces retries after transient API errors, re-reads while a watch is failing, and
-    /// re-reads of a malformed lock (as the seed did); a healthy watch wakes a waiting
+    /// re-reads of a malformed lock (as operator-sdk does); a healthy watch wakes a waiting
     /// candidate at once.
     pub backoff_cap: Duration,
-    /// What to do outside a cluster. Default [`OutsideCluster::Skip`] (the seed).
+    /// What to do outside a cluster. Default [`OutsideCluster::Skip`] (operator-sdk).
     pub outside_cluster: OutsideCluster,
-    /// What to do with a dead leader's Pod. Default [`DeadLeaderPod::DeleteEvicted`] (the seed).
+    /// What to do with a dead leader's Pod. Default [`DeadLeaderPod::DeleteEvicted`] (operator-sdk).
     pub dead_leader_pod: DeadLeaderPod,
     /// Opt-in takeover from a leader whose Node has not been `Ready` for this long, as observed
     /// by this candidate's own monotonic clock. Default `None`: never.
@@ -119,7 +119,7 @@ impl Default for ForLifeConfig {
         Self {
             namespace: None,
             pod_name: None,
-            // The seed's maxBackoffInterval.
+            // operator-sdk's maxBackoffInterval.
             backoff_cap: Duration::from_secs(16),
             outside_cluster: OutsideCluster::Skip,
             dead_leader_pod: DeadLeaderPod::DeleteEvicted,
@@ -138,10 +138,13 @@ impl ForLifeConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |field, m: String| Err(invalid(field, m));
         if self.backoff_cap < INITIAL_BACKOFF {
-            return bad("backoff_cap", format!(
-                "backoff cap must be at least the initial delay of {INITIAL_BACKOFF:?}, got {:?}",
-                self.backoff_cap
-            ));
+            return bad(
+                "backoff_cap",
+                format!(
+                    "backoff cap must be at least the initial delay of {INITIAL_BACKOFF:?}, got {:?}",
+                    self.backoff_cap
+                ),
+            );
         }
         if self.api_timeout.is_zero() {
             return bad("api_timeout", "API timeout must be greater than zero".into());
@@ -152,7 +155,11 @@ impl ForLifeConfig {
         for (field, what, d) in [
             ("backoff_cap", "backoff cap", Some(self.backoff_cap)),
             ("api_timeout", "API timeout", Some(self.api_timeout)),
-            ("not_ready_takeover", "NotReady takeover grace", self.not_ready_takeover),
+            (
+                "not_ready_takeover",
+                "NotReady takeover grace",
+                self.not_ready_takeover,
+            ),
         ] {
             if let Some(d) = d.filter(|d| *d > max) {
                 return bad(field, format!("{what} must be at most {max:?}, got {d:?}"));

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::{
     config::DeadLeaderPod,
-    record::{LeaderPod, LockRecord, Malformed, PodRef},
+    record::{LeaderPod, LockRecord, Malformed, PodRef, PodView},
 };
 
 /// The options that shape a decision.
@@ -196,6 +196,27 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
         LeaderPod::Present(pod) if pod.uid != owner.uid => return stale(Stale::LeaderPodReplaced { holder }),
         LeaderPod::Present(pod) => pod,
     };
+    decide_on_pod(&i, lock, owner, pod, holder)
+}
+
+/// The rest of [`decide`], once the leader Pod is known to be the lock's owner: its phase, its
+/// Node (opt-in) and its deletion decide.
+fn decide_on_pod(
+    i: &Inputs<'_>,
+    lock: &LockRecord,
+    owner: &PodRef,
+    pod: &PodView,
+    holder: String,
+) -> Decision {
+    let wait = |why| Decision::Wait {
+        why,
+        recheck_at: None,
+    };
+    let stale = |why| Decision::DeleteLock {
+        lock_uid: lock.uid.clone(),
+        why,
+        delete_pod: None,
+    };
     if pod.is_terminal() {
         let delete = !pod.deleting
             && match i.policy.dead_leader_pod {
@@ -243,347 +264,4 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::for_life::record::PodView;
-
-    fn me() -> PodRef {
-        PodRef {
-            name: "me".into(),
-            uid: "me-1".into(),
-        }
-    }
-
-    fn leader() -> PodRef {
-        PodRef {
-            name: "leader".into(),
-            uid: "leader-1".into(),
-        }
-    }
-
-    fn lock(owner: Result<PodRef, Malformed>) -> LockRecord {
-        LockRecord {
-            uid: "lock-1".into(),
-            resource_version: Some("10".into()),
-            owner,
-            fencing_token: Some(9),
-            acquired_at: None,
-            deleting: false,
-        }
-    }
-
-    fn pod(uid: &str, phase: &str, reason: Option<&str>) -> LeaderPod {
-        LeaderPod::Present(PodView {
-            uid: uid.into(),
-            phase: Some(phase.into()),
-            reason: reason.map(Into::into),
-            deleting: false,
-            node_name: Some("node-a".into()),
-        })
-    }
-
-    const SEED: Policy = Policy {
-        dead_leader_pod: DeadLeaderPod::DeleteEvicted,
-        not_ready_takeover: None,
-    };
-
-    fn run(lock: Option<&LockRecord>, leader_pod: &LeaderPod, policy: Policy) -> Decision {
-        let now = Instant::now();
-        decide(Inputs {
-            lock,
-            leader_pod,
-            node_not_ready_since: None,
-            me: &me(),
-            now,
-            policy,
-        })
-    }
-
-    fn deletes(d: &Decision) -> Option<(&Stale, &Option<PodRef>)> {
-        match d {
-            Decision::DeleteLock {
-                lock_uid,
-                why,
-                delete_pod,
-            } => {
-                assert_eq!(lock_uid, "lock-1", "the UID precondition is the lock's");
-                Some((why, delete_pod))
-            }
-            _ => None,
-        }
-    }
-
-    #[test]
-    fn no_lock_creates() {
-        assert_eq!(run(None, &LeaderPod::Unknown, SEED), Decision::Create);
-    }
-
-    #[test]
-    fn own_lock_by_uid_continues() {
-        assert_eq!(
-            run(Some(&lock(Ok(me()))), &LeaderPod::Unknown, SEED),
-            Decision::Continue
-        );
-    }
-
-    #[test]
-    fn same_name_other_uid_is_not_mine_and_is_stale() {
-        let former = PodRef {
-            name: "me".into(),
-            uid: "me-0".into(),
-        };
-        let d = run(Some(&lock(Ok(former))), &LeaderPod::Unknown, SEED);
-        let (why, delete_pod) = deletes(&d).expect("stale");
-        assert_eq!(why, &Stale::FormerPodOfMine { uid: "me-0".into() });
-        assert_eq!(delete_pod, &None, "never delete a Pod of my own name");
-    }
-
-    #[test]
-    fn live_leader_waits() {
-        for phase in ["Pending", "Running", "Unknown"] {
-            let d = run(Some(&lock(Ok(leader()))), &pod("leader-1", phase, None), SEED);
-            assert_eq!(
-                d,
-                Decision::Wait {
-                    why: Waiting::Leader {
-                        holder: "leader".into()
-                    },
-                    recheck_at: None
-                }
-            );
-        }
-        let d = run(Some(&lock(Ok(leader()))), &LeaderPod::Unknown, SEED);
-        assert!(matches!(
-            d,
-            Decision::Wait {
-                why: Waiting::LeaderPodUnknown { .. },
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn gone_or_replaced_leader_is_stale() {
-        let l = lock(Ok(leader()));
-        let d = run(Some(&l), &LeaderPod::Absent, SEED);
-        assert_eq!(
-            deletes(&d).unwrap().0,
-            &Stale::LeaderPodGone {
-                holder: "leader".into()
-            }
-        );
-        let d = run(Some(&l), &pod("leader-2", "Running", None), SEED);
-        assert_eq!(
-            deletes(&d).unwrap().0,
-            &Stale::LeaderPodReplaced {
-                holder: "leader".into()
-            }
-        );
-        assert_eq!(
-            deletes(&d).unwrap().1,
-            &None,
-            "the new Pod of that name is not touched"
-        );
-    }
-
-    #[test]
-    fn every_terminal_phase_is_stale_and_the_pod_is_deleted_by_policy() {
-        let l = lock(Ok(leader()));
-        let cases = [
-            ("Failed", Some("Evicted"), [false, true, true]),
-            ("Failed", Some("Preempting"), [false, false, true]),
-            ("Failed", Some("NodeShutdown"), [false, false, true]),
-            ("Failed", None, [false, false, true]),
-            ("Succeeded", None, [false, false, true]),
-        ];
-        let policies = [
-            DeadLeaderPod::Keep,
-            DeadLeaderPod::DeleteEvicted,
-            DeadLeaderPod::DeleteTerminal,
-        ];
-        for (phase, reason, deleted) in cases {
-            for (policy, deleted) in policies.into_iter().zip(deleted) {
-                let policy = Policy {
-                    dead_leader_pod: policy,
-                    ..SEED
-                };
-                let d = run(Some(&l), &pod("leader-1", phase, reason), policy);
-                let (why, delete_pod) = deletes(&d).unwrap_or_else(|| panic!("{phase} {reason:?}: {d:?}"));
-                assert!(matches!(why, Stale::LeaderPodTerminated { .. }), "{why:?}");
-                assert_eq!(delete_pod.is_some(), deleted, "{phase} {reason:?} {policy:?}");
-                if deleted {
-                    assert_eq!(delete_pod.as_ref(), Some(&leader()), "deleted by UID");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_pod_already_being_deleted_is_not_deleted_again() {
-        let l = lock(Ok(leader()));
-        let LeaderPod::Present(mut view) = pod("leader-1", "Failed", Some("Evicted")) else {
-            unreachable!()
-        };
-        view.deleting = true;
-        let d = run(Some(&l), &LeaderPod::Present(view.clone()), SEED);
-        assert_eq!(deletes(&d).unwrap().1, &None);
-        // A running Pod being deleted still runs: wait for the garbage collector.
-        view.phase = Some("Running".into());
-        view.reason = None;
-        let d = run(Some(&l), &LeaderPod::Present(view), SEED);
-        assert!(
-            matches!(
-                d,
-                Decision::Wait {
-                    why: Waiting::LeaderTerminating { .. },
-                    ..
-                }
-            ),
-            "{d:?}"
-        );
-    }
-
-    #[test]
-    fn malformed_locks_are_never_taken() {
-        for m in [
-            Malformed::NoOwner,
-            Malformed::ManyOwners { count: 2 },
-            Malformed::NotAPod {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                name: "x".into(),
-            },
-        ] {
-            for pod in [
-                LeaderPod::Unknown,
-                LeaderPod::Absent,
-                pod("x", "Failed", Some("Evicted")),
-            ] {
-                let d = run(Some(&lock(Err(m.clone()))), &pod, SEED);
-                assert_eq!(
-                    d,
-                    Decision::Wait {
-                        why: Waiting::Malformed(m.clone()),
-                        recheck_at: None
-                    }
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_lock_being_deleted_is_waited_for() {
-        let mut l = lock(Ok(leader()));
-        l.deleting = true;
-        assert!(matches!(
-            run(Some(&l), &LeaderPod::Absent, SEED),
-            Decision::Wait {
-                why: Waiting::LockTerminating,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn not_ready_node_is_never_taken_over_by_default() {
-        let l = lock(Ok(leader()));
-        let now = Instant::now();
-        let since = now.checked_sub(Duration::from_secs(3600)).unwrap_or(now);
-        let d = decide(Inputs {
-            lock: Some(&l),
-            leader_pod: &pod("leader-1", "Running", None),
-            node_not_ready_since: Some(since),
-            me: &me(),
-            now,
-            policy: SEED,
-        });
-        assert!(
-            matches!(
-                d,
-                Decision::Wait {
-                    why: Waiting::Leader { .. },
-                    ..
-                }
-            ),
-            "{d:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn not_ready_takeover_after_the_grace_by_the_local_clock() {
-        let l = lock(Ok(leader()));
-        let grace = Duration::from_secs(30);
-        let policy = Policy {
-            not_ready_takeover: Some(grace),
-            ..SEED
-        };
-        let since = Instant::now();
-        let at = |now| {
-            decide(Inputs {
-                lock: Some(&l),
-                leader_pod: &pod("leader-1", "Running", None),
-                node_not_ready_since: Some(since),
-                me: &me(),
-                now,
-                policy,
-            })
-        };
-        tokio::time::advance(Duration::from_secs(29)).await;
-        assert_eq!(
-            at(Instant::now()),
-            Decision::Wait {
-                why: Waiting::LeaderNodeNotReady {
-                    holder: "leader".into(),
-                    node: "node-a".into()
-                },
-                recheck_at: Some(since + grace),
-            }
-        );
-        tokio::time::advance(Duration::from_secs(1)).await;
-        let d = at(Instant::now());
-        let (why, delete_pod) = deletes(&d).unwrap();
-        assert_eq!(
-            why,
-            &Stale::LeaderNodeNotReady {
-                holder: "leader".into(),
-                node: "node-a".into(),
-                for_: grace
-            }
-        );
-        assert_eq!(delete_pod, &None);
-        // Seen Ready again: the clock was reset by the caller.
-        let d = decide(Inputs {
-            lock: Some(&l),
-            leader_pod: &pod("leader-1", "Running", None),
-            node_not_ready_since: None,
-            me: &me(),
-            now: Instant::now(),
-            policy,
-        });
-        assert!(matches!(
-            d,
-            Decision::Wait {
-                why: Waiting::Leader { .. },
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn messages() {
-        let s = Stale::LeaderPodTerminated {
-            holder: "p".into(),
-            phase: "Failed".into(),
-            reason: Some("Evicted".into()),
-        };
-        assert_eq!(
-            s.to_string(),
-            "the leader Pod p has terminated (phase Failed, reason Evicted)"
-        );
-        let w = Waiting::Malformed(Malformed::ManyOwners { count: 2 });
-        assert_eq!(
-            w.to_string(),
-            "the lock has 2 owner references (it must have exactly one, a Pod); waiting, never taking it over"
-        );
-    }
-}
+mod tests;

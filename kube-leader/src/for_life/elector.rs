@@ -74,9 +74,12 @@ pub(crate) const RBAC_HINT: &str =
 /// Needs, in the lock's namespace: `create` on ConfigMaps, `get, list, watch, update, delete`
 /// on the lock ConfigMap (by name),
 /// `get, list, watch, delete` on Pods and `create` on Events; see `kube-leader rbac --strategy for-life`.
+///
+/// A clone is the same candidate (it shares what it learnt, such as Nodes being unreadable);
+/// changing a setting (any builder method) makes a new candidate with state of its own.
 #[derive(Clone)]
 pub struct ForLife {
-    pub(super) client: Client,
+    pub(crate) client: Client,
     name: String,
     pub(super) config: ForLifeConfig,
     /// Set once reading Nodes was refused: the NotReady takeover is off from then on.
@@ -101,7 +104,7 @@ impl std::fmt::Debug for ForLife {
 // === impl ForLife ===
 
 impl ForLife {
-    /// A candidate for the lock ConfigMap `name`, with the seed's defaults
+    /// A candidate for the lock ConfigMap `name`, with operator-sdk's defaults
     /// ([`ForLifeConfig::default`]). The name is checked when campaigning.
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
@@ -118,6 +121,7 @@ impl ForLife {
     /// metrics of your own: see [`observer`](crate::observer).
     #[must_use]
     pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.node_check_disabled = Arc::default();
         self.hooks.set_observer(Arc::new(observer));
         self
     }
@@ -127,6 +131,7 @@ impl ForLife {
     /// [`events`](crate::events)).
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
+        self.node_check_disabled = Arc::default();
         self.hooks
             .set_events(record.then(|| EventRecorder::new(self.client.clone())));
         self
@@ -135,6 +140,7 @@ impl ForLife {
     /// Sets all options at once.
     #[must_use]
     pub fn config(mut self, config: ForLifeConfig) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config = config;
         self
     }
@@ -142,6 +148,7 @@ impl ForLife {
     /// Sets the namespace of the lock and of this candidate's Pod.
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.namespace = Some(namespace.into());
         self
     }
@@ -149,6 +156,7 @@ impl ForLife {
     /// Sets this candidate's Pod name (instead of `POD_NAME`).
     #[must_use]
     pub fn pod_name(mut self, pod_name: impl Into<String>) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.pod_name = Some(pod_name.into());
         self
     }
@@ -156,6 +164,7 @@ impl ForLife {
     /// Sets the cap of the fallback backoff (see [`ForLifeConfig::backoff_cap`]).
     #[must_use]
     pub fn backoff_cap(mut self, cap: Duration) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.backoff_cap = cap;
         self
     }
@@ -163,6 +172,7 @@ impl ForLife {
     /// Sets what to do outside a cluster (see [`OutsideCluster`]).
     #[must_use]
     pub fn outside_cluster(mut self, outside_cluster: OutsideCluster) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.outside_cluster = outside_cluster;
         self
     }
@@ -170,6 +180,7 @@ impl ForLife {
     /// Sets what to do with a dead leader's Pod (see [`DeadLeaderPod`]).
     #[must_use]
     pub fn dead_leader_pod(mut self, policy: DeadLeaderPod) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.dead_leader_pod = policy;
         self
     }
@@ -178,6 +189,7 @@ impl ForLife {
     /// the risk in [`ForLifeConfig::not_ready_takeover`] first. `None` (the default) never does.
     #[must_use]
     pub fn not_ready_takeover(mut self, grace: Option<Duration>) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.not_ready_takeover = grace;
         self
     }
@@ -185,6 +197,7 @@ impl ForLife {
     /// Sets the bound on each API call (see [`ForLifeConfig::api_timeout`]).
     #[must_use]
     pub fn api_timeout(mut self, timeout: Duration) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.api_timeout = timeout;
         self
     }
@@ -192,6 +205,7 @@ impl ForLife {
     /// Sets where the namespace and Pod name come from when not set (see [`Environment`]).
     #[must_use]
     pub fn environment(mut self, environment: Environment) -> Self {
+        self.node_check_disabled = Arc::default();
         self.config.environment = Some(environment);
         self
     }
@@ -213,14 +227,14 @@ impl ForLife {
     /// Once leading, a background task watches the lock, and ends leadership (cancelling
     /// [`Leadership::lost_token`]) the moment the lock is deleted or replaced. Dropping the
     /// handle stops that watch and leaves the lock in place, to be deleted with this Pod (the
-    /// seed's semantics); [`Leadership::release`] deletes the lock (explicit step-down).
+    /// operator-sdk's semantics); [`Leadership::release`] deletes the lock (explicit step-down).
     ///
     /// `cancel` is the shutdown signal: cancelled while waiting, this returns
     /// [`Error::Cancelled`] at once; cancelled while leading, leadership ends with
     /// [`LossReason::Cancelled`] and the lock stays until the Pod is deleted or the handle is
     /// released.
     ///
-    /// Outside a cluster (no namespace found) this skips the election by default, as the seed
+    /// Outside a cluster (no namespace found) this skips the election by default, as operator-sdk
     /// does: see [`OutsideCluster`].
     ///
     /// # Cancellation safety
@@ -315,7 +329,11 @@ impl ForLife {
         let configmaps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &lock.namespace);
         let store = (!won.token_stored).then(|| {
             let (cm, lock, me) = (configmaps.clone(), lock.clone(), me.clone());
-            let (token, timeout, cap) = (won.fencing_token, self.config.api_timeout, self.config.backoff_cap);
+            let (token, timeout, cap) = (
+                won.fencing_token,
+                self.config.api_timeout,
+                self.config.backoff_cap,
+            );
             store_fencing_token(cm, lock, me, won.lock.clone(), token, timeout, cap)
         });
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
@@ -388,4 +406,3 @@ pub(super) fn uid_precondition(uid: &str) -> DeleteParams {
         ..DeleteParams::default()
     }
 }
-

@@ -93,8 +93,10 @@ impl Keeper {
             handle.lose(LossReason::Released);
             return self.release().await;
         }
-        debug!("the leadership handle was dropped; no longer watching the lock \
-            (it stays until this Pod is deleted)");
+        debug!(
+            "the leadership handle was dropped; no longer watching the lock \
+            (it stays until this Pod is deleted)"
+        );
         handle.lose(LossReason::Released);
         Ok(())
     }
@@ -282,7 +284,8 @@ impl Watches {
                     warn!(error = ?e, "cannot watch the lock; reading it with backoff instead");
                 }
                 let backoff = &mut self.backoff;
-                self.poll_at.get_or_insert_with(|| Instant::now() + backoff.next_delay());
+                self.poll_at
+                    .get_or_insert_with(|| Instant::now() + backoff.next_delay());
                 None
             }
         }

@@ -35,7 +35,7 @@
 //! resource versions opaque, so this holds for etcd-backed API servers (and those that mimic
 //! its revisions), not across an etcd restore from backup, and not between different locks.
 //!
-//! # Compared with the seed
+//! # Compared with operator-sdk's `leader.Become`
 //!
 //! - A Pod is recognised by UID, not name: a Pod recreated under the same name (a StatefulSet)
 //!   does not "continue" on its predecessor's lock, which would make two leaders.

@@ -6,7 +6,7 @@ use std::{sync::atomic::Ordering, time::Duration};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tokio::time::Instant;
-use tracing::{info, warn, debug};
+use tracing::{debug, info, warn};
 
 use super::{campaign::Election, record::LeaderPod};
 use crate::api::{call, Failure, Op};
@@ -91,7 +91,6 @@ impl Election<'_> {
             _ => {}
         }
     }
-
 }
 
 fn is_ready(node: &Node) -> bool {
@@ -100,4 +99,3 @@ fn is_ready(node: &Node) -> bool {
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
-

@@ -190,7 +190,7 @@ impl Campaign {
     }
 
     /// The create or update that `decision` calls for.
-    async fn write(&self, decision: &Decision, record: &LeaseRecord) -> Result<Lease, Failure> {
+    async fn write(&mut self, decision: &Decision, record: &LeaseRecord) -> Result<Lease, Failure> {
         if *decision == Decision::Create {
             let mut lease = new_lease(&self.lock, record, self.cfg.lease_duration_seconds());
             set_writer(&mut lease, &self.shared.instance, record);
@@ -210,7 +210,7 @@ impl Campaign {
 
     /// Writes `record` into `lease` and replaces the Lease with it (`lease`'s resourceVersion
     /// is the precondition).
-    async fn replace(&self, mut lease: Lease, record: &LeaseRecord) -> Result<Lease, Failure> {
+    async fn replace(&mut self, mut lease: Lease, record: &LeaseRecord) -> Result<Lease, Failure> {
         record.write_to(
             lease.spec.get_or_insert_with(LeaseSpec::default),
             self.cfg.lease_duration_seconds(),
@@ -284,7 +284,7 @@ impl Campaign {
     /// followers' clocks. Such a term is confirmed by renewing first, until a renewal is
     /// answered in time. `None`: the lease is not ours any more (or not confirmable now); decide
     /// again on what the watch shows.
-    async fn confirm_term(&self, mut won: Won, shutdown: &CancellationToken) -> Result<Option<Won>> {
+    async fn confirm_term(&mut self, mut won: Won, shutdown: &CancellationToken) -> Result<Option<Won>> {
         loop {
             let late = won.sent.elapsed();
             if late < self.cfg.renew_deadline {
@@ -336,7 +336,8 @@ impl Campaign {
             acquired_at: record.acquired_at().unwrap_or_else(std::time::SystemTime::now),
         };
         info!(lock = %self.lock, identity = %self.identity, fencing_token, "became leader");
-        self.shared.publish(&self.lock, Some(&record), Some(fencing_token));
+        self.shared
+            .publish(&self.lock, Some(&record), Some(fencing_token));
         self.shared.set_health(|h| {
             h.leading = true;
             h.last_success = Some(sent);

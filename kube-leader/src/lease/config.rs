@@ -87,10 +87,16 @@ impl LeaseConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |field, m: String| Err(invalid(field, m));
         if self.lease_duration.is_zero() {
-            return bad("lease_duration", "lease duration must be greater than zero".into());
+            return bad(
+                "lease_duration",
+                "lease duration must be greater than zero".into(),
+            );
         }
         if self.renew_deadline.is_zero() {
-            return bad("renew_deadline", "renew deadline must be greater than zero".into());
+            return bad(
+                "renew_deadline",
+                "renew deadline must be greater than zero".into(),
+            );
         }
         if self.retry_period.is_zero() {
             return bad("retry_period", "retry period must be greater than zero".into());
@@ -106,15 +112,20 @@ impl LeaseConfig {
             if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
                 return bad(
                     field,
-                    format!("{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"),
+                    format!(
+                        "{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"
+                    ),
                 );
             }
         }
         if self.lease_duration < Duration::from_secs(1) {
-            return bad("lease_duration", format!(
-                "lease duration must be at least 1s (leaseDurationSeconds is whole seconds), got {:?}",
-                self.lease_duration
-            ));
+            return bad(
+                "lease_duration",
+                format!(
+                    "lease duration must be at least 1s (leaseDurationSeconds is whole seconds), got {:?}",
+                    self.lease_duration
+                ),
+            );
         }
         if self.lease_duration > MAX_LEASE_DURATION {
             return bad("lease_duration", format!(
@@ -123,17 +134,23 @@ impl LeaseConfig {
             ));
         }
         if self.lease_duration <= self.renew_deadline {
-            return bad("renew_deadline", format!(
-                "lease duration ({:?}) must be greater than renew deadline ({:?})",
-                self.lease_duration, self.renew_deadline
-            ));
+            return bad(
+                "renew_deadline",
+                format!(
+                    "lease duration ({:?}) must be greater than renew deadline ({:?})",
+                    self.lease_duration, self.renew_deadline
+                ),
+            );
         }
         let jittered = jittered_retry_period(self.retry_period);
         if self.renew_deadline <= jittered {
-            return bad("retry_period", format!(
+            return bad(
+                "retry_period",
+                format!(
                 "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({jittered:?})",
                 self.renew_deadline
-            ));
+            ),
+            );
         }
         if matches!(self.api_timeout, Some(t) if t.is_zero()) {
             return bad("api_timeout", "API timeout must be greater than zero".into());

@@ -224,7 +224,13 @@ impl Keeper {
     /// else can end leadership, and fail-stop must hold if the API server stops answering.
     async fn after_conflict(&mut self, deadline: Instant) -> Result<(), Option<LossReason>> {
         let timeout = until_deadline(self.cfg.api_timeout(), deadline);
-        match call(lease_op(&self.lock, "get"), timeout, self.api.get(&self.lock.name)).await {
+        match call(
+            lease_op(&self.lock, "get"),
+            timeout,
+            self.api.get(&self.lock.name),
+        )
+        .await
+        {
             Ok(current) => {
                 let rec = LeaseRecord::from_lease(&current);
                 if self.is_mine(&current, &rec) {

@@ -67,7 +67,10 @@ impl ShardsConfig {
         if self.handover_grace > Duration::from_secs(365 * 24 * 3600) {
             return Err(invalid(
                 "handover_grace",
-                format!("handover grace must be at most 365 days, got {:?}", self.handover_grace),
+                format!(
+                    "handover grace must be at most 365 days, got {:?}",
+                    self.handover_grace
+                ),
             ));
         }
         if let Some(s) = self.join_settle.filter(|s| *s > self.lease.lease_duration) {

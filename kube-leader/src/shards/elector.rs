@@ -215,7 +215,10 @@ impl Shards {
         if self.count == 0 || self.count > MAX_SHARDS {
             return Err(crate::error::invalid(
                 "count",
-                format!("the number of shards must be between 1 and {MAX_SHARDS}, got {}", self.count),
+                format!(
+                    "the number of shards must be between 1 and {MAX_SHARDS}, got {}",
+                    self.count
+                ),
             ));
         }
         // The set's name is a label value too: at most 63 characters.

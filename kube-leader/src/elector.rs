@@ -1,0 +1,149 @@
+//! One face for both strategies: a candidate of either, and the leader of either lock.
+
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    error::Result,
+    for_life::{self, ForLife},
+    leadership::{LeaderInfo, Leadership, Strategy},
+    lease::{self, LeaseElector, Renewals, Unhealthy},
+    lock::LockRef,
+};
+
+/// A candidate of either strategy, for programs that let their users choose (the
+/// `kube-leader` sidecar does).
+///
+/// ```no_run
+/// # async fn run(client: kube::Client, lease: bool) -> kube_leader::Result<()> {
+/// use kube_leader::{Elector, ForLife, LeaseElector};
+/// use tokio_util::sync::CancellationToken;
+///
+/// let elector: Elector = if lease {
+///     LeaseElector::new(client, "my-operator").into()
+/// } else {
+///     ForLife::new(client, "my-operator-lock").into()
+/// };
+/// let leadership = elector.become_leader(&CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Elector {
+    /// Leader for life.
+    ForLife(ForLife),
+    /// A Lease.
+    Lease(LeaseElector),
+}
+
+impl From<ForLife> for Elector {
+    fn from(e: ForLife) -> Self {
+        Self::ForLife(e)
+    }
+}
+
+impl From<LeaseElector> for Elector {
+    fn from(e: LeaseElector) -> Self {
+        Self::Lease(e)
+    }
+}
+
+// === impl Elector ===
+
+impl Elector {
+    /// The strategy of this candidate.
+    pub fn strategy(&self) -> Strategy {
+        match self {
+            Self::ForLife(_) => Strategy::ForLife,
+            Self::Lease(_) => Strategy::Lease,
+        }
+    }
+
+    /// Campaigns until this candidate leads: [`ForLife::become_leader`] or
+    /// [`LeaseElector::become_leader`].
+    ///
+    /// # Cancellation safety
+    /// As the strategy's `become_leader`: cancel-safe while waiting.
+    pub async fn become_leader(&self, shutdown: &CancellationToken) -> Result<Leadership> {
+        match self {
+            Self::ForLife(e) => e.become_leader(shutdown).await,
+            Self::Lease(e) => e.become_leader(shutdown).await,
+        }
+    }
+
+    /// The current leader of `lock` (this candidate's lock) as this candidate sees it. A Lease
+    /// candidate publishes what its own campaign watches ([`LeaseElector::observe`], no second
+    /// watch, `lock` is its own); leader for life gets a watch of its own
+    /// ([`for_life::watch_leader`]).
+    pub fn observe(&self, lock: &LockRef) -> watch::Receiver<Option<LeaderInfo>> {
+        match self {
+            Self::ForLife(e) => for_life::watch_leader(e.client.clone(), lock.clone()),
+            Self::Lease(e) => e.observe(),
+        }
+    }
+
+    /// A Lease candidate's renewal figures ([`LeaseElector::renewals`]); leader for life has
+    /// no renewals.
+    pub fn renewals(&self) -> Option<watch::Receiver<Renewals>> {
+        match self {
+            Self::ForLife(_) => None,
+            Self::Lease(e) => Some(e.renewals()),
+        }
+    }
+
+    /// The election watchdog ([`LeaseElector::check_health`]). Leader for life is always
+    /// healthy: it has no renewals to miss, and its lock watch reports a loss at once.
+    pub fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
+        match self {
+            Self::ForLife(_) => Ok(()),
+            Self::Lease(e) => e.check_health(tolerance),
+        }
+    }
+
+    /// Reads the current leader of a lock of `strategy` once, without campaigning (`None`: no
+    /// lock): [`for_life::current_leader`] or [`lease::current_leader`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe.
+    pub async fn current_leader(
+        client: Client,
+        strategy: Strategy,
+        lock: &LockRef,
+    ) -> Result<Option<LeaderInfo>> {
+        match strategy {
+            Strategy::ForLife => for_life::current_leader(client, lock).await,
+            Strategy::Lease => lease::current_leader(client, lock).await,
+        }
+    }
+
+    /// Watches the current leader of a lock of `strategy` without campaigning:
+    /// [`for_life::watch_leader`] or [`lease::watch_leader`].
+    pub fn watch_leader(
+        client: Client,
+        strategy: Strategy,
+        lock: LockRef,
+    ) -> watch::Receiver<Option<LeaderInfo>> {
+        match strategy {
+            Strategy::ForLife => for_life::watch_leader(client, lock),
+            Strategy::Lease => lease::watch_leader(client, lock),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_send<T: Send>(_: &T) {}
+
+    /// Campaigns can be spawned: their futures are `Send` (checked at compile time).
+    #[allow(dead_code)]
+    fn campaigns_are_send(e: &Elector, f: &ForLife, l: &LeaseElector, t: &CancellationToken) {
+        is_send(&e.become_leader(t));
+        is_send(&f.become_leader(t));
+        is_send(&l.become_leader(t));
+    }
+}
