@@ -28,6 +28,8 @@ struct State {
     /// When each successful update was answered (paused clock: when it was sent, too).
     updated_at: Vec<Instant>,
     reads_after_conflict: usize,
+    /// Every request but watches: when, method and path.
+    requests: Vec<(Instant, String)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -66,6 +68,10 @@ impl Mock {
         let query = parts.uri.query().unwrap_or_default().to_string();
         let hang = {
             let mut s = self.0.lock().unwrap();
+            if !query.contains("watch=true") {
+                s.requests
+                    .push((Instant::now(), format!("{} {path}", parts.method)));
+            }
             match (&parts.method, path.as_str()) {
                 (&Method::GET, LEASES) if query.contains("watch=true") => None,
                 (&Method::GET, LEASES) => {
@@ -210,4 +216,76 @@ async fn a_conflict_with_another_holder_ends_leadership_at_once() {
         "{:?}",
         stolen_at.elapsed()
     );
+}
+
+/// The leader renews once per retry period, each renewal one write, and nothing else.
+#[tokio::test(start_paused = true)]
+async fn the_leader_renews_once_per_retry_period_with_one_write() {
+    let mock = Mock::default();
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200))
+        .events(false);
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    let won = mock.0.lock().unwrap().requests.len();
+    tokio::time::sleep(Duration::from_millis(1010)).await;
+    let s = mock.0.lock().unwrap();
+    let renewals: Vec<_> = s.requests[won..].iter().collect();
+    assert_eq!(renewals.len(), 5, "{renewals:?}");
+    assert!(
+        renewals.iter().all(|(_, r)| r.starts_with("PUT ")),
+        "{renewals:?}"
+    );
+    for pair in s.updated_at.windows(2) {
+        assert_eq!(pair[1] - pair[0], Duration::from_millis(200));
+    }
+    drop(s);
+    assert!(leadership.is_leader());
+}
+
+/// A follower sends nothing while another holder's lease is valid, and takes it over at the
+/// expiry by its own clock, with one write.
+#[tokio::test(start_paused = true)]
+async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry() {
+    let mock = Mock::default();
+    {
+        let mut s = mock.0.lock().unwrap();
+        s.revision = 7;
+        s.lease = Some(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "lock", "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3,
+                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "leaseTransitions": 4}
+        }));
+    }
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200))
+        .events(false);
+    let started = Instant::now();
+    let leadership = elector.become_leader(&CancellationToken::new()).await.unwrap();
+    let s = mock.0.lock().unwrap();
+    let writes: Vec<_> = s
+        .requests
+        .iter()
+        .filter(|(_, r)| !r.starts_with("GET "))
+        .collect();
+    assert_eq!(writes.len(), 1, "one write: {:?}", s.requests);
+    let waited = writes[0].0 - started;
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_millis(3100),
+        "took over after {waited:?} (the holder's lease: 3 s from when it was seen)"
+    );
+    let lease = s.lease.as_ref().unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "me");
+    assert_eq!(lease["spec"]["leaseTransitions"], 5);
+    assert_eq!(leadership.fencing_token(), 8);
 }
