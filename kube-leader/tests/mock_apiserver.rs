@@ -30,6 +30,8 @@ struct State {
     reads_after_conflict: usize,
     /// Every request but watches: when, method and path.
     requests: Vec<(Instant, String)>,
+    /// Open watches: each gets a line per change made with [`Mock::write`].
+    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -52,6 +54,20 @@ fn status(code: u16, reason: &str) -> Response<Body> {
 }
 
 impl Mock {
+    /// Another client's write: changes the Lease with `f`, as a new revision, and tells every
+    /// open watch.
+    fn write(&self, f: impl FnOnce(&mut Value)) {
+        let mut s = self.0.lock().unwrap();
+        s.revision += 1;
+        let rv = s.revision.to_string();
+        let lease = s.lease.as_mut().expect("a Lease to write");
+        f(lease);
+        lease["metadata"]["resourceVersion"] = json!(rv);
+        let event = json!({"type": "MODIFIED", "object": lease.clone()});
+        let line = Bytes::from(format!("{event}\n"));
+        s.watchers.retain(|w| w.send(line.clone()).is_ok());
+    }
+
     fn client(&self) -> kube::Client {
         let mock = self.clone();
         let service = tower::service_fn(move |req: Request<kube::client::Body>| {
@@ -73,7 +89,18 @@ impl Mock {
                     .push((Instant::now(), format!("{} {path}", parts.method)));
             }
             match (&parts.method, path.as_str()) {
-                (&Method::GET, LEASES) if query.contains("watch=true") => None,
+                (&Method::GET, LEASES) if query.contains("watch=true") => {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    s.watchers.push(tx);
+                    let events = futures::stream::unfold(rx, |mut rx| async move {
+                        let line = rx.recv().await?;
+                        Some((Ok::<_, Infallible>(http_body::Frame::data(line)), rx))
+                    });
+                    return Response::builder()
+                        .status(200)
+                        .body(StreamBody::new(events).boxed())
+                        .unwrap();
+                }
                 (&Method::GET, LEASES) => {
                     let rv = s.revision.to_string();
                     let items: Vec<Value> = s.lease.iter().cloned().collect();
@@ -288,4 +315,74 @@ async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry(
     assert_eq!(lease["spec"]["holderIdentity"], "me");
     assert_eq!(lease["spec"]["leaseTransitions"], 5);
     assert_eq!(leadership.fencing_token(), 8);
+}
+
+/// A follower wakes on the watch event of a release and takes the lease at once, long before
+/// the released holder's lease would have expired.
+#[tokio::test(start_paused = true)]
+async fn a_release_seen_by_the_watch_is_taken_at_once() {
+    let mock = Mock::default();
+    {
+        let mut s = mock.0.lock().unwrap();
+        s.revision = 3;
+        s.lease = Some(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "lock", "namespace": "ns", "resourceVersion": "3"},
+            "spec": {"holderIdentity": "other", "leaseDurationSeconds": 15,
+                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "leaseTransitions": 0}
+        }));
+    }
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .events(false);
+    let campaign = tokio::spawn(async move { elector.become_leader(&CancellationToken::new()).await });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!campaign.is_finished(), "the holder's lease is valid for 15 s");
+    let released_at = Instant::now();
+    mock.write(|lease| {
+        lease["spec"]["holderIdentity"] = json!("");
+        lease["spec"]["leaseDurationSeconds"] = json!(1);
+    });
+    let leadership = campaign.await.unwrap().unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_millis(50),
+        "took over {:?} after the release",
+        released_at.elapsed()
+    );
+    assert_eq!(leadership.identity(), "me");
+    let s = mock.0.lock().unwrap();
+    assert_eq!(s.lease.as_ref().unwrap()["spec"]["holderIdentity"], "me");
+}
+
+/// A leader learns of another holder's write from its watch, before its next renewal.
+#[tokio::test(start_paused = true)]
+async fn a_leader_deposed_by_a_write_learns_it_from_the_watch() {
+    let mock = Mock::default();
+    let elector = LeaseElector::new(mock.client(), "lock")
+        .namespace("ns")
+        .identity("me")
+        .lease_duration(Duration::from_secs(20))
+        .renew_deadline(Duration::from_secs(15))
+        .retry_period(Duration::from_secs(10))
+        .events(false);
+    let leadership = elector.become_leader(&CancellationToken::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written_at = Instant::now();
+    mock.write(|lease| lease["spec"]["holderIdentity"] = json!("other"));
+    let reason = leadership.lost().await;
+    assert_eq!(
+        reason,
+        LossReason::OtherHolder {
+            holder: "other".into()
+        }
+    );
+    assert!(
+        written_at.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        written_at.elapsed()
+    );
+    let renewals = mock.0.lock().unwrap().updated_at.len();
+    assert_eq!(renewals, 1, "only the acquiring write: no renewal was due");
 }
