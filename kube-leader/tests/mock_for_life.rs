@@ -1,0 +1,279 @@
+//! The leader-for-life campaign and keeper against an in-process API server on tokio's paused
+//! clock: a small object store with resourceVersions, UID preconditions and watches, so that
+//! "woken by the watch, not by a timer" is exact.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use kube_leader::{for_life::Environment, ForLife, LossReason};
+use serde_json::{json, Value};
+use tokio::{sync::mpsc, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+const PODS: &str = "/api/v1/namespaces/ns/pods";
+const CONFIGMAPS: &str = "/api/v1/namespaces/ns/configmaps";
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// The objects, by collection path and name, and the open watches.
+#[derive(Default)]
+struct Store {
+    objects: BTreeMap<(String, String), Value>,
+    revision: u64,
+    /// Open watches: collection, the name they select, where to send event lines.
+    watchers: Vec<(String, String, mpsc::UnboundedSender<Bytes>)>,
+    /// Every request but watches and Events: when, method and path.
+    requests: Vec<(Instant, String)>,
+}
+
+#[derive(Clone, Default)]
+struct Mock(Arc<Mutex<Store>>);
+
+fn respond(code: u16, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Response<Body> {
+    let v = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": reason, "reason": reason, "code": code});
+    respond(code, &v)
+}
+
+/// The name a list or watch selects (`fieldSelector=metadata.name=NAME`).
+fn selected_name(query: &str) -> String {
+    let query = query.replace("%3D", "=");
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name="))
+        .unwrap_or_default()
+        .to_string()
+}
+
+impl Store {
+    /// Stores `obj` (or deletes it) as a new revision and tells the watches.
+    fn commit(&mut self, collection: &str, name: &str, obj: Option<Value>) -> Value {
+        self.revision += 1;
+        let key = (collection.to_string(), name.to_string());
+        let (kind, obj) = match obj {
+            Some(mut o) => {
+                o["metadata"]["resourceVersion"] = json!(self.revision.to_string());
+                let kind = if self.objects.contains_key(&key) {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                };
+                self.objects.insert(key, o.clone());
+                (kind, o)
+            }
+            None => {
+                let mut o = self.objects.remove(&key).expect("an object to delete");
+                o["metadata"]["resourceVersion"] = json!(self.revision.to_string());
+                ("DELETED", o)
+            }
+        };
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": obj})));
+        self.watchers
+            .retain(|(c, n, tx)| c != collection || n != name || tx.send(line.clone()).is_ok());
+        obj
+    }
+
+    fn handle(
+        &mut self,
+        method: &Method,
+        path: &str,
+        query: &str,
+        body: &[u8],
+    ) -> Result<Response<Body>, mpsc::UnboundedReceiver<Bytes>> {
+        let (collection, name) = match path.rsplit_once('/') {
+            Some((c, n)) if c == PODS || c == CONFIGMAPS => (c.to_string(), n.to_string()),
+            _ => (path.to_string(), String::new()),
+        };
+        let key = (collection.clone(), name.clone());
+        let watch = query.contains("watch=true");
+        if !watch && !path.ends_with("/events") {
+            self.requests.push((Instant::now(), format!("{method} {path}")));
+        }
+        Ok(match (method, name.is_empty()) {
+            (&Method::GET, true) if watch => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.watchers.push((collection, selected_name(query), tx));
+                return Err(rx);
+            }
+            (&Method::GET, true) => {
+                let wanted = selected_name(query);
+                let items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|((c, n), _)| *c == collection && (wanted.is_empty() || *n == wanted))
+                    .map(|(_, o)| o.clone())
+                    .collect();
+                respond(
+                    200,
+                    &json!({"apiVersion": "v1", "kind": "List",
+                    "metadata": {"resourceVersion": self.revision.to_string()}, "items": items}),
+                )
+            }
+            (&Method::GET, false) => match self.objects.get(&key) {
+                Some(o) => respond(200, o),
+                None => status(404, "NotFound"),
+            },
+            (&Method::POST, true) => {
+                let mut obj: Value = serde_json::from_slice(body).unwrap();
+                if path.ends_with("/events") {
+                    return Ok(respond(201, &obj));
+                }
+                let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+                if self.objects.contains_key(&(collection.clone(), name.clone())) {
+                    return Ok(status(409, "AlreadyExists"));
+                }
+                obj["metadata"]["uid"] = json!(format!("uid-{name}-{}", self.revision + 1));
+                respond(201, &self.commit(&collection, &name, Some(obj)))
+            }
+            (&Method::PUT, false) => {
+                let obj: Value = serde_json::from_slice(body).unwrap();
+                match self.objects.get(&key) {
+                    None => status(404, "NotFound"),
+                    Some(cur) if cur["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"] => {
+                        status(409, "Conflict")
+                    }
+                    Some(_) => respond(200, &self.commit(&collection, &name, Some(obj))),
+                }
+            }
+            (&Method::DELETE, false) => {
+                let opts: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let uid = opts["preconditions"]["uid"].as_str().map(str::to_string);
+                match self.objects.get(&key) {
+                    None => status(404, "NotFound"),
+                    Some(cur) if uid.is_some_and(|u| cur["metadata"]["uid"] != json!(u)) => {
+                        status(409, "Conflict")
+                    }
+                    Some(_) => respond(200, &self.commit(&collection, &name, None)),
+                }
+            }
+            (m, _) => panic!("unexpected request {m} {path}?{query}"),
+        })
+    }
+}
+
+impl Mock {
+    fn client(&self) -> kube::Client {
+        let mock = self.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let mock = mock.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect_bytes().await.unwrap_or_default();
+                let query = parts.uri.query().unwrap_or_default().to_string();
+                let r = mock
+                    .0
+                    .lock()
+                    .unwrap()
+                    .handle(&parts.method, parts.uri.path(), &query, &body);
+                Ok::<_, Infallible>(r.unwrap_or_else(|rx| {
+                    let events = futures::stream::unfold(rx, |mut rx| async move {
+                        let line = rx.recv().await?;
+                        Some((Ok::<_, Infallible>(http_body::Frame::data(line)), rx))
+                    });
+                    Response::builder()
+                        .status(200)
+                        .body(StreamBody::new(events).boxed())
+                        .unwrap()
+                }))
+            }
+        });
+        kube::Client::new(service, "ns")
+    }
+
+    fn pod(&self, name: &str) {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "status": {"phase": "Running"}});
+        self.0.lock().unwrap().commit(PODS, name, Some(pod));
+    }
+
+    fn delete_lock(&self) {
+        self.0.lock().unwrap().commit(CONFIGMAPS, "lock", None);
+    }
+
+    fn lock_owner(&self) -> Option<String> {
+        let s = self.0.lock().unwrap();
+        let cm = s.objects.get(&(CONFIGMAPS.to_string(), "lock".to_string()))?;
+        cm["metadata"]["ownerReferences"][0]["name"]
+            .as_str()
+            .map(str::to_string)
+    }
+}
+
+fn candidate(mock: &Mock, pod: &str) -> ForLife {
+    ForLife::new(mock.client(), "lock")
+        .environment(Environment {
+            pod_namespace: Some("ns".into()),
+            pod_name: Some(pod.into()),
+            service_account_namespace_file: None,
+        })
+        .events(false)
+}
+
+/// A waiting candidate sends nothing while the lock is held, wakes on the watch event of its
+/// deletion and creates it at once; the deposed leader learns of the deletion from its watch.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_lock_is_taken_at_once_and_its_leader_told() {
+    let mock = Mock::default();
+    mock.pod("a");
+    mock.pod("b");
+    let shutdown = CancellationToken::new();
+    let a = candidate(&mock, "a").become_leader(&shutdown).await.unwrap();
+    assert_eq!(mock.lock_owner().as_deref(), Some("a"));
+    let b = candidate(&mock, "b");
+    let s = shutdown.clone();
+    let waiting = tokio::spawn(async move { b.become_leader(&s).await });
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!waiting.is_finished(), "a leads for life");
+    let quiet_from = Instant::now() - Duration::from_secs(50);
+    let requests_while_waiting = {
+        let s = mock.0.lock().unwrap();
+        s.requests.iter().filter(|(t, _)| *t > quiet_from).count()
+    };
+    assert_eq!(requests_while_waiting, 0, "a waiting candidate only watches");
+
+    let deleted_at = Instant::now();
+    mock.delete_lock();
+    let b = waiting.await.unwrap().unwrap();
+    assert!(
+        deleted_at.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        deleted_at.elapsed()
+    );
+    assert_eq!(mock.lock_owner().as_deref(), Some("b"));
+    assert_eq!(a.lost().await, LossReason::LockDeleted);
+    assert!(b.is_leader());
+    assert!(b.fencing_token() > a.fencing_token());
+}
+
+/// A restarted leader (the same Pod, by UID) continues on its own lock without writing it.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_leader_continues_on_its_own_lock() {
+    let mock = Mock::default();
+    mock.pod("a");
+    let shutdown = CancellationToken::new();
+    let first = candidate(&mock, "a").become_leader(&shutdown).await.unwrap();
+    let token = first.fencing_token();
+    drop(first);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes_before = mock.0.lock().unwrap().revision;
+    let again = candidate(&mock, "a").become_leader(&shutdown).await.unwrap();
+    assert_eq!(again.fencing_token(), token, "the same term goes on");
+    assert_eq!(mock.0.lock().unwrap().revision, writes_before, "nothing written");
+    assert_eq!(mock.lock_owner().as_deref(), Some("a"));
+}
