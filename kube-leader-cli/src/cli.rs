@@ -432,12 +432,7 @@ impl RunArgs {
 
     /// The Lease timings.
     pub(crate) fn lease_config(&self) -> LeaseConfig {
-        LeaseConfig {
-            lease_duration: self.lease_duration,
-            renew_deadline: self.renew_deadline,
-            retry_period: self.retry_period,
-            ..LeaseConfig::default()
-        }
+        LeaseConfig::new(self.lease_duration, self.renew_deadline, self.retry_period)
     }
 }
 

@@ -173,13 +173,12 @@ impl Mock {
 #[tokio::test(start_paused = true)]
 async fn a_hanging_reread_after_a_conflict_cannot_outlive_the_renew_deadline() {
     let mock = Mock::default();
-    let config = LeaseConfig {
-        lease_duration: Duration::from_secs(2),
-        renew_deadline: Duration::from_secs(1),
-        retry_period: Duration::from_millis(200),
-        api_timeout: Some(Duration::from_secs(3)),
-        ..Default::default()
-    };
+    let mut config = LeaseConfig::new(
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+    );
+    config.api_timeout = Some(Duration::from_secs(3));
     let elector = LeaseElector::new(mock.client(), "lock")
         .namespace("ns")
         .identity("me")

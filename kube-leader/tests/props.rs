@@ -257,14 +257,9 @@ proptest! {
         lease in duration(), renew in duration(), retry in duration(),
         grace in duration(), timeout in prop::option::of(duration()),
     ) {
-        let c = LeaseConfig {
-            lease_duration: lease,
-            renew_deadline: renew,
-            retry_period: retry,
-            shutdown_grace: grace,
-            api_timeout: timeout,
-            ..LeaseConfig::default()
-        };
+        let mut c = LeaseConfig::new(lease, renew, retry);
+        c.shutdown_grace = grace;
+        c.api_timeout = timeout;
         let got = c.validate();
         prop_assert_eq!(got.is_ok(), reference_valid(&c), "{:?}: {:?}", c, got);
         if let Err(e) = got {
@@ -279,12 +274,7 @@ proptest! {
         let retry = Duration::from_millis(retry_ms);
         let boundary = (1.2 * retry.as_nanos() as f64) as i128;
         let renew = Duration::from_nanos((boundary + delta_ns as i128).max(1) as u64);
-        let c = LeaseConfig {
-            lease_duration: Duration::from_secs(3600),
-            renew_deadline: renew,
-            retry_period: retry,
-            ..LeaseConfig::default()
-        };
+        let c = LeaseConfig::new(Duration::from_secs(3600), renew, retry);
         prop_assert_eq!(c.validate().is_ok(), reference_valid(&c));
     }
 }

@@ -63,12 +63,7 @@ async fn run(args: &[String]) -> Result<()> {
     let shards = Shards::new(client, name, count.parse()?)
         .namespace(namespace)
         .identity(identity)
-        .lease_config(LeaseConfig {
-            lease_duration: ms(lease_ms)?,
-            renew_deadline: ms(renew_ms)?,
-            retry_period: ms(retry_ms)?,
-            ..LeaseConfig::default()
-        });
+        .lease_config(LeaseConfig::new(ms(lease_ms)?, ms(renew_ms)?, ms(retry_ms)?));
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();

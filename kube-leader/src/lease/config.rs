@@ -34,7 +34,11 @@ fn jittered_retry_period(retry_period: Duration) -> Duration {
 /// first, as long as the clocks' rates differ by less than `lease_duration / renew_deadline`
 /// (1.5 with the defaults): pauses of the leader process are covered, since the monotonic clock
 /// keeps running while a process is stopped.
+///
+/// Build one with [`LeaseConfig::new`] (client-go's three timings) or [`Default`], then set
+/// the other fields; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseConfig {
     /// How long a lease is valid after its last renewal was observed; written to the Lease as
     /// `leaseDurationSeconds` (rounded up to whole seconds). Default 15 s (client-go).
@@ -75,6 +79,19 @@ impl Default for LeaseConfig {
 }
 
 // === impl LeaseConfig ===
+
+impl LeaseConfig {
+    /// client-go's three timings; the other fields as in [`Default`].
+    #[must_use]
+    pub fn new(lease_duration: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
+        Self {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            ..Self::default()
+        }
+    }
+}
 
 impl LeaseConfig {
     /// Checks the timings with client-go's rules: all positive, `lease_duration >
