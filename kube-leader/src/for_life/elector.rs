@@ -211,7 +211,7 @@ impl ForLife {
     }
 
     /// The options in force.
-    pub fn for_life_config(&self) -> &ForLifeConfig {
+    pub fn settings(&self) -> &ForLifeConfig {
         &self.config
     }
 
@@ -229,7 +229,7 @@ impl ForLife {
     /// handle stops that watch and leaves the lock in place, to be deleted with this Pod (the
     /// operator-sdk's semantics); [`Leadership::release`] deletes the lock (explicit step-down).
     ///
-    /// `cancel` is the shutdown signal: cancelled while waiting, this returns
+    /// `shutdown` is composable: cancelled while waiting, this returns
     /// [`Error::Cancelled`] at once; cancelled while leading, leadership ends with
     /// [`LossReason::Cancelled`] and the lock stays until the Pod is deleted or the handle is
     /// released.
@@ -238,10 +238,10 @@ impl ForLife {
     /// does: see [`OutsideCluster`].
     ///
     /// # Cancellation safety
-    /// Cancel-safe while waiting: dropping the future (or cancelling `cancel`) leaves nothing
+    /// Cancel-safe while waiting: dropping the future (or cancelling `shutdown`) leaves nothing
     /// behind. If the lock was created just before, it stays, owned by this Pod: the next call
     /// from this Pod finds it and continues as leader, and it goes with the Pod otherwise.
-    pub async fn become_leader(&self, cancel: &CancellationToken) -> Result<Leadership> {
+    pub async fn become_leader(&self, shutdown: &CancellationToken) -> Result<Leadership> {
         self.config.validate()?;
         lock::validate_name(&self.name)?;
         let env = self
@@ -262,11 +262,11 @@ impl ForLife {
         let lock = LockRef::new(namespace, self.name.clone())?;
         let span = info_span!("leader_for_life", lock = %lock, pod = %pod_name);
         let campaign = self
-            .campaign(lock.clone(), pod_name, source, cancel.clone())
+            .campaign(lock.clone(), pod_name, source, shutdown.clone())
             .instrument(span);
         tokio::select! {
             biased;
-            () = cancel.cancelled() => {
+            () = shutdown.cancelled() => {
                 info!(lock = %lock, "cancelled while waiting for leadership");
                 Err(Error::Cancelled { lock: lock.to_string() })
             }
@@ -304,7 +304,7 @@ impl ForLife {
         lock: LockRef,
         pod_name: String,
         source: NamespaceSource,
-        cancel: CancellationToken,
+        shutdown: CancellationToken,
     ) -> Result<Leadership> {
         info!(namespace_from = ?source, "trying to become the leader");
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &lock.namespace);
@@ -312,11 +312,11 @@ impl ForLife {
         debug!(uid = %me.uid, "found this candidate's Pod");
         let mut election = Election::new(self, lock, me, pods);
         let won = election.run().await?;
-        Ok(self.lead(election.lock, election.me, won, cancel))
+        Ok(self.lead(election.lock, election.me, won, shutdown))
     }
 
     /// Builds the handle and starts the keeper, which keeps watching the lock.
-    fn lead(&self, lock: LockRef, me: PodRef, won: Won, cancel: CancellationToken) -> Leadership {
+    fn lead(&self, lock: LockRef, me: PodRef, won: Won, shutdown: CancellationToken) -> Leadership {
         let lock_uid = won.lock.metadata.uid.clone().unwrap_or_default();
         info!(fencing_token = won.fencing_token, restarted = won.restarted, lock_uid = %lock_uid, "became the leader");
         let term = Term {
@@ -358,7 +358,7 @@ impl ForLife {
                 };
                 tokio::spawn(stored.instrument(tracing::Span::current()));
             }
-            keeper.keep(handle, done, cancel)
+            keeper.keep(handle, done, shutdown)
         });
         self.hooks
             .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);

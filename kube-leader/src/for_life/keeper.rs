@@ -51,7 +51,7 @@ impl Keeper {
         self,
         handle: KeeperHandle,
         done: CancellationToken,
-        cancel: CancellationToken,
+        shutdown: CancellationToken,
     ) -> Result<()> {
         let mut watches = Watches::new(&self);
         loop {
@@ -59,7 +59,7 @@ impl Keeper {
             let seen: Option<Option<ConfigMap>> = tokio::select! {
                 biased;
                 () = done.cancelled() => return self.step_down(&handle).await,
-                () = cancel.cancelled(), if leading => {
+                () = shutdown.cancelled(), if leading => {
                     info!("shutdown requested; no longer leading \
                         (the lock stays until this Pod is deleted or the leadership is released)");
                     handle.lose(LossReason::Cancelled);

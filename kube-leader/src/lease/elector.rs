@@ -278,8 +278,8 @@ impl LeaseElector {
         self
     }
 
-    /// The timings in force.
-    pub fn lease_config(&self) -> &LeaseConfig {
+    /// The timings and options in force.
+    pub fn settings(&self) -> &LeaseConfig {
         &self.config
     }
 
