@@ -64,6 +64,33 @@ pub(super) async fn own_pod(
     }
 }
 
+/// The lock as last seen (a waiting candidate), or as an event shows it (the keeper): not
+/// yet (or nothing new), absent, or present.
+#[derive(Debug, Clone, Default)]
+pub(super) enum LockState {
+    #[default]
+    Unseen,
+    Absent,
+    Present(Box<ConfigMap>),
+}
+
+impl From<Option<ConfigMap>> for LockState {
+    fn from(cm: Option<ConfigMap>) -> Self {
+        cm.map_or(Self::Absent, |cm| Self::Present(Box::new(cm)))
+    }
+}
+
+impl LockState {
+    /// A copy of the lock if it was seen: `Some(None)` when absent.
+    pub(super) fn known(&self) -> Option<Option<ConfigMap>> {
+        match self {
+            Self::Unseen => None,
+            Self::Absent => Some(None),
+            Self::Present(cm) => Some(Some(ConfigMap::clone(cm))),
+        }
+    }
+}
+
 /// What winning yields: the lock as written, and the term's facts.
 #[derive(Debug)]
 pub(super) struct Won {
@@ -108,7 +135,7 @@ pub(super) struct Election<'a> {
     pub(super) backoff: Backoff,
     pub(super) lock_watch: ObjectWatch<ConfigMap>,
     /// The lock as last observed: `None` until first observed, `Some(None)` when absent.
-    pub(super) lock_state: Option<Option<ConfigMap>>,
+    pub(super) lock_state: LockState,
     pub(super) lock_watch_failing: bool,
     pub(super) leader_pod: Option<LeaderPodWatch>,
     pub(super) node: Option<NodeCheck>,
@@ -133,7 +160,7 @@ impl<'a> Election<'a> {
             configmaps,
             pods,
             lock_watch,
-            lock_state: None,
+            lock_state: LockState::Unseen,
             lock_watch_failing: false,
             leader_pod: None,
             node: None,
@@ -158,7 +185,7 @@ impl<'a> Election<'a> {
     pub(super) async fn run(&mut self) -> Result<Won> {
         loop {
             let mut recheck_at = None;
-            if let Some(state) = self.lock_state.clone() {
+            if let Some(state) = self.lock_state.known() {
                 let record = state.as_ref().map(LockRecord::from_config_map);
                 self.track_leader_pod(record.as_ref());
                 self.track_node();
@@ -278,7 +305,7 @@ impl<'a> Election<'a> {
         };
         match wake {
             Wake::Lock(Ok(state)) => {
-                self.lock_state = Some(state.map(|b| *b));
+                self.lock_state = LockState::from(state.map(|b| *b));
                 self.lock_watch_failing = false;
                 self.watch_progressed();
             }
@@ -345,7 +372,7 @@ impl<'a> Election<'a> {
         )
         .await
         {
-            Ok(state) => self.lock_state = Some(state),
+            Ok(state) => self.lock_state = LockState::from(state),
             Err(Failure::Fatal(e)) => return Err(e),
             Err(e) => {
                 debug!(error = ?e, "re-reading the lock failed");
@@ -490,7 +517,7 @@ impl<'a> Election<'a> {
             // Gone: by this delete, or already (the garbage collector, another candidate). Create
             // at once rather than after the watch says so; the create is atomic anyway.
             Ok(_) | Err(Failure::NotFound) => {
-                self.lock_state = Some(None);
+                self.lock_state = LockState::Absent;
                 return Ok(true);
             }
             // Another lock by now: the watch brings it.

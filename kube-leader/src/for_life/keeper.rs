@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
+    campaign::LockState,
     config::INITIAL_BACKOFF,
     elector::{cm_op, pod_op, uid_precondition},
     record::{LockRecord, PodRef, PodView},
@@ -56,18 +57,18 @@ impl Keeper {
         let mut watches = Watches::new(&self);
         loop {
             let leading = !handle.is_lost();
-            let seen: Option<Option<ConfigMap>> = tokio::select! {
+            let seen = tokio::select! {
                 biased;
                 () = done.cancelled() => return self.step_down(&handle).await,
                 () = shutdown.cancelled(), if leading => {
                     info!("shutdown requested; no longer leading \
                         (the lock stays until this Pod is deleted or the leadership is released)");
                     handle.lose(LossReason::Cancelled);
-                    None
+                    LockState::Unseen
                 }
                 _ = watches.freeze_check.tick(), if leading => {
                     watches.check_freeze();
-                    None
+                    LockState::Unseen
                 }
                 r = watches.lock.changed(), if leading => {
                     let r = r.map(|s| s.cloned());
@@ -76,11 +77,11 @@ impl Keeper {
                 r = watches.own_pod.changed(), if leading && !watches.own_pod_refused => {
                     let r = r.map(|p| p.cloned());
                     self.own_pod_changed(&handle, &mut watches, r);
-                    None
+                    LockState::Unseen
                 }
                 () = sleep_until_opt(watches.poll_at), if leading => self.poll(&mut watches).await,
             };
-            if let Some(state) = seen {
+            if let Some(state) = seen.known() {
                 self.check(&handle, state);
             }
         }
@@ -115,15 +116,15 @@ impl Keeper {
     }
 
     /// Reads the lock while its watch fails (or once after a freeze).
-    async fn poll(&self, w: &mut Watches) -> Option<Option<ConfigMap>> {
+    async fn poll(&self, w: &mut Watches) -> LockState {
         // Polling goes on only while the watch fails (a read after a freeze is one).
         w.poll_at = w.watch_failing.then(|| Instant::now() + w.backoff.next_delay());
         let get = self.configmaps.get_opt(&self.lock.name);
         match call(cm_op(&self.lock, "get"), self.api_timeout, get).await {
-            Ok(state) => Some(state),
+            Ok(state) => LockState::from(state),
             Err(e) => {
                 debug!(error = ?e, "reading the lock failed");
-                None
+                LockState::Unseen
             }
         }
     }
@@ -267,13 +268,13 @@ impl Watches {
     }
 
     /// An event of the lock watch: the lock as it is now, or `None` (fall back to reading).
-    fn lock_changed(&mut self, r: Result<Option<ConfigMap>, Failure>) -> Option<Option<ConfigMap>> {
+    fn lock_changed(&mut self, r: Result<Option<ConfigMap>, Failure>) -> LockState {
         match r {
             Ok(state) => {
                 self.backoff.reset();
                 self.poll_at = None;
                 self.watch_failing = false;
-                Some(state)
+                LockState::from(state)
             }
             Err(e) => {
                 self.watch_failing = true;
@@ -286,7 +287,7 @@ impl Watches {
                 let backoff = &mut self.backoff;
                 self.poll_at
                     .get_or_insert_with(|| Instant::now() + backoff.next_delay());
-                None
+                LockState::Unseen
             }
         }
     }
