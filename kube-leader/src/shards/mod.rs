@@ -5,12 +5,15 @@
 //! candidate joins, and takes over a dead candidate's shards when their leases expire. One
 //! process renews all its shards from one scheduler over one list/watch; see [`Shards`].
 
+mod assignments;
 mod balance;
+mod candidate;
 mod config;
-mod elector;
+mod engine;
 mod scheduler;
 
 /// The annotation telling which process wrote a Lease (shared with the Lease strategy).
 pub use crate::lease::INSTANCE_ANNOTATION;
+pub use assignments::{Assignments, Shard, ShardSet};
+pub use candidate::{member_lease_name, Shards, ROLE_LABEL, SHARDS_LABEL};
 pub use config::{ShardsConfig, MAX_SHARDS};
-pub use elector::{member_lease_name, Assignments, Shard, ShardSet, Shards, ROLE_LABEL, SHARDS_LABEL};

@@ -1,0 +1,132 @@
+//! What a running candidate hands out: the [`Assignments`] stream of acquired shards, each a
+//! [`Shard`], and the [`ShardSet`] held now.
+
+use std::collections::BTreeMap;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::{error::Result, leadership::Leadership};
+
+/// The shards of one candidate, as they are acquired; see [`Shards::start`]. Dropping it
+/// hands every shard back, as a shutdown does.
+///
+/// [`Shards::start`]: super::Shards::start
+#[derive(Debug)]
+#[must_use = "the shards acquired are taken from `next`; dropping this hands every shard back"]
+pub struct Assignments {
+    rx: mpsc::UnboundedReceiver<Shard>,
+    held: watch::Receiver<ShardSet>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+// === impl Assignments ===
+
+impl Assignments {
+    pub(super) fn new(
+        rx: mpsc::UnboundedReceiver<Shard>,
+        held: watch::Receiver<ShardSet>,
+        task: tokio::task::JoinHandle<Result<()>>,
+    ) -> Self {
+        Self {
+            rx,
+            held,
+            task: Some(task),
+        }
+    }
+
+    /// The next shard acquired; `None` once the candidate has stopped (after shutdown, or an
+    /// error: see [`finish`](Self::finish)).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: a shard acquired meanwhile is returned by the next call.
+    pub async fn next(&mut self) -> Option<Shard> {
+        self.rx.recv().await
+    }
+
+    /// The shards held now, updated on every change: for observers, status pages, or a
+    /// process that passes the set to another (the `kube-leader run --shards` sidecar).
+    pub fn held(&self) -> watch::Receiver<ShardSet> {
+        self.held.clone()
+    }
+
+    /// Waits until the candidate has stopped and tells why: `Ok` after shutdown, or the error
+    /// that ended it.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe in that the candidate goes on in the background; its result is lost.
+    pub async fn finish(mut self) -> Result<()> {
+        match self.task.take() {
+            Some(task) => match task.await {
+                Ok(r) => r,
+                Err(join) if join.is_cancelled() => Ok(()),
+                Err(join) => std::panic::resume_unwind(join.into_panic()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+/// One held shard: a [`Leadership`] of the Lease `<name>-<index>`.
+///
+/// Dropping it (or [`release`](Self::release)) tells the candidate that the work on this shard
+/// has stopped: a shard that was handed over, or given up on shutdown, is released then.
+#[derive(Debug)]
+#[must_use = "dropping a Shard gives it up at once"]
+pub struct Shard {
+    index: u32,
+    leadership: Leadership,
+}
+
+// === impl Shard ===
+
+impl Shard {
+    pub(super) fn new(index: u32, leadership: Leadership) -> Self {
+        Self { index, leadership }
+    }
+
+    /// The shard's index, `0..count`.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The fencing token of this term of the shard (see [`Leadership::fencing_token`]).
+    pub fn fencing_token(&self) -> u64 {
+        self.leadership.fencing_token()
+    }
+
+    /// A token cancelled the moment this shard is lost or handed over.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.leadership.lost_token()
+    }
+
+    /// The leadership of this shard's Lease.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    /// The leadership of this shard's Lease, to keep instead of the `Shard`.
+    pub fn into_leadership(self) -> Leadership {
+        self.leadership
+    }
+
+    /// Gives the shard up and waits until it is released (or found not to be ours any more).
+    ///
+    /// # Cancellation safety
+    /// Once called, the release goes on in the background even if the future is dropped.
+    pub async fn release(self) -> Result<()> {
+        self.leadership.release().await
+    }
+}
+
+/// The shards a candidate holds now, published by [`Assignments::held`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardSet {
+    /// Held shards, by index, with the fencing token of their term. A shard leaves the set the
+    /// moment its loss token fires (lost, handed over, or shutdown), before it is released.
+    pub held: BTreeMap<u32, u64>,
+    /// Live candidates as this one sees them (itself included).
+    pub members: usize,
+    /// This candidate's fair share.
+    pub quota: u32,
+}

@@ -1,0 +1,313 @@
+//! [`Shards`]: one candidate for a set of shard Leases — its settings, names and validation —
+//! and the two ways to start it ([`Shards::start`], [`Shards::run`]). The campaign itself runs
+//! in the background [`engine`](super::engine).
+
+use std::{future::Future, time::Duration};
+
+use futures::{stream::FuturesUnordered, StreamExt};
+use kube::Client;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info_span, Instrument};
+
+use super::{
+    assignments::{Assignments, ShardSet},
+    balance,
+    config::{ShardsConfig, MAX_SHARDS},
+    engine::Engine,
+};
+use crate::{
+    error::{invalid, Error, Result},
+    leadership::Term,
+    lease::LeaseConfig,
+    lock,
+};
+
+/// The label every Lease of a set carries, with the set's name: the one list/watch selects it.
+pub const SHARDS_LABEL: &str = "kube-leader.io/shards";
+/// The label telling a shard Lease (`shard`) from a membership Lease (`member`).
+pub const ROLE_LABEL: &str = "kube-leader.io/shard-role";
+
+/// A candidate for a set of shard Leases `<name>-0` .. `<name>-<M-1>`.
+///
+/// Every live candidate of the set holds a fair share: with M shards and N candidates, `⌈M/N⌉`
+/// or `⌊M/N⌋` each (candidates sorted by identity: the first `M mod N` hold one more). A
+/// candidate announces itself with a membership Lease `<name>-member-<identity>`; when one
+/// joins, the others hand their surplus over (the work on a shard stops, then the shard is
+/// released, and the newcomer takes it at once); when one dies, its shards are taken over as
+/// their leases expire. Shard Leases are plain client-go Leases (holder, duration, renew time,
+/// transitions), so anybody can read who holds a shard.
+///
+/// All Leases of the set carry the label [`SHARDS_LABEL`]` = <name>` and are followed with one
+/// list/watch; every renewal goes through one scheduler that spreads them evenly over the retry
+/// period, bounds the calls in flight and pauses when the API server answers 429 or 5xx,
+/// without ever letting that pause cost a shard (see [`ShardsConfig`]).
+///
+/// Each held shard is a [`Shard`]: a [`Leadership`] with its own loss token and fencing token
+/// (the `resourceVersion` of the write that acquired it), lost by the same fail-stop rule as a
+/// [`LeaseElector`](crate::LeaseElector)'s leadership: when its renew deadline passes without a
+/// successful renewal, or as soon as another holder (or another process with this identity)
+/// writes it. A shard handed over or given up on shutdown is released only once its [`Shard`]
+/// is dropped or released, i.e. once the work on it has stopped.
+///
+/// [`Shard`]: super::Shard
+/// [`Leadership`]: crate::Leadership
+///
+/// ```no_run
+/// # async fn run(client: kube::Client) -> kube_leader::Result<()> {
+/// use kube_leader::shards::Shards;
+/// use tokio_util::sync::CancellationToken;
+///
+/// let shutdown = CancellationToken::new();
+/// Shards::new(client, "my-controller", 64)
+///     .run(&shutdown, |index, term, lost| async move {
+///         // Reconcile the objects of shard `index`, fenced with `term.fencing_token`,
+///         // until `lost` is cancelled.
+///         lost.cancelled().await;
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Shards {
+    pub(super) client: Client,
+    pub(super) name: String,
+    pub(super) count: u32,
+    namespace: Option<String>,
+    identity: Option<String>,
+    pub(super) config: ShardsConfig,
+}
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("name", &self.name)
+            .field("count", &self.count)
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Shards ===
+
+impl Shards {
+    /// A candidate for `count` shard Leases `<name>-0` .. `<name>-<count-1>`, with client-go's
+    /// default timings.
+    ///
+    /// Namespace and identity are found as for [`LeaseElector::new`](crate::LeaseElector::new):
+    /// [`namespace`](Self::namespace), `POD_NAMESPACE`, the service-account namespace, the
+    /// client's; [`identity`](Self::identity), `POD_NAME`, the host name.
+    #[must_use]
+    pub fn new(client: Client, name: impl Into<String>, count: u32) -> Self {
+        Self {
+            client,
+            name: name.into(),
+            count,
+            namespace: None,
+            identity: None,
+            config: ShardsConfig::default(),
+        }
+    }
+
+    /// Sets the namespace of the Leases.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Sets this candidate's identity (`holderIdentity`); it must be unique among candidates.
+    #[must_use]
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// Sets all settings at once.
+    #[must_use]
+    pub fn config(mut self, config: ShardsConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the Lease timings (see [`ShardsConfig::lease`]).
+    #[must_use]
+    pub fn lease_config(mut self, lease: LeaseConfig) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Sets the most API calls in flight (see [`ShardsConfig::max_in_flight`]).
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.config.max_in_flight = n;
+        self
+    }
+
+    /// Sets the handover grace (see [`ShardsConfig::handover_grace`]).
+    #[must_use]
+    pub fn handover_grace(mut self, d: Duration) -> Self {
+        self.config.handover_grace = d;
+        self
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &ShardsConfig {
+        &self.config
+    }
+
+    /// How many shards the set has.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The name of shard `index`'s Lease: `<name>-<index>`.
+    pub fn lease_name(&self, index: u32) -> String {
+        format!("{}-{index}", self.name)
+    }
+
+    /// The namespace of the Leases (resolved as documented in [`new`](Self::new)).
+    pub fn resolved_namespace(&self) -> String {
+        lock::namespace_or_default(self.namespace.as_deref(), &self.client)
+    }
+
+    /// This candidate's identity (resolved as documented in [`new`](Self::new)).
+    pub fn resolved_identity(&self) -> Result<String> {
+        lock::resolve_identity(self.identity.as_deref()).ok_or_else(|| {
+            invalid(
+                "identity",
+                "identity must not be empty (set it, or POD_NAME, or a host name)",
+            )
+        })
+    }
+
+    /// Checks the settings and names without sending anything.
+    pub fn validate(&self) -> Result<()> {
+        self.config.validate()?;
+        if self.count == 0 || self.count > MAX_SHARDS {
+            return Err(invalid(
+                "count",
+                format!(
+                    "the number of shards must be between 1 and {MAX_SHARDS}, got {}",
+                    self.count
+                ),
+            ));
+        }
+        // The set's name is a label value too: at most 63 characters.
+        if self.name.len() > 63 {
+            return Err(Error::InvalidLockName {
+                name: self.name.clone(),
+                reason: "a shard set's name must be at most 63 characters (it is a label value)".into(),
+            });
+        }
+        lock::validate_name(&self.name)?;
+        lock::validate_name(&self.lease_name(self.count - 1))?;
+        if self.name.contains('.') {
+            return Err(Error::InvalidLockName {
+                name: self.name.clone(),
+                reason: "a shard set's name must not contain '.' (it is a label value)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts campaigning in the background and returns the shards as they are acquired.
+    ///
+    /// When `shutdown` is cancelled, every held shard's loss token fires
+    /// ([`LossReason::Cancelled`]); each is renewed until its [`Shard`] is dropped or released
+    /// (at most [`LeaseConfig::shutdown_grace`]) and then released; the membership Lease is
+    /// deleted and the background task ends ([`Assignments::finish`]).
+    ///
+    /// [`Shard`]: super::Shard
+    /// [`LossReason::Cancelled`]: crate::LossReason::Cancelled
+    pub fn start(&self, shutdown: &CancellationToken) -> Result<Assignments> {
+        self.validate()?;
+        let identity = self.resolved_identity()?;
+        let namespace = self.resolved_namespace();
+        let (out, rx) = mpsc::unbounded_channel();
+        let (held_tx, held) = watch::channel(ShardSet::default());
+        let span = info_span!("shards", set = %self.name, identity = %identity, shards = self.count);
+        let engine = Engine::new(self, namespace, identity, out, held_tx);
+        let task = tokio::spawn(engine.run(shutdown.clone()).instrument(span));
+        Ok(Assignments::new(rx, held, task))
+    }
+
+    /// Campaigns until `shutdown`, running `work(index, term, lost)` for every shard while it
+    /// is held.
+    ///
+    /// `work` must return soon after `lost` is cancelled (the shard was handed over, lost, or
+    /// shutdown began): only then is the shard released, so that the next holder's work never
+    /// overlaps this one's through a premature release. Returns after shutdown, once every shard
+    /// is released, or with the error that ended the campaign (a missing permission).
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe: use `shutdown` to stop it. Dropping the future drops the work futures;
+    /// their shards are released in the background.
+    pub async fn run<F, Fut>(&self, shutdown: &CancellationToken, mut work: F) -> Result<()>
+    where
+        F: FnMut(u32, Term, CancellationToken) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut assignments = self.start(shutdown)?;
+        let mut running = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                shard = assignments.next() => match shard {
+                    Some(shard) => {
+                        let fut = work(shard.index(), shard.leadership().term().clone(), shard.lost_token());
+                        running.push(async move {
+                            fut.await;
+                            drop(shard);
+                        });
+                    }
+                    None => break,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {}
+            }
+        }
+        // The engine ended: the work still running has been told (its shards are lost).
+        while running.next().await.is_some() {}
+        assignments.finish().await
+    }
+}
+
+/// The membership Lease of `identity` in the set `name`: `<name>-member-<identity, made a valid
+/// name>-<hash>`, so that two identities never share one and nothing is `<name>-<digits>`.
+pub fn member_lease_name(name: &str, identity: &str) -> String {
+    let mut clean: String = identity
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    clean.truncate(40);
+    let clean = clean.trim_matches('-');
+    let hash = balance::preference(identity, 0) as u32;
+    if clean.is_empty() {
+        format!("{name}-member-{hash:08x}")
+    } else {
+        format!("{name}-member-{clean}-{hash:08x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lease_names_are_valid_and_never_shard_names() {
+        for id in ["pod-a", "Pod_A.example", "", "---", &"x".repeat(300), "ä"] {
+            let n = member_lease_name("ctl", id);
+            lock::validate_name(&n).unwrap_or_else(|e| panic!("{id:?}: {e}"));
+            assert!(n.starts_with("ctl-member-"), "{n}");
+        }
+        assert_ne!(member_lease_name("ctl", "a_b"), member_lease_name("ctl", "a.b"));
+    }
+}

@@ -1,0 +1,194 @@
+//! A new term: the answer to an acquisition. A shard acquired in time becomes a [`Shard`]
+//! handed to the user, with its own [`Leadership`], fencing token and renewal schedule.
+
+use std::time::SystemTime;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::{sync::oneshot, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{jittered, Engine, Held, State};
+use crate::{
+    api::Failure,
+    error::Result,
+    leadership::{Leadership, LossReason, Strategy, Term},
+    lease::{
+        decide::{Decision, Observed},
+        record::LeaseRecord,
+    },
+    lock::{self, LockRef},
+    shards::{
+        assignments::Shard,
+        scheduler::{Key, Renewal},
+    },
+};
+
+// === impl Engine ===
+
+impl Engine {
+    /// An acquisition of shard `index` (sent at `sent`) was answered.
+    pub(super) fn on_acquired(
+        &mut self,
+        index: u32,
+        decision: Decision,
+        record: LeaseRecord,
+        sent: Instant,
+        result: Result<Lease, Failure>,
+        now: Instant,
+    ) {
+        self.slots[index as usize].busy = false;
+        self.dirty = true;
+        let lease = match result {
+            Ok(lease) => lease,
+            Err(e) => return self.acquire_failed(index, &decision, e, now),
+        };
+        self.throttle.succeeded();
+        if now >= sent + self.renew_deadline() {
+            // Answered after its own renew deadline: by the fail-stop rule the term is over
+            // before it began, so it is not handed out (issue 16). The Lease names us: it is
+            // taken again as a new term by the next decision.
+            warn!(
+                shard = index,
+                "the acquisition was answered after the renew deadline; not acting on it"
+            );
+            self.absorb_shard(index, lease, now);
+            return;
+        }
+        let (leadership, fencing_token) = self.begin_term(index, record, lease, sent);
+        if self.stopping {
+            // Acquired while handing everything back: nobody works on it; released at once
+            // (dropping the handle tells the engine so).
+            if let Some(t) = self.slots[index as usize].term.as_mut() {
+                t.keeper.lose(LossReason::Cancelled);
+                t.state = State::Leaving {
+                    until: now + self.cfg.lease.shutdown_grace,
+                    release: true,
+                };
+            }
+            drop(leadership);
+            return;
+        }
+        info!(shard = index, fencing_token, "acquired shard");
+        if self.out.send(Shard::new(index, leadership)).is_err() {
+            debug!(shard = index, "nobody takes the shards; giving it up");
+        }
+        self.publish();
+    }
+
+    /// An acquisition of shard `index` failed: a race lost, an error; tried again later.
+    fn acquire_failed(&mut self, index: u32, decision: &Decision, failure: Failure, now: Instant) {
+        let retry = self.cfg.lease.retry_period;
+        match failure {
+            Failure::Conflict if *decision == Decision::Create => {
+                // It exists: maybe unlabelled (never seen by our watch). Read it.
+                self.slots[index as usize].not_before = Some(now + retry);
+                self.read(index, self.cfg.api_timeout());
+            }
+            Failure::Conflict | Failure::NotFound => {
+                debug!(shard = index, "lost a race for the shard");
+                self.slots[index as usize].not_before = Some(now + retry);
+                self.timers.at(now + retry, Key::Rebalance);
+            }
+            Failure::Fatal(e) => {
+                warn!(shard = index, error = %e, "cannot take shards");
+                self.fatal.get_or_insert(e);
+            }
+            e => {
+                self.overloaded(&e, now);
+                debug!(shard = index, error = ?e, "transient error while acquiring; retrying later");
+                let later = now + jittered(retry);
+                self.slots[index as usize].not_before = Some(later);
+                self.timers.at(later, Key::Rebalance);
+            }
+        }
+    }
+
+    /// Begins a term of shard `index` with the Lease just written: its [`Leadership`] (whose
+    /// drop tells the loop that the work stopped), its fencing token and its renewals.
+    fn begin_term(
+        &mut self,
+        index: u32,
+        record: LeaseRecord,
+        lease: Lease,
+        sent: Instant,
+    ) -> (Leadership, u64) {
+        let fencing_token = lock::fencing_token(
+            lease.metadata.resource_version.as_deref(),
+            u64::from(record.transitions),
+        );
+        let name = self.shard_name(index);
+        let term = Term {
+            identity: self.identity.clone(),
+            lock: LockRef {
+                namespace: self.namespace.clone(),
+                name,
+            },
+            strategy: Strategy::Lease,
+            fencing_token,
+            acquired_at: record.acquired_at().unwrap_or_else(SystemTime::now),
+        };
+        let (leadership, keeper, done) = Leadership::new(term);
+        let (released, wait_released) = oneshot::channel();
+        self.next_gen += 1;
+        let gen = self.next_gen;
+        let leadership = leadership.with_task(self.guard(index, gen, done, wait_released));
+        let renewal = Renewal::new(&self.phases, index, sent);
+        let deadline = renewal.deadline(self.renew_deadline());
+        self.timers.at(renewal.next, Key::Shard(index));
+        self.timers.at(deadline, Key::Shard(index));
+        let held = Held {
+            gen,
+            keeper,
+            released: Some(released),
+            state: State::Active,
+            done: false,
+            record,
+            lease,
+            fencing_token,
+            renewal,
+        };
+        self.hold(index, held, sent);
+        (leadership, fencing_token)
+    }
+
+    /// The task of a term's [`Leadership`]: tells the loop when the work stops (`done`), then
+    /// waits until the shard is released.
+    fn guard(
+        &self,
+        index: u32,
+        gen: u64,
+        done: CancellationToken,
+        wait_released: oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<Result<()>> {
+        let done_tx = self.done_tx.clone();
+        tokio::spawn(async move {
+            done.cancelled().await;
+            let _ = done_tx.send((index, gen));
+            let _ = wait_released.await;
+            Ok(())
+        })
+    }
+
+    /// Records the term `held` of shard `index`, and its Lease as seen at `sent`.
+    fn hold(&mut self, index: u32, held: Held, sent: Instant) {
+        let record = &held.record;
+        let slot = &mut self.slots[index as usize];
+        slot.observed = Some(Observed::update(
+            None,
+            record.clone(),
+            held.lease.metadata.resource_version.clone(),
+            sent,
+        ));
+        slot.transitions_seen = Some(
+            slot.transitions_seen
+                .map_or(record.transitions, |t| t.max(record.transitions)),
+        );
+        slot.lease = Some(held.lease.clone());
+        slot.deleted = None;
+        slot.absent_since = None;
+        slot.seen = true;
+        slot.foreign_self = false;
+        slot.term = Some(held);
+    }
+}

@@ -1,0 +1,324 @@
+//! The answers: what the API server answered to the engine's calls, folded into its state.
+//! An acquisition that succeeds begins a term (see [`acquired`](super::acquired)); a renewal
+//! that fails is retried until the renew deadline, a conflict read again first (409 means
+//! "re-read and decide again").
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::{jittered, newer, Engine, State};
+use crate::{
+    api::Failure,
+    error::Result,
+    lease::{
+        decide::{Decision, Observed},
+        record::LeaseRecord,
+    },
+    shards::scheduler::{Key, Renewal},
+};
+
+/// An answer from the API server.
+pub(super) enum Reply {
+    Acquired {
+        index: u32,
+        decision: Decision,
+        record: LeaseRecord,
+        sent: Instant,
+        result: Result<Lease, Failure>,
+    },
+    Renewed {
+        index: u32,
+        gen: u64,
+        record: LeaseRecord,
+        sent: Instant,
+        result: Result<Lease, Failure>,
+    },
+    Released {
+        index: u32,
+        gen: u64,
+        result: Result<Lease, Failure>,
+    },
+    Read {
+        index: u32,
+        result: Result<Option<Lease>, Failure>,
+    },
+    Member {
+        sent: Instant,
+        result: Result<Lease, Failure>,
+    },
+    MemberRead {
+        result: Result<Option<Lease>, Failure>,
+    },
+}
+
+/// `Some(Retry-After)` if the failure says the API server is overloaded (429, 5xx).
+fn overload(failure: &Failure) -> Option<Option<Duration>> {
+    let Failure::Transient(kube::Error::Api(status)) = failure else {
+        return None;
+    };
+    if status.code != 429 && status.code < 500 {
+        return None;
+    }
+    let retry_after = status
+        .details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(u64::from(s)));
+    Some(retry_after)
+}
+
+// === impl Engine ===
+
+impl Engine {
+    /// Pauses the schedule if `failure` says the API server is overloaded.
+    pub(super) fn overloaded(&mut self, failure: &Failure, now: Instant) {
+        if let Some(retry_after) = overload(failure) {
+            self.throttle.overloaded(now, retry_after);
+        }
+    }
+
+    /// An API call returned.
+    pub(super) fn on_reply(&mut self, reply: Reply, now: Instant) {
+        let index = match &reply {
+            Reply::Renewed { index, .. } | Reply::Read { index, .. } => Some(*index),
+            _ => None,
+        };
+        self.answer(reply, now);
+        // What waited for the call on the shard to return: a release goes out now; a term
+        // that is not ours any more and whose work stopped ends.
+        if let Some(index) = index {
+            let slot = &self.slots[index as usize];
+            if !slot.busy {
+                match slot.term.as_ref().map(|t| t.state) {
+                    Some(State::Releasing) => {
+                        self.queue.insert((1, now, Key::Shard(index)));
+                    }
+                    Some(State::Gone) => self.finish_term(index),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn answer(&mut self, reply: Reply, now: Instant) {
+        match reply {
+            Reply::Acquired {
+                index,
+                decision,
+                record,
+                sent,
+                result,
+            } => self.on_acquired(index, decision, record, sent, result, now),
+            Reply::Renewed {
+                index,
+                gen,
+                record,
+                sent,
+                result,
+            } => self.on_renewed(index, gen, record, sent, result, now),
+            Reply::Released { index, gen, result } => self.on_released(index, gen, result, now),
+            Reply::Read { index, result } => self.on_read(index, result, now),
+            Reply::MemberRead { result } => self.on_member_read(result, now),
+            Reply::Member { sent, result } => self.on_member_written(sent, result, now),
+        }
+    }
+
+    fn on_released(&mut self, index: u32, gen: u64, result: Result<Lease, Failure>, now: Instant) {
+        self.slots[index as usize].busy = false;
+        match &result {
+            Ok(lease) => {
+                debug!(shard = index, "released shard");
+                let lease = lease.clone();
+                self.absorb_shard(index, lease, now);
+            }
+            Err(e) => {
+                self.overloaded(e, now);
+                debug!(shard = index, error = ?e, "could not release the shard; it will expire");
+            }
+        }
+        if self.slots[index as usize]
+            .term
+            .as_ref()
+            .is_some_and(|t| t.gen == gen)
+        {
+            if let Some(t) = self.slots[index as usize].term.as_mut() {
+                t.state = State::Gone;
+            }
+            self.finish_term(index);
+        }
+    }
+
+    fn on_read(&mut self, index: u32, result: Result<Option<Lease>, Failure>, now: Instant) {
+        self.slots[index as usize].busy = false;
+        match result {
+            Ok(Some(lease)) => self.absorb_shard(index, lease, now),
+            Ok(None) => self.gone(index, now, self.slots[index as usize].observed.is_none()),
+            Err(e) => {
+                self.overloaded(&e, now);
+                debug!(shard = index, error = ?e, "re-read failed");
+            }
+        }
+        self.timers.at(now, Key::Shard(index));
+        self.dirty = true;
+    }
+
+    fn on_member_read(&mut self, result: Result<Option<Lease>, Failure>, now: Instant) {
+        self.member.busy = false;
+        match result {
+            Ok(lease) => self.member.lease = lease,
+            Err(e) => {
+                self.overloaded(&e, now);
+                debug!(error = ?e, "reading the membership Lease failed");
+            }
+        }
+        self.member.next = Some(now);
+        self.timers.at(now, Key::Member);
+    }
+
+    fn on_member_written(&mut self, sent: Instant, result: Result<Lease, Failure>, now: Instant) {
+        self.member.busy = false;
+        let retry = self.cfg.lease.retry_period;
+        match result {
+            Ok(lease) => {
+                self.throttle.succeeded();
+                self.member.lease = Some(lease);
+                let renewal = self
+                    .member
+                    .renewal
+                    .get_or_insert_with(|| Renewal::new(&self.phases, self.count, sent));
+                renewal.succeeded(&self.phases, sent);
+                self.member.next = Some(renewal.next);
+            }
+            Err(Failure::NotFound) => {
+                self.member.lease = None;
+                self.member.next = Some(now);
+            }
+            Err(Failure::Conflict) => {
+                // Written meanwhile (a write that timed out but landed, an edit): read
+                // it again before the next write.
+                self.read_member();
+                return;
+            }
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "cannot write the membership Lease");
+                self.fatal.get_or_insert(e);
+                return;
+            }
+            Err(e) => {
+                self.overloaded(&e, now);
+                debug!(error = ?e, "membership renewal failed; retrying");
+                self.member.next = Some(now + jittered(retry / 2));
+            }
+        }
+        if let Some(next) = self.member.next {
+            self.timers.at(next, Key::Member);
+        }
+    }
+
+    fn on_renewed(
+        &mut self,
+        index: u32,
+        gen: u64,
+        record: LeaseRecord,
+        sent: Instant,
+        result: Result<Lease, Failure>,
+        now: Instant,
+    ) {
+        let slot = &mut self.slots[index as usize];
+        slot.busy = false;
+        if slot.term.as_ref().is_none_or(|t| t.gen != gen) {
+            return;
+        }
+        match result {
+            Ok(written) => self.renewed(index, record, sent, written),
+            Err(Failure::NotFound) => {
+                self.gone(index, now, false);
+            }
+            Err(e) => self.renewal_failed(index, e, now),
+        }
+    }
+
+    /// Shard `index` was renewed (`written`, sent at `sent`).
+    fn renewed(&mut self, index: u32, record: LeaseRecord, sent: Instant, written: Lease) {
+        let renew = self.renew_deadline();
+        let slot = &mut self.slots[index as usize];
+        let Some(t) = slot.term.as_mut() else {
+            return;
+        };
+        self.throttle.succeeded();
+        if matches!(t.state, State::Active | State::Leaving { .. }) {
+            t.record = record.clone();
+            t.renewal.succeeded(&self.phases, sent);
+            self.timers.at(t.renewal.next, Key::Shard(index));
+            self.timers.at(t.renewal.deadline(renew), Key::Shard(index));
+        }
+        if newer(&written, &t.lease) {
+            t.lease = written.clone();
+        }
+        if slot.lease.as_ref().is_none_or(|l| newer(&written, l)) {
+            slot.observed = Some(Observed::update(
+                slot.observed.as_ref(),
+                record,
+                written.metadata.resource_version.clone(),
+                sent,
+            ));
+            slot.lease = Some(written);
+        }
+    }
+
+    /// Renewing shard `index` failed: retried until its renew deadline; a conflict is read
+    /// again first.
+    fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
+        let renew = self.renew_deadline();
+        let last_try = self.cfg.api_timeout().min(renew / 4);
+        let timeout = self.cfg.api_timeout();
+        let Some(t) = self.slots[index as usize].term.as_mut() else {
+            return;
+        };
+        if let Failure::Conflict = e {
+            // Re-read and decide again: still ours (somebody edited metadata) or lost. The
+            // read is bounded by the renew deadline, so that fail-stop holds.
+            t.renewal.failed(now, renew, last_try);
+            let next = t.renewal.next;
+            let left = t.renewal.deadline(renew).saturating_duration_since(now);
+            self.timers.at(next, Key::Shard(index));
+            self.read(index, timeout.min(left));
+            return;
+        }
+        if let Failure::Fatal(err) = &e {
+            warn!(shard = index, error = %err, "renewal refused; retrying until the renew deadline");
+        } else {
+            debug!(shard = index, error = ?e, "renewal failed; retrying");
+        }
+        t.renewal.failed(now, renew, last_try);
+        let next = t.renewal.next;
+        self.timers.at(next, Key::Shard(index));
+        self.overloaded(&e, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overload_reads_retry_after() {
+        let api = |code: u16, retry: u32| {
+            Failure::Transient(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                details: Some(
+                    serde_json::from_value(serde_json::json!({ "retryAfterSeconds": retry })).unwrap(),
+                ),
+                ..Default::default()
+            })))
+        };
+        assert_eq!(overload(&api(429, 1)), Some(Some(Duration::from_secs(1))));
+        assert_eq!(overload(&api(503, 0)), Some(None));
+        assert_eq!(overload(&api(409, 0)), None);
+        assert_eq!(overload(&Failure::Conflict), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! Rebalancing: the live candidates, this one's fair share of the shards, and which shards to
+//! take or hand over (the pure plan is [`balance`]'s; the decision about one shard is the Lease
+//! strategy's [`decide`]).
+
+use tokio::time::Instant;
+use tracing::info;
+
+use super::{Engine, State};
+use crate::{
+    leadership::LossReason,
+    lease::decide::{decide, decide_absent, Absent, Decision},
+    shards::{balance, scheduler::Key},
+};
+
+// === impl Engine ===
+
+impl Engine {
+    /// The live candidates (this one included), sorted; schedules a look when one expires.
+    fn live_members(&mut self, now: Instant) -> Vec<String> {
+        let fallback = self.cfg.lease.lease_duration;
+        let mut live = vec![self.identity.clone()];
+        let mut soonest: Option<Instant> = None;
+        for obs in self.members.values() {
+            let Some(holder) = obs.record.holder.as_ref() else {
+                continue;
+            };
+            let expiry = obs.expires_at(fallback);
+            if now < expiry {
+                live.push(holder.clone());
+                soonest = Some(soonest.map_or(expiry, |s| s.min(expiry)));
+            }
+        }
+        if let Some(t) = soonest {
+            self.timers.at(t, Key::Rebalance);
+        }
+        live.sort();
+        live.dedup();
+        live
+    }
+
+    /// What this candidate would do about shard `index` now, if it wanted it.
+    fn decision(&mut self, index: u32, now: Instant) -> Decision {
+        let fallback = self.cfg.lease.lease_duration;
+        let slot = &mut self.slots[index as usize];
+        // A record naming this identity but written by another process is not ours.
+        let identity: &str = if slot.foreign_self { "" } else { &self.identity };
+        match (&slot.observed, &slot.deleted) {
+            (Some(obs), _) => {
+                let d = decide(Some(obs), identity, now, fallback);
+                match (d, obs.record.holder.as_deref()) {
+                    // `decide` with an empty identity takes an empty holder for ours.
+                    (Decision::Renew, Some(_)) if identity.is_empty() => {
+                        let expiry = obs.expires_at(fallback);
+                        if now >= expiry {
+                            Decision::Takeover
+                        } else {
+                            Decision::WaitUntil(expiry)
+                        }
+                    }
+                    (d, _) => d,
+                }
+            }
+            (None, Some(deleted)) => decide_absent(Absent::Deleted(deleted), &self.identity, now, fallback),
+            (None, None) if slot.seen => {
+                let since = *slot.absent_since.get_or_insert(now);
+                decide_absent(Absent::Unknown { since }, &self.identity, now, fallback)
+            }
+            (None, None) => Decision::Create,
+        }
+    }
+
+    /// Recomputes the fair share; hands over the surplus and takes free shards up to it.
+    pub(super) fn rebalance(&mut self, now: Instant) {
+        self.dirty = false;
+        if !self.synced || self.stopping || self.fatal.is_some() {
+            return;
+        }
+        let quota = self.fair_share(now);
+        let (active, holding) = self.holding();
+        let ready = self.acquire_from.is_some_and(|t| now >= t);
+        let free = if holding.len() < quota as usize && ready {
+            self.free(now)
+        } else {
+            Vec::new()
+        };
+        let plan = balance::plan(&self.identity, quota, &holding, &free);
+        for index in plan.release {
+            if active.contains(&index) {
+                self.hand_over(index, now);
+            }
+        }
+        self.take(plan.acquire, now);
+    }
+
+    /// This candidate's fair share among the live candidates, published when it changes.
+    fn fair_share(&mut self, now: Instant) -> u32 {
+        let members = self.live_members(now);
+        let quota = balance::quota(self.count, &members, &self.identity);
+        if (quota, members.len()) != (self.quota, self.live) {
+            info!(members = members.len(), quota, "fair share");
+            self.quota = quota;
+            self.live = members.len();
+            self.publish();
+        }
+        quota
+    }
+
+    /// The shards held and active, and those held or being acquired.
+    fn holding(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut active = Vec::new();
+        let mut holding = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let i = i as u32;
+            match &slot.term {
+                Some(t) if t.state == State::Active => {
+                    active.push(i);
+                    holding.push(i);
+                }
+                None if slot.busy => holding.push(i),
+                _ => {}
+            }
+        }
+        (active, holding)
+    }
+
+    /// The shards that could be taken now; schedules a look when the next one could be.
+    fn free(&mut self, now: Instant) -> Vec<u32> {
+        let mut free = Vec::new();
+        let mut soonest: Option<Instant> = None;
+        for i in 0..self.count {
+            let slot = &self.slots[i as usize];
+            if slot.term.is_some() || slot.busy {
+                continue;
+            }
+            if let Some(nb) = slot.not_before.filter(|t| *t > now) {
+                soonest = Some(soonest.map_or(nb, |s| s.min(nb)));
+                continue;
+            }
+            match self.decision(i, now) {
+                Decision::WaitUntil(t) => soonest = Some(soonest.map_or(t, |s| s.min(t))),
+                _ => free.push(i),
+            }
+        }
+        if let Some(t) = soonest {
+            self.timers.at(t, Key::Rebalance);
+        }
+        free
+    }
+
+    /// Hands active shard `index` over: its work stops, then it is released.
+    fn hand_over(&mut self, index: u32, now: Instant) {
+        let until = now + self.cfg.handover_grace;
+        if let Some(t) = self.slots[index as usize].term.as_mut() {
+            info!(shard = index, "handing the shard over");
+            t.keeper.lose(LossReason::Rebalanced);
+            t.state = State::Leaving { until, release: true };
+            self.timers.at(until, Key::Shard(index));
+            if t.done {
+                self.after_done(index, now);
+            }
+        }
+        self.publish();
+    }
+
+    /// Acquires the shards of `plan`, unless the API server asks for a pause, while calls
+    /// are free.
+    fn take(&mut self, plan: Vec<u32>, now: Instant) {
+        if plan.is_empty() {
+            return;
+        }
+        if let Some(until) = self.throttle.paused_until(now) {
+            self.timers.at(until, Key::Rebalance);
+            return;
+        }
+        for index in plan {
+            if self.in_flight >= self.cfg.max_in_flight {
+                // Renewals first; the rest when calls come back.
+                self.dirty = true;
+                break;
+            }
+            let d = self.decision(index, now);
+            if !matches!(d, Decision::WaitUntil(_)) {
+                self.acquire(index, d);
+            }
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The watch: folding the one list/watch of the set's Leases (and the answers of reads and
+//! writes) into what the engine knows of every shard and candidate.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::watcher;
+use tokio::time::Instant;
+
+use super::{newer, Engine, State};
+use crate::{
+    leadership::LossReason,
+    lease::{
+        decide::Observed,
+        record::{written_by, LeaseRecord},
+    },
+    shards::scheduler::Key,
+};
+
+/// What a Lease of the set is, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Shard(u32),
+    Member,
+}
+
+// === impl Engine ===
+
+impl Engine {
+    pub(super) fn on_watch(&mut self, ev: watcher::Event<Lease>, now: Instant) {
+        match ev {
+            watcher::Event::Init => self.relist = Some(Vec::new()),
+            watcher::Event::InitApply(l) => self.relist.get_or_insert_with(Vec::new).push(l),
+            watcher::Event::InitDone => self.relisted(now),
+            watcher::Event::Apply(l) => self.absorb(l, now),
+            watcher::Event::Delete(l) => self.deleted(&l, now),
+        }
+    }
+
+    /// A (re)list is complete: folds in what was listed and forgets what was not.
+    fn relisted(&mut self, now: Instant) {
+        let listed = self.relist.take().unwrap_or_default();
+        let names: BTreeSet<String> = listed.iter().filter_map(|l| l.metadata.name.clone()).collect();
+        for l in listed {
+            self.absorb(l, now);
+        }
+        // Known before and not listed now: deleted while the watch was down, by whom
+        // and after which holder is unknown (waited out from now).
+        for index in 0..self.count {
+            let name = self.shard_name(index);
+            let slot = &self.slots[index as usize];
+            if slot.lease.is_some() && slot.observed.is_some() && !names.contains(&name) {
+                self.gone(index, now, true);
+            }
+        }
+        self.members.retain(|n, _| names.contains(n));
+        if !names.contains(&self.member.name) {
+            self.member.lease = None;
+        }
+        if !self.synced {
+            self.synced = true;
+            self.first_synced(now);
+        }
+        self.dirty = true;
+    }
+
+    /// The first list is complete: schedules the first acquisitions and membership write.
+    fn first_synced(&mut self, now: Instant) {
+        // Joining a set whose shards are all held: nothing to race for, the others
+        // hand over as soon as they see this candidate. Otherwise (candidates
+        // starting together) let them see each other first.
+        let fallback = self.cfg.lease.lease_duration;
+        let established = self.slots.iter().all(|s| {
+            s.observed
+                .as_ref()
+                .is_some_and(|o| o.record.holder.is_some() && now < o.expires_at(fallback))
+        });
+        let settle = if established {
+            Duration::ZERO
+        } else {
+            self.cfg.join_settle()
+        };
+        self.acquire_from = Some(now + settle);
+        self.timers.at(now + settle, Key::Rebalance);
+        self.timers.at(now, Key::Member);
+    }
+
+    /// A Lease of the set was deleted.
+    fn deleted(&mut self, l: &Lease, now: Instant) {
+        let name = l.metadata.name.clone().unwrap_or_default();
+        match self.classify(&name) {
+            Some(Role::Shard(index)) => self.gone(index, now, false),
+            Some(Role::Member) if name == self.member.name => self.member.lease = None,
+            Some(Role::Member) => {
+                self.members.remove(&name);
+                self.dirty = true;
+            }
+            None => {}
+        }
+    }
+
+    pub(super) fn shard_name(&self, index: u32) -> String {
+        format!("{}-{index}", self.name)
+    }
+
+    fn classify(&self, lease_name: &str) -> Option<Role> {
+        let rest = lease_name.strip_prefix(&self.name)?.strip_prefix('-')?;
+        if rest.starts_with("member-") {
+            return Some(Role::Member);
+        }
+        if rest.is_empty()
+            || !rest.bytes().all(|b| b.is_ascii_digit())
+            || (rest.len() > 1 && rest.starts_with('0'))
+        {
+            return None;
+        }
+        rest.parse::<u32>()
+            .ok()
+            .filter(|i| *i < self.count)
+            .map(Role::Shard)
+    }
+
+    /// Folds a Lease seen (watch or read) into what is known.
+    fn absorb(&mut self, lease: Lease, now: Instant) {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        match self.classify(&name) {
+            Some(Role::Shard(index)) => self.absorb_shard(index, lease, now),
+            Some(Role::Member) if name == self.member.name => {
+                let newer = self.member.lease.as_ref().is_none_or(|m| newer(&lease, m));
+                if newer {
+                    self.member.lease = Some(lease);
+                }
+            }
+            Some(Role::Member) => {
+                let record = LeaseRecord::from_lease(&lease);
+                let rv = lease.metadata.resource_version.clone();
+                let prev = self.members.get(&name);
+                let changed_holder = prev.is_none_or(|p| p.record.holder != record.holder);
+                let next = Observed::update(prev, record, rv, now);
+                self.members.insert(name, next);
+                if changed_holder {
+                    self.dirty = true;
+                }
+            }
+            None => {}
+        }
+    }
+
+    pub(super) fn absorb_shard(&mut self, index: u32, lease: Lease, now: Instant) {
+        let record = LeaseRecord::from_lease(&lease);
+        // Ours only if this process wrote it: a twin with the same identity writes another
+        // instance id into `INSTANCE_ANNOTATION` (issue 16).
+        let ours = record.is_held_by(&self.identity) && written_by(&lease, &record, &self.instance);
+        let slot = &mut self.slots[index as usize];
+        if let Some(known) = &slot.lease {
+            if !newer(&lease, known) && slot.observed.is_some() {
+                return;
+            }
+        }
+        let mut lost = None;
+        if let Some(t) = slot.term.as_mut() {
+            if matches!(t.state, State::Active | State::Leaving { .. }) && newer(&lease, &t.lease) {
+                if ours {
+                    // Our own write, echoed before its answer came, or an edit of its metadata.
+                    t.lease = lease.clone();
+                } else if record.is_held_by(&self.identity) {
+                    lost = Some(LossReason::DuplicateIdentity {
+                        identity: self.identity.clone(),
+                    });
+                } else {
+                    lost = Some(LossReason::OtherHolder {
+                        holder: record.holder.clone().unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        let holder_changed = slot
+            .observed
+            .as_ref()
+            .is_none_or(|o| o.record.holder != record.holder);
+        slot.transitions_seen = Some(
+            slot.transitions_seen
+                .map_or(record.transitions, |t| t.max(record.transitions)),
+        );
+        slot.foreign_self = record.is_held_by(&self.identity) && !ours;
+        slot.observed = Some(Observed::update(
+            slot.observed.as_ref(),
+            record,
+            lease.metadata.resource_version.clone(),
+            now,
+        ));
+        slot.lease = Some(lease);
+        slot.deleted = None;
+        slot.absent_since = None;
+        slot.seen = true;
+        if holder_changed {
+            slot.not_before = None;
+            self.dirty = true;
+        }
+        if let Some(reason) = lost {
+            self.lose(index, reason, now);
+        }
+    }
+
+    /// Shard `index`'s Lease is gone (deleted; `unknown`: found missing by a relist).
+    pub(super) fn gone(&mut self, index: u32, now: Instant, unknown: bool) {
+        let slot = &mut self.slots[index as usize];
+        let last = slot.observed.take();
+        slot.lease = None;
+        slot.seen = true;
+        slot.foreign_self = false;
+        if unknown {
+            slot.deleted = None;
+            slot.absent_since = Some(now);
+        } else {
+            slot.deleted = last;
+            slot.absent_since = None;
+        }
+        slot.not_before = None;
+        self.dirty = true;
+        if slot
+            .term
+            .as_ref()
+            .is_some_and(|t| matches!(t.state, State::Active | State::Leaving { .. }))
+        {
+            self.lose(index, LossReason::LockDeleted, now);
+        }
+    }
+}
