@@ -21,6 +21,23 @@ fn jittered_retry_period(retry_period: Duration) -> Duration {
     Duration::from_nanos(nanos)
 }
 
+/// client-go's rule for a renewing loop: the renew deadline must exceed
+/// [`JITTER_FACTOR`] × the retry period (computed as client-go does, in nanoseconds), so that a
+/// renewal can be retried at least once before the deadline. Part of
+/// [`LeaseConfig::validate`]; the `kube-leader` sidecar applies it to its supervisor's
+/// heartbeats under both strategies.
+pub fn check_renew_deadline(renew_deadline: Duration, retry_period: Duration) -> Result<()> {
+    let retry_period = retry_period.min(MAX_DURATION);
+    let jittered = jittered_retry_period(retry_period);
+    if renew_deadline <= jittered {
+        return Err(invalid(
+            "retry_period",
+            format!("renew deadline ({renew_deadline:?}) must be greater than retry period × {JITTER_FACTOR} ({jittered:?})"),
+        ));
+    }
+    Ok(())
+}
+
 /// Timings of a Lease election.
 ///
 /// The defaults are client-go's and controller-runtime's: 15 s / 10 s / 2 s.
@@ -159,16 +176,7 @@ impl LeaseConfig {
                 ),
             );
         }
-        let jittered = jittered_retry_period(self.retry_period);
-        if self.renew_deadline <= jittered {
-            return bad(
-                "retry_period",
-                format!(
-                "renew deadline ({:?}) must be greater than retry period × {JITTER_FACTOR} ({jittered:?})",
-                self.renew_deadline
-            ),
-            );
-        }
+        check_renew_deadline(self.renew_deadline, self.retry_period)?;
         if matches!(self.api_timeout, Some(t) if t.is_zero()) {
             return bad("api_timeout", "API timeout must be greater than zero".into());
         }

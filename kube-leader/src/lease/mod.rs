@@ -12,7 +12,7 @@ mod keeper;
 mod leader;
 pub(crate) mod record;
 
-pub use config::{LeaseConfig, JITTER_FACTOR};
+pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};
 pub use elector::{LeaseElector, Recampaign, Renewals, Unhealthy};
 pub use leader::{current_leader, watch_leader};
 pub use record::{LeaseRecord, INSTANCE_ANNOTATION};
