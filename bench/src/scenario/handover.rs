@@ -75,7 +75,11 @@ fn sidecar(b: &Bench, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<tokio:
         .arg(&b.bins.bench)
         .arg("stamp")
         .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info");
+        // KUBE_LEADER_BENCH_LOG=debug (with KUBE_LEADER_BENCH_KEEP): a trace of every handover.
+        .env(
+            "RUST_LOG",
+            std::env::var("KUBE_LEADER_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+        );
     Ok(command)
 }
 
