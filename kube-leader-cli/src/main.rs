@@ -14,6 +14,7 @@
 //! and its memory matters.
 
 mod cli;
+mod client;
 mod elector;
 mod exit;
 mod label;

@@ -419,7 +419,7 @@ pub(crate) async fn connect(timeout: Duration) -> Result<Client, Fail> {
         )
     })?;
     let url = config.cluster_url.to_string();
-    let client = Client::try_from(config).or_exit(exit::CLUSTER)?;
+    let client = crate::client::build(config).or_exit(exit::CLUSTER)?;
     let deadline = Instant::now() + timeout;
     let mut delay = Duration::from_millis(100);
     loop {
