@@ -279,6 +279,12 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(stop.mono_ns - deleted),
         ms(next_start - deleted)
     ));
+    figure(strategy, "delete_to_next", next_start - deleted);
+    figure(
+        strategy,
+        "delete_stopped_to_next",
+        next_start.saturating_sub(stop.mono_ns),
+    );
     deployed.assert_one_leader(&next).await;
     let leader = match strategy {
         Strategy::ClientGo => next,
@@ -309,6 +315,12 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(next_start - filled),
         ms(next_start.saturating_sub(end.mono_ns)),
     ));
+    figure(strategy, "evict_to_next", next_start - filled);
+    figure(
+        strategy,
+        "evict_ended_to_next",
+        next_start.saturating_sub(end.mono_ns),
+    );
     deployed.history().report(mono_ns()).assert_safe();
     let leader = next;
 
@@ -337,6 +349,11 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         report.longest_gap.map_or("none".to_owned(), |g| ms(g.len_ns())),
         ms(done - rollout)
     ));
+    figure(
+        strategy,
+        "rollout_gap",
+        report.longest_gap.map_or(0, |g| g.len_ns()),
+    );
     deployed.assert_one_leader(&new_leader).await;
     deployed.history().report(mono_ns()).assert_safe();
 }
@@ -876,6 +893,15 @@ async fn http_get(addr: &str, path: &str) -> Result<String, String> {
 /// Prints a measurement past the test harness's output capture.
 fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "node: {line}");
+}
+
+/// One figure on a line of its own for `scripts/node-bench.sh`: `node: figure LABEL NAME MS`.
+fn figure(strategy: Strategy, name: &str, ns: u64) {
+    say(&format!(
+        "figure {} {name} {:.0}",
+        strategy.label(),
+        ns as f64 / 1e6
+    ));
 }
 
 fn ms(ns: u64) -> String {
