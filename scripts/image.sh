@@ -22,8 +22,9 @@
 #
 # Prints `<image reference> <archive path>` on stdout; everything else goes to stderr.
 # Archives are cached by content: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/images/, named by
-# the SHA-256 of their layer; pause, node-test and go-candidate images carry the first 12 hex digits of it in
-# their tag, so an image that changed never hides behind an old one with the same name.
+# the SHA-256 of their layer; pause, node-test and go-candidate images carry the first 12 hex
+# digits of it in their tag, so an image that changed never hides behind an old one with the
+# same name.
 #
 # Loading: into containerd when one is reachable at $CONTAINERD_ADDRESS (default
 # /run/containerd/containerd.sock), namespace k8s.io (the kubelet's). --no-load skips it.
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --binary) BINARY=${2:?--binary needs a file}; shift 2 ;;
     --no-load) LOAD=0; shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done

@@ -18,8 +18,8 @@
 // nanoseconds, read inside the client-go callback. stopped_leading is printed
 // only after started_leading, when the context client-go hands to
 // OnStartedLeading is cancelled (where code guarded by the lease stops; on a
-// signal that is before client-go releases the Lease) or in
-// OnStoppedLeading, whichever comes first. While leading the program just waits. SIGTERM or
+// signal that is before client-go releases the Lease) or in OnStoppedLeading,
+// whichever comes first. While leading the program just waits. SIGTERM or
 // SIGINT cancels the election (releasing the Lease if --release-on-cancel) and
 // exits 0; losing leadership without a signal exits 3; bad flags or
 // configuration exit 2. client-go's own logs (klog) go to stderr.

@@ -65,7 +65,7 @@ pub(crate) fn running_terms(records: &[Record]) -> BTreeMap<String, u64> {
     running
 }
 
-/// One record of the test workload.
+/// One record of the leader's work: the test workload's, or the client-go candidate's event.
 #[derive(Clone, Debug)]
 pub(crate) struct Record {
     /// The Pod whose log (or process) it came from.
@@ -104,6 +104,7 @@ pub(crate) struct PodLogs {
 }
 
 impl PodLogs {
+    /// Starts tailing the logs of `namespace`'s Pods under `dir`, watching `work`'s processes.
     pub(crate) fn tail(dir: &'static Path, namespace: &str, work: Work) -> Self {
         let state = Arc::new(Mutex::new(LogState::default()));
         let stop = Arc::new(AtomicBool::new(false));
