@@ -15,11 +15,16 @@
 #       The real-node tests' image: the kube-leader image (with FILE, stripped) whose `sh` is
 #       dash and whose `sleep` is the instrumented test workload (scripts/images/workload.c),
 #       so deploy/'s sample COMMAND `sh -c '...; exec sleep infinity'` writes start/stop records.
+#   scripts/image.sh go-candidate [--binary FILE] [--no-load]
+#       The client-go candidate (tools/go-candidate, the static binary scripts/go-candidate.sh
+#       builds, or FILE) as /usr/local/bin/kube-leader-go-candidate, with busybox, user 65532:
+#       the real-node tests run it in deploy/'s Deployment shape beside kube-leader.
 #
 # Prints `<image reference> <archive path>` on stdout; everything else goes to stderr.
 # Archives are cached by content: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/images/, named by
-# the SHA-256 of their layer; pause and node-test images carry the first 12 hex digits of it in
-# their tag, so an image that changed never hides behind an old one with the same name.
+# the SHA-256 of their layer; pause, node-test and go-candidate images carry the first 12 hex
+# digits of it in their tag, so an image that changed never hides behind an old one with the
+# same name.
 #
 # Loading: into containerd when one is reachable at $CONTAINERD_ADDRESS (default
 # /run/containerd/containerd.sock), namespace k8s.io (the kubelet's). --no-load skips it.
@@ -33,7 +38,7 @@ die() { log "error: $*"; exit 1; }
 
 KIND=kube-leader
 case "${1:-}" in
-  kube-leader|pause|node-test) KIND=$1; shift ;;
+  kube-leader|pause|node-test|go-candidate) KIND=$1; shift ;;
 esac
 BINARY=""
 LOAD=1
@@ -41,7 +46,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --binary) BINARY=${2:?--binary needs a file}; shift 2 ;;
     --no-load) LOAD=0; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done
@@ -184,5 +189,18 @@ case "$KIND" in
     gcc -static -O2 -Wall -o "$ROOTFS/usr/local/bin/sleep" scripts/images/workload.c
     strip "$ROOTFS/usr/local/bin/sleep"
     write_archive kube-leader-node-test "" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/kube-leader\"]}"
+    ;;
+  go-candidate)
+    if [ -z "$BINARY" ]; then
+      BINARY=$(scripts/go-candidate.sh)
+    fi
+    [ -x "$BINARY" ] || die "no client-go candidate binary at $BINARY"
+    file -L "$BINARY" 2>/dev/null | grep -q 'statically linked' \
+      || die "$BINARY is not statically linked (scripts/go-candidate.sh builds it with CGO_ENABLED=0)"
+    add_base
+    add_busybox
+    cp "$BINARY" "$ROOTFS/usr/local/bin/kube-leader-go-candidate"
+    chmod 0755 "$ROOTFS/usr/local/bin/kube-leader-go-candidate"
+    write_archive kube-leader-go-candidate "" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/kube-leader-go-candidate\"]}"
     ;;
 esac

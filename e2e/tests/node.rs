@@ -25,15 +25,24 @@
 //! COMMAND, `sh -c 'echo ...; exec sleep infinity'`, is kept: the image's `sleep` writes
 //! start/stop records stamped with CLOCK_MONOTONIC to the container log, which the tests read
 //! from `/var/log/pods` and feed to the chaos run's checker ([`History`]).
+//!
+//! # client-go beside it
+//!
+//! The client-go candidate (`tools/go-candidate`: client-go 1.20's `leaderelection` on a Lease)
+//! runs in the same shape: `deploy/lease` as above, with the container's image, command and
+//! args swapped for the candidate's (`scripts/image.sh go-candidate`; `--lease` the same lock,
+//! `--namespace $(POD_NAMESPACE)` and `--identity $(POD_NAME)` from the Downward API, the same
+//! 15 s / 10 s / 2 s), and the same three actions: `kubectl delete pod` on the leader, a
+//! kubelet eviction, `kubectl rollout restart`. Its work starts and stops with its
+//! `started_leading`/`stopped_leading` events (CLOCK_MONOTONIC), the same checker rules apply.
+
+#[path = "node/logs.rs"]
+mod logs;
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    io::{Read, Seek, SeekFrom, Write as _},
+    io::Write as _,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, OnceLock,
-    },
+    sync::OnceLock,
     time::Duration,
 };
 
@@ -41,6 +50,7 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::{api::ListParams, Api};
 use kube_leader_e2e::{checker::History, kube_leader_bin_beside, mono_ns, wait_for};
 use kube_leader_testenv::Node;
+use logs::{running_terms, PodLogs, Record, Work};
 use serde_json::{json, Value};
 
 /// The lock name in `deploy/base/deployment.yaml`.
@@ -54,17 +64,38 @@ const REPLICAS: usize = 3;
 /// Tests that only use the node share it; the test that stops the kubelet has it alone.
 static NODE_USE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
+/// What runs in the Pods: kube-leader with one of its strategies, or the client-go candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Strategy {
     ForLife,
     Lease,
+    /// client-go's `leaderelection` on a Lease (`tools/go-candidate`).
+    ClientGo,
 }
 
 impl Strategy {
-    fn flag(self) -> &'static str {
+    /// The name in the test's output.
+    fn label(self) -> &'static str {
         match self {
             Strategy::ForLife => "for-life",
             Strategy::Lease => "lease",
+            Strategy::ClientGo => "client-go",
+        }
+    }
+
+    /// The lock's kind as `kube-leader --strategy` names it.
+    fn flag(self) -> &'static str {
+        match self {
+            Strategy::ForLife => "for-life",
+            Strategy::Lease | Strategy::ClientGo => "lease",
+        }
+    }
+
+    /// The processes that do the leader's work.
+    fn work(self) -> Work {
+        match self {
+            Strategy::ForLife | Strategy::Lease => Work::WORKLOAD,
+            Strategy::ClientGo => Work::GO_CANDIDATE,
         }
     }
 }
@@ -83,6 +114,14 @@ async fn lease_on_a_real_node() {
     let Some(env) = NodeEnv::get() else { return };
     let _shared = NODE_USE.read().await;
     scenario(env, Strategy::Lease).await;
+}
+
+/// client-go's Lease election in the same Deployment shape, through the same actions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_on_a_real_node() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    scenario(env, Strategy::ClientGo).await;
 }
 
 /// The kubelet stops (node NotReady, containers keep running): no second leader with either
@@ -182,10 +221,11 @@ impl Drop for KubeletStopped {
     }
 }
 
-/// Every behaviour in order, on one Deployment of `deploy/` per strategy.
+/// Every behaviour in order, on one Deployment of `deploy/` per strategy (client-go: all but
+/// the crash, which needs a COMMAND).
 async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     let deployed = Deployed::apply(env, strategy).await;
-    let s = strategy.flag();
+    let s = strategy.label();
 
     // 3 replicas: exactly one COMMAND runs, and everything names the same Pod.
     let leader = deployed.leader_after(0).await;
@@ -195,16 +235,18 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         start.identity, leader,
         "identity from the Downward API (POD_NAME)"
     );
-    assert_eq!(
-        start.namespace,
-        deployed.namespace(),
-        "namespace from {}",
-        if strategy == Strategy::Lease {
-            "the service-account mount"
-        } else {
-            "POD_NAMESPACE"
-        }
-    );
+    if strategy != Strategy::ClientGo {
+        assert_eq!(
+            start.namespace,
+            deployed.namespace(),
+            "namespace from {}",
+            if strategy == Strategy::Lease {
+                "the service-account mount"
+            } else {
+                "POD_NAMESPACE"
+            }
+        );
+    }
     say(&format!("{s}: 3 replicas, one COMMAND, in {leader}"));
 
     // kubectl delete pod <leader>: SIGTERM stops COMMAND, the lock is freed, the next leader's
@@ -219,59 +261,39 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         .into_iter()
         .find(|r| r.mono_ns > deleted)
         .expect("the deleted leader's COMMAND wrote a stop record");
-    assert_eq!(stop.signal, Some(15), "COMMAND stopped by SIGTERM");
-    // The old leader stepped down: a lease released, a leader-for-life lock deleted by its
-    // holder (it saw its Pod being deleted, stopped COMMAND, then deleted the lock rather than
-    // leave it to the garbage collector once the Pod object is gone, seconds later).
-    wait_for(
-        "the old leader to release its lock",
-        Duration::from_secs(10),
-        || async { deployed.logs.logged(&leader, "released the lock").then_some(()) },
-    )
-    .await;
+    if strategy != Strategy::ClientGo {
+        assert_eq!(stop.signal, Some(15), "COMMAND stopped by SIGTERM");
+        // The old leader stepped down: a lease released, a leader-for-life lock deleted by its
+        // holder (it saw its Pod being deleted, stopped COMMAND, then deleted the lock rather
+        // than leave it to the garbage collector once the Pod object is gone, seconds later).
+        wait_for(
+            "the old leader to release its lock",
+            Duration::from_secs(10),
+            || async { deployed.logs.logged(&leader, "released the lock").then_some(()) },
+        )
+        .await;
+    }
     let next_start = deployed.start_after(&next, deleted);
     say(&format!(
         "{s}: kubectl delete pod → old COMMAND stopped (SIGTERM) {}, next leader's COMMAND {}",
         ms(stop.mono_ns - deleted),
         ms(next_start - deleted)
     ));
-    deployed.assert_one_leader(&next).await;
-    let leader = next;
-
-    // COMMAND crashes (exit 1): the container restarts in place.
-    let crashed = mono_ns();
-    deployed.exec(&leader, &["killall", "-USR1", "sleep"]);
-    let restarted_in_place = wait_for(
-        "the crashed container to restart",
-        Duration::from_secs(60),
-        || async { (deployed.restart_count(&leader).await >= 1).then_some(()) },
+    figure(strategy, "delete_to_next", next_start - deleted);
+    figure(
+        strategy,
+        "delete_stopped_to_next",
+        next_start.saturating_sub(stop.mono_ns),
     );
-    restarted_in_place.await;
-    let after_crash = deployed.leader_after(crashed).await;
-    let after_crash_start = deployed.start_after(&after_crash, crashed);
-    match strategy {
-        // operator-sdk semantics: the restarted container continues on its own lock.
-        Strategy::ForLife => assert_eq!(after_crash, leader, "leader for life continues on its lock"),
-        // The crashed leader released its lease; whoever leads, only one does.
-        Strategy::Lease => {}
-    }
-    say(&format!(
-        "{s}: COMMAND crashed → COMMAND again in {} ({}) after {}",
-        after_crash,
-        if after_crash == leader {
-            "the same Pod, restarted in place"
-        } else {
-            "another Pod"
-        },
-        ms(after_crash_start - crashed)
-    ));
-    deployed.history().report(mono_ns()).assert_safe();
-    deployed.assert_one_leader(&after_crash).await;
-    let leader = after_crash;
+    deployed.assert_one_leader(&next).await;
+    let leader = match strategy {
+        Strategy::ClientGo => next,
+        _ => crash(&deployed, next).await,
+    };
 
     // A real kubelet eviction of the leader: ephemeral-storage limit exceeded.
     let filled = mono_ns();
-    deployed.exec(&leader, &["killall", "-USR2", "sleep"]);
+    deployed.fill_log(&leader);
     let evicted = deployed.wait_evicted(&leader).await;
     let next = deployed.leader_after(filled).await;
     assert_ne!(next, leader);
@@ -293,6 +315,12 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(next_start - filled),
         ms(next_start.saturating_sub(end.mono_ns)),
     ));
+    figure(strategy, "evict_to_next", next_start - filled);
+    figure(
+        strategy,
+        "evict_ended_to_next",
+        next_start.saturating_sub(end.mono_ns),
+    );
     deployed.history().report(mono_ns()).assert_safe();
     let leader = next;
 
@@ -321,8 +349,48 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         report.longest_gap.map_or("none".to_owned(), |g| ms(g.len_ns())),
         ms(done - rollout)
     ));
+    figure(
+        strategy,
+        "rollout_gap",
+        report.longest_gap.map_or(0, |g| g.len_ns()),
+    );
     deployed.assert_one_leader(&new_leader).await;
     deployed.history().report(mono_ns()).assert_safe();
+}
+
+/// COMMAND of `leader` crashes (exit 1): the container restarts in place; a leader for life
+/// continues on its lock. The leader after it.
+async fn crash(deployed: &Deployed, leader: String) -> String {
+    let s = deployed.strategy.label();
+    let crashed = mono_ns();
+    deployed.exec(&leader, &["killall", "-USR1", "sleep"]);
+    let restarted_in_place = wait_for(
+        "the crashed container to restart",
+        Duration::from_secs(60),
+        || async { (deployed.restart_count(&leader).await >= 1).then_some(()) },
+    );
+    restarted_in_place.await;
+    let after_crash = deployed.leader_after(crashed).await;
+    let after_crash_start = deployed.start_after(&after_crash, crashed);
+    match deployed.strategy {
+        // operator-sdk semantics: the restarted container continues on its own lock.
+        Strategy::ForLife => assert_eq!(after_crash, leader, "leader for life continues on its lock"),
+        // The crashed leader released its lease; whoever leads, only one does.
+        Strategy::Lease | Strategy::ClientGo => {}
+    }
+    say(&format!(
+        "{s}: COMMAND crashed → COMMAND again in {} ({}) after {}",
+        after_crash,
+        if after_crash == leader {
+            "the same Pod, restarted in place"
+        } else {
+            "another Pod"
+        },
+        ms(after_crash_start - crashed)
+    ));
+    deployed.history().report(mono_ns()).assert_safe();
+    deployed.assert_one_leader(&after_crash).await;
+    after_crash
 }
 
 // === the shared node and image ===
@@ -330,6 +398,8 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
 struct NodeEnv {
     node: &'static Node,
     image: String,
+    /// The client-go candidate's image, built when a test first needs it.
+    go_image: OnceLock<String>,
     kube_leader: PathBuf,
     repo: PathBuf,
 }
@@ -356,10 +426,34 @@ impl NodeEnv {
             NodeEnv {
                 node,
                 image,
+                go_image: OnceLock::new(),
                 kube_leader,
                 repo: Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned(),
             }
         }))
+    }
+}
+
+impl NodeEnv {
+    /// The image of `strategy`'s Pods.
+    fn image(&self, strategy: Strategy) -> &str {
+        match strategy {
+            Strategy::ForLife | Strategy::Lease => &self.image,
+            // The binary the test command built (`KUBE_LEADER_GO_CANDIDATE`), or the script's.
+            Strategy::ClientGo => self.go_image.get_or_init(|| {
+                let binary = std::env::var("KUBE_LEADER_GO_CANDIDATE").ok();
+                let mut args = vec!["go-candidate"];
+                if let Some(binary) = &binary {
+                    args.extend(["--binary", binary]);
+                }
+                let image = self
+                    .node
+                    .build_image(&args)
+                    .unwrap_or_else(|e| panic!("could not build the go-candidate image: {e}"));
+                say(&format!("client-go candidate image {image}"));
+                image
+            }),
+        }
     }
 }
 
@@ -376,9 +470,10 @@ impl Deployed {
     /// Applies `deploy/` (RBAC of the strategy, the Deployment) into a new namespace and waits
     /// until its three Pods run and one of them leads.
     async fn apply(env: &'static NodeEnv, strategy: Strategy) -> Self {
+        let image = env.image(strategy);
         let control_plane = env.node.control_plane();
         let namespace = control_plane.namespace().await;
-        let logs = PodLogs::tail(env.node.pod_log_dir(), namespace.name());
+        let logs = PodLogs::tail(env.node.pod_log_dir(), namespace.name(), strategy.work());
         let deployed = Deployed {
             env,
             strategy,
@@ -387,7 +482,7 @@ impl Deployed {
         };
         let overlay = match strategy {
             Strategy::ForLife => "deploy/for-life",
-            Strategy::Lease => "deploy/lease",
+            Strategy::Lease | Strategy::ClientGo => "deploy/lease",
         };
         let mut objects = Vec::new();
         let limits = json!({
@@ -398,7 +493,10 @@ impl Deployed {
         objects.push(limits);
         for mut object in deployed.manifest(overlay) {
             if object["kind"] == "Deployment" {
-                for_the_node(&mut object, strategy, &env.image, control_plane.apiserver_port());
+                for_the_node(&mut object, strategy, image, control_plane.apiserver_port());
+                if strategy == Strategy::ClientGo {
+                    for_client_go(&mut object);
+                }
             }
             objects.push(object);
         }
@@ -420,7 +518,7 @@ impl Deployed {
         let leader = deployed.leader_after(0).await;
         say(&format!(
             "{}: deploy/ applied → 3 Pods running and {leader}'s COMMAND started in {}",
-            strategy.flag(),
+            strategy.label(),
             ms(deployed.start_after(&leader, 0) - applied)
         ));
         deployed
@@ -466,6 +564,18 @@ impl Deployed {
         let mut args = vec!["exec", pod, "-c", CONTAINER, "--"];
         args.extend_from_slice(command);
         self.kubectl(&args)
+    }
+
+    /// Writes 8 MiB to `pod`'s container log, past its 4 MiB ephemeral-storage limit: the test
+    /// workload on SIGUSR2, or (client-go) busybox into the candidate's standard output, in the
+    /// workload's 1 KiB lines (short lines would pass the kubelet's 50 MiB log rotation size
+    /// once it adds its prefix to each).
+    fn fill_log(&self, pod: &str) {
+        const FILL: &str = r#"tr "\0" x </dev/zero | fold -w 1023 | head -n 8192 >/proc/1/fd/1"#;
+        match self.strategy {
+            Strategy::ForLife | Strategy::Lease => self.exec(pod, &["killall", "-USR2", "sleep"]),
+            Strategy::ClientGo => self.exec(pod, &["sh", "-c", FILL]),
+        };
     }
 
     async fn pods(&self) -> Vec<Pod> {
@@ -580,6 +690,14 @@ impl Deployed {
     /// Whether everything names `leader` alone; with `exec`, COMMAND is looked for in every Pod
     /// too (needs the kubelet).
     async fn one_leader(&self, leader: &str, exec: bool) -> Result<(), String> {
+        if self.strategy == Strategy::ClientGo {
+            // No COMMAND and no status server: its own events say who leads.
+            let leading: Vec<String> = running_terms(&self.logs.records()).into_keys().collect();
+            if leading != [leader] {
+                return Err(format!("started_leading without stopped_leading in {leading:?}"));
+            }
+            return self.status_names(leader).await;
+        }
         if exec {
             let running = self.running_commands().await;
             if running != [leader] {
@@ -612,6 +730,11 @@ impl Deployed {
         if leading != [leader] {
             return Err(format!("status servers that say they lead: {leading:?}"));
         }
+        self.status_names(leader).await
+    }
+
+    /// Whether `kube-leader status` names `leader` as the holder.
+    async fn status_names(&self, leader: &str) -> Result<(), String> {
         let holder = self.status_holder().await;
         if holder.as_deref() != Some(leader) {
             return Err(format!("kube-leader status names {holder:?}"));
@@ -690,6 +813,28 @@ impl Deployed {
     }
 }
 
+/// The client-go candidate in place of kube-leader (see the module's documentation): the same
+/// lock, the Downward API's identity and namespace, client-go's default timings (the same as
+/// kube-leader's), stated.
+fn for_client_go(deployment: &mut Value) {
+    let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
+    container["command"] = json!(["/usr/local/bin/kube-leader-go-candidate"]);
+    container["args"] = json!([
+        "--lease",
+        LOCK,
+        "--namespace",
+        "$(POD_NAMESPACE)",
+        "--identity",
+        "$(POD_NAME)",
+        "--lease-duration",
+        "15s",
+        "--renew-deadline",
+        "10s",
+        "--retry-period",
+        "2s",
+    ]);
+}
+
 /// The test's changes to `deploy/base/deployment.yaml` (see the module's documentation).
 fn for_the_node(deployment: &mut Value, strategy: Strategy, image: &str, apiserver_port: u16) {
     let spec = &mut deployment["spec"]["template"]["spec"];
@@ -721,23 +866,6 @@ fn phase(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// For each Pod whose last record is a start: that start (CLOCK_MONOTONIC ns).
-fn running_terms(records: &[Record]) -> BTreeMap<String, u64> {
-    let mut running = BTreeMap::new();
-    for record in records {
-        match record.kind.as_str() {
-            "start" => {
-                running.insert(record.pod.clone(), record.mono_ns);
-            }
-            "stop" | "crash" | "gone" => {
-                running.remove(&record.pod);
-            }
-            _ => {}
-        }
-    }
-    running
-}
-
 /// `GET path` on a status server (127.0.0.1: hostNetwork).
 async fn http_get(addr: &str, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -760,248 +888,6 @@ async fn http_get(addr: &str, path: &str) -> Result<String, String> {
         .unwrap_or(response))
 }
 
-// === the containers' logs ===
-
-/// One record of the test workload.
-#[derive(Clone, Debug)]
-struct Record {
-    pod: String,
-    kind: String,
-    mono_ns: u64,
-    identity: String,
-    namespace: String,
-    signal: Option<i32>,
-}
-
-#[derive(Debug, Default)]
-struct LogState {
-    /// Read offset and unfinished line per log file.
-    files: HashMap<PathBuf, (u64, String)>,
-    /// Every record, in the order read (per file in order; files in CLOCK order via `mono_ns`).
-    records: Vec<Record>,
-    /// The last status server address each Pod logged.
-    status_addrs: HashMap<String, String>,
-    /// kube-leader's log messages per Pod.
-    messages: HashMap<String, Vec<String>>,
-    /// The workload processes alive at the last look at `/proc`: host pid → (Pod, start time).
-    alive: HashMap<u32, (String, String)>,
-}
-
-/// Tails the logs of one namespace's containers in `/var/log/pods` every 50 ms, keeping what
-/// it read after the kubelet removes them.
-struct PodLogs {
-    state: Arc<Mutex<LogState>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl PodLogs {
-    fn tail(dir: &'static Path, namespace: &str) -> Self {
-        let state = Arc::new(Mutex::new(LogState::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let prefix = format!("{namespace}_");
-        {
-            let state = state.clone();
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let namespace = prefix.trim_end_matches('_').to_owned();
-                while !stop.load(Ordering::Relaxed) {
-                    let mut state = state.lock().unwrap();
-                    poll_logs(dir, &prefix, &mut state);
-                    poll_processes(&namespace, &mut state);
-                    drop(state);
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            });
-        }
-        Self { state, stop }
-    }
-
-    fn records(&self) -> Vec<Record> {
-        let mut records = self.state.lock().unwrap().records.clone();
-        records.sort_by_key(|r| r.mono_ns);
-        records
-    }
-
-    fn starts_of(&self, pod: &str) -> Vec<Record> {
-        self.records()
-            .into_iter()
-            .filter(|r| r.pod == pod && r.kind == "start")
-            .collect()
-    }
-
-    fn stops_of(&self, pod: &str) -> Vec<Record> {
-        self.records()
-            .into_iter()
-            .filter(|r| r.pod == pod && r.kind == "stop")
-            .collect()
-    }
-
-    /// The first record after `after` that says `pod`'s COMMAND ended: stop, crash, or gone
-    /// (its process disappeared without a record: SIGKILL).
-    fn end_of(&self, pod: &str, after: u64) -> Option<Record> {
-        self.records().into_iter().find(|r| {
-            r.pod == pod && r.mono_ns > after && matches!(r.kind.as_str(), "stop" | "crash" | "gone")
-        })
-    }
-
-    /// Whether kube-leader in `pod` logged `message`.
-    fn logged(&self, pod: &str, message: &str) -> bool {
-        self.state
-            .lock()
-            .unwrap()
-            .messages
-            .get(pod)
-            .is_some_and(|m| m.iter().any(|m| m == message))
-    }
-
-    fn status_addr(&self, pod: &str) -> Option<String> {
-        self.state.lock().unwrap().status_addrs.get(pod).cloned()
-    }
-}
-
-impl Drop for PodLogs {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
-    let Ok(pods) = std::fs::read_dir(dir) else { return };
-    for pod_dir in pods.flatten() {
-        let name = pod_dir.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        // <namespace>_<pod>_<uid>
-        let Some((pod, _uid)) = rest.rsplit_once('_') else {
-            continue;
-        };
-        let Ok(files) = std::fs::read_dir(pod_dir.path().join(CONTAINER)) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = files.flatten().map(|f| f.path()).collect();
-        files.sort();
-        for file in files {
-            let (offset, partial) = state.files.entry(file.clone()).or_default();
-            let Ok(mut f) = std::fs::File::open(&file) else {
-                continue;
-            };
-            if f.seek(SeekFrom::Start(*offset)).is_err() {
-                continue;
-            }
-            let mut bytes = Vec::new();
-            let Ok(n) = f.read_to_end(&mut bytes) else {
-                continue;
-            };
-            *offset += n as u64;
-            partial.push_str(&String::from_utf8_lossy(&bytes));
-            let complete = match partial.rfind('\n') {
-                Some(i) => {
-                    let rest = partial.split_off(i + 1);
-                    std::mem::replace(partial, rest)
-                }
-                None => continue,
-            };
-            for line in complete.lines() {
-                // CRI log format: <time> <stream> <P|F> <text>
-                let mut fields = line.splitn(4, ' ');
-                let (Some(_), Some(_), Some(_), Some(text)) =
-                    (fields.next(), fields.next(), fields.next(), fields.next())
-                else {
-                    continue;
-                };
-                if let Some(record) = parse_record(pod, text) {
-                    state.records.push(record);
-                } else if let Ok(log) = serde_json::from_str::<Value>(text) {
-                    let message = log["message"].as_str().unwrap_or_default();
-                    if message == "status server listening" {
-                        if let Some(addr) = log["addr"].as_str() {
-                            state.status_addrs.insert(pod.to_owned(), addr.to_owned());
-                        }
-                    }
-                    state
-                        .messages
-                        .entry(pod.to_owned())
-                        .or_default()
-                        .push(message.to_owned());
-                }
-            }
-        }
-    }
-}
-
-/// Notes when a workload process of `namespace` disappears from `/proc` (a SIGKILL leaves no
-/// record): a `gone` record at the time it was first seen missing (within 50 ms).
-fn poll_processes(namespace: &str, state: &mut LogState) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let mut seen = HashMap::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        let path = entry.path();
-        if std::fs::read_to_string(path.join("comm")).map_or(true, |c| c.trim() != "sleep") {
-            continue;
-        }
-        let Ok(environ) = std::fs::read(path.join("environ")) else {
-            continue;
-        };
-        let mut pod = None;
-        let mut in_namespace = false;
-        for var in environ.split(|&b| b == 0) {
-            let var = String::from_utf8_lossy(var);
-            if let Some(identity) = var.strip_prefix("KUBE_LEADER_IDENTITY=") {
-                pod = Some(identity.to_owned());
-            } else if var.strip_prefix("KUBE_LEADER_NAMESPACE=") == Some(namespace) {
-                in_namespace = true;
-            }
-        }
-        let (Some(pod), true) = (pod, in_namespace) else {
-            continue;
-        };
-        // Field 22 of stat: the start time, which tells a reused pid from the same process.
-        let started = std::fs::read_to_string(path.join("stat"))
-            .ok()
-            .and_then(|stat| {
-                stat.rsplit_once(')')
-                    .map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_owned())
-            })
-            .unwrap_or_default();
-        seen.insert(pid, (pod, started));
-    }
-    let now = mono_ns();
-    for (pid, (pod, started)) in std::mem::take(&mut state.alive) {
-        if seen.get(&pid).is_none_or(|(_, s)| *s != started) {
-            state.records.push(Record {
-                pod,
-                kind: "gone".into(),
-                mono_ns: now,
-                identity: String::new(),
-                namespace: namespace.to_owned(),
-                signal: None,
-            });
-        }
-    }
-    state.alive = seen;
-}
-
-fn parse_record(pod: &str, text: &str) -> Option<Record> {
-    let rest = text.strip_prefix("kl-workload ")?;
-    let mut words = rest.split_whitespace();
-    let kind = words.next()?.to_owned();
-    let fields: HashMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
-    Some(Record {
-        pod: pod.to_owned(),
-        kind,
-        mono_ns: fields.get("mono_ns")?.parse().ok()?,
-        identity: fields.get("identity").copied().unwrap_or_default().to_owned(),
-        namespace: fields.get("namespace").copied().unwrap_or_default().to_owned(),
-        signal: fields.get("signal").and_then(|s| s.parse().ok()),
-    })
-}
-
 // === output ===
 
 /// Prints a measurement past the test harness's output capture.
@@ -1009,29 +895,17 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "node: {line}");
 }
 
-fn ms(ns: u64) -> String {
-    format!("{:.0} ms", ns as f64 / 1e6)
+/// One figure on a line of its own for `scripts/node-bench.sh`: `node: figure LABEL NAME MS`.
+fn figure(strategy: Strategy, name: &str, ns: u64) {
+    say(&format!(
+        "figure {} {name} {:.0}",
+        strategy.label(),
+        ns as f64 / 1e6
+    ));
 }
 
-#[test]
-fn records_parse() {
-    let r = parse_record(
-        "p-1",
-        "kl-workload start mono_ns=12 pid=7 identity=p-1 namespace=ns token=42",
-    )
-    .unwrap();
-    assert_eq!(
-        (
-            r.kind.as_str(),
-            r.mono_ns,
-            r.identity.as_str(),
-            r.namespace.as_str()
-        ),
-        ("start", 12, "p-1", "ns")
-    );
-    let r = parse_record("p-1", "kl-workload stop mono_ns=13 signal=15").unwrap();
-    assert_eq!(r.signal, Some(15));
-    assert!(parse_record("p-1", "leading as p-1").is_none());
+fn ms(ns: u64) -> String {
+    format!("{:.0} ms", ns as f64 / 1e6)
 }
 
 #[test]
@@ -1074,4 +948,48 @@ fn the_deployment_changes_are_only_those_documented() {
     assert_eq!(c["env"].as_array().unwrap().len(), 3);
     assert!(c.get("ports").is_none() && c.get("readinessProbe").is_none());
     assert_eq!(c["resources"]["requests"]["cpu"], "10m");
+}
+
+#[test]
+fn client_go_takes_only_the_container_command() {
+    let mut deployment = json!({
+        "kind": "Deployment",
+        "spec": {"template": {"spec": {
+            "serviceAccountName": "kube-leader-lease",
+            "containers": [{
+                "name": "app", "image": "x", "command": ["kube-leader"],
+                "args": ["run", "--strategy", "lease", "--lock", "kube-leader-demo", "--", "sh"],
+                "env": [{"name": "POD_NAME"}, {"name": "POD_NAMESPACE"}],
+                "securityContext": {"runAsNonRoot": true},
+            }],
+        }}},
+    });
+    for_the_node(&mut deployment, Strategy::ClientGo, "go-img", 6443);
+    for_client_go(&mut deployment);
+    let c = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "go-img");
+    assert_eq!(c["command"][0], "/usr/local/bin/kube-leader-go-candidate");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        &args[..6],
+        [
+            "--lease",
+            LOCK,
+            "--namespace",
+            "$(POD_NAMESPACE)",
+            "--identity",
+            "$(POD_NAME)"
+        ]
+    );
+    assert_eq!(
+        c["env"].as_array().unwrap().len(),
+        4,
+        "POD_NAMESPACE kept for --namespace"
+    );
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
 }

@@ -16,7 +16,10 @@
 //
 // mono_ns is CLOCK_MONOTONIC and unix_ns is wall-clock time, both in
 // nanoseconds, read inside the client-go callback. stopped_leading is printed
-// only after started_leading. While leading the program just waits. SIGTERM or
+// only after started_leading, when the context client-go hands to
+// OnStartedLeading is cancelled (where code guarded by the lease stops; on a
+// signal that is before client-go releases the Lease) or in OnStoppedLeading,
+// whichever comes first. While leading the program just waits. SIGTERM or
 // SIGINT cancels the election (releasing the Lease if --release-on-cancel) and
 // exits 0; losing leadership without a signal exits 3; bad flags or
 // configuration exit 2. client-go's own logs (klog) go to stderr.
@@ -111,6 +114,14 @@ func main() {
 	// run after OnStoppedLeading; this keeps the two events paired and ordered.
 	var mu sync.Mutex
 	var leading, stopped bool
+	stop := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if leading && !stopped {
+			emit(event{Event: "stopped_leading", Identity: *identity})
+		}
+		stopped = true
+	}
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: *namespace, Name: *lease},
@@ -123,22 +134,18 @@ func main() {
 		ReleaseOnCancel: *releaseOnCancel,
 		Name:            *lease,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {
+			OnStartedLeading: func(leadingCtx context.Context) {
 				mu.Lock()
-				defer mu.Unlock()
 				if !stopped {
 					leading = true
 					emit(event{Event: "started_leading", Identity: *identity})
 				}
+				mu.Unlock()
+				// The work guarded by the lease would stop here.
+				<-leadingCtx.Done()
+				stop()
 			},
-			OnStoppedLeading: func() {
-				mu.Lock()
-				defer mu.Unlock()
-				stopped = true
-				if leading {
-					emit(event{Event: "stopped_leading", Identity: *identity})
-				}
-			},
+			OnStoppedLeading: stop,
 			OnNewLeader: func(leader string) {
 				emit(event{Event: "new_leader", Identity: *identity, Leader: leader})
 			},
