@@ -20,7 +20,7 @@ use super::{
     elector::{cm_op, pod_op, uid_precondition, ForLife},
     fencing::fencing_token_of,
     node::NodeCheck,
-    record::{lock_config_map, LeaderPod, LockRecord, PodRef, PodView},
+    record::{lock_config_map, LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
 use crate::{
     api::{call, Failure},
@@ -30,66 +30,6 @@ use crate::{
     object_watch::ObjectWatch,
     time::sleep_until_opt,
 };
-
-/// Reads this candidate's Pod (operator-sdk's `myOwnerRef`), retrying transient errors.
-pub(super) async fn own_pod(
-    pods: &Api<Pod>,
-    lock: &LockRef,
-    name: &str,
-    config: &ForLifeConfig,
-) -> Result<PodRef> {
-    let op = pod_op(&lock.namespace, name, "get");
-    let not_found = || Error::OwnPodNotFound {
-        namespace: lock.namespace.clone(),
-        name: name.to_string(),
-    };
-    let mut backoff = Backoff::new(INITIAL_BACKOFF, config.backoff_cap);
-    loop {
-        match call(op, config.api_timeout, pods.get_opt(name)).await {
-            Ok(Some(pod)) => {
-                let uid = pod.metadata.uid.filter(|u| !u.is_empty()).ok_or_else(not_found)?;
-                return Ok(PodRef {
-                    name: name.to_string(),
-                    uid,
-                });
-            }
-            Ok(None) | Err(Failure::NotFound) => return Err(not_found()),
-            Err(Failure::Fatal(e)) => return Err(e),
-            Err(e @ (Failure::Conflict | Failure::Transient(_))) => {
-                let delay = backoff.next_delay();
-                debug!(error = ?e, ?delay, "reading this candidate's Pod failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
-}
-
-/// The lock as last seen (a waiting candidate), or as an event shows it (the keeper): not
-/// yet (or nothing new), absent, or present.
-#[derive(Debug, Clone, Default)]
-pub(super) enum LockState {
-    #[default]
-    Unseen,
-    Absent,
-    Present(Box<ConfigMap>),
-}
-
-impl From<Option<ConfigMap>> for LockState {
-    fn from(cm: Option<ConfigMap>) -> Self {
-        cm.map_or(Self::Absent, |cm| Self::Present(Box::new(cm)))
-    }
-}
-
-impl LockState {
-    /// A copy of the lock if it was seen: `Some(None)` when absent.
-    pub(super) fn known(&self) -> Option<Option<ConfigMap>> {
-        match self {
-            Self::Unseen => None,
-            Self::Absent => Some(None),
-            Self::Present(cm) => Some(Some(ConfigMap::clone(cm))),
-        }
-    }
-}
 
 /// What winning yields: the lock as written, and the term's facts.
 #[derive(Debug)]

@@ -18,14 +18,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, Instrument};
 
 use super::{
-    campaign::{own_pod, Election, Won},
-    config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster},
+    campaign::{Election, Won},
+    config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster, INITIAL_BACKOFF},
     fencing::store_fencing_token,
     keeper::Keeper,
     record::PodRef,
 };
 use crate::{
-    api::Op,
+    api::{call, Failure, Op},
+    backoff::Backoff,
     error::{Error, Result},
     events::EventRecorder,
     leadership::{Leadership, Strategy, Term},
@@ -363,6 +364,34 @@ impl ForLife {
         self.hooks
             .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         leadership
+    }
+}
+
+/// Reads this candidate's Pod (operator-sdk's `myOwnerRef`), retrying transient errors.
+async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeConfig) -> Result<PodRef> {
+    let op = pod_op(&lock.namespace, name, "get");
+    let not_found = || Error::OwnPodNotFound {
+        namespace: lock.namespace.clone(),
+        name: name.to_string(),
+    };
+    let mut backoff = Backoff::new(INITIAL_BACKOFF, config.backoff_cap);
+    loop {
+        match call(op, config.api_timeout, pods.get_opt(name)).await {
+            Ok(Some(pod)) => {
+                let uid = pod.metadata.uid.filter(|u| !u.is_empty()).ok_or_else(not_found)?;
+                return Ok(PodRef {
+                    name: name.to_string(),
+                    uid,
+                });
+            }
+            Ok(None) | Err(Failure::NotFound) => return Err(not_found()),
+            Err(Failure::Fatal(e)) => return Err(e),
+            Err(e @ (Failure::Conflict | Failure::Transient(_))) => {
+                let delay = backoff.next_delay();
+                debug!(error = ?e, ?delay, "reading this candidate's Pod failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 

@@ -10,10 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    campaign::LockState,
     config::INITIAL_BACKOFF,
     elector::{cm_op, pod_op, uid_precondition},
-    record::{LockRecord, PodRef, PodView},
+    record::{LockRecord, LockState, PodRef, PodView},
 };
 use crate::{
     api::{call, Failure},

@@ -239,5 +239,32 @@ impl PodView {
     }
 }
 
+/// The lock as last seen (a waiting candidate), or as an event shows it (the keeper): not
+/// yet (or nothing new), absent, or present.
+#[derive(Debug, Clone, Default)]
+pub(super) enum LockState {
+    #[default]
+    Unseen,
+    Absent,
+    Present(Box<ConfigMap>),
+}
+
+impl From<Option<ConfigMap>> for LockState {
+    fn from(cm: Option<ConfigMap>) -> Self {
+        cm.map_or(Self::Absent, |cm| Self::Present(Box::new(cm)))
+    }
+}
+
+impl LockState {
+    /// A copy of the lock if it was seen: `Some(None)` when absent.
+    pub(super) fn known(&self) -> Option<Option<ConfigMap>> {
+        match self {
+            Self::Unseen => None,
+            Self::Absent => Some(None),
+            Self::Present(cm) => Some(Some(ConfigMap::clone(cm))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
