@@ -338,97 +338,169 @@ mod tests {
         assert_eq!(t.next(), None);
     }
 
-    /// The whole policy against a simulated API server whose capacity drops below the demand
-    /// for a while (it answers 429 with `Retry-After: 1` beyond it): 1,000 shards at 15 s / 10 s
-    /// / 2 s, at most 16 calls in flight, each taking 10 ms. No shard misses its renew deadline,
-    /// and once the capacity is back, the writes go back to one per shard per retry period.
-    #[tokio::test(start_paused = true)]
-    async fn an_overloaded_api_server_costs_no_shard() {
+    /// The simulation of [`an_overloaded_api_server_costs_no_shard`]: 1,000 shards at 15 s /
+    /// 10 s / 2 s, at most 16 calls in flight, each taking 10 ms, against an API server whose
+    /// capacity drops for a while.
+    struct Overload {
+        p: Phases,
+        t0: Instant,
+        r: Vec<Renewal>,
+        th: Throttle,
+        timers: Timers,
+        /// In flight: (answer at, shard, sent at).
+        flying: Vec<(Instant, u32, Instant)>,
+        waiting: Vec<u32>,
+        /// The server accepts `capacity` calls per 100 ms window, the rest get 429.
+        window: (u128, usize),
+        ok: usize,
+        refused: usize,
+        lost: usize,
+        ok_after: usize,
+    }
+
+    impl Overload {
         const SHARDS: u32 = 1000;
         const IN_FLIGHT: usize = 16;
         const LATENCY: Duration = Duration::from_millis(10);
-        let p = phases(SHARDS);
-        let t0 = Instant::now();
-        let mut r: Vec<Renewal> = (0..SHARDS).map(|i| Renewal::new(&p, i, t0)).collect();
-        let mut th = Throttle::new(RETRY / 4, Duration::from_secs(15));
-        let mut timers = Timers::default();
-        for (i, x) in r.iter().enumerate() {
-            timers.at(x.next, Key::Shard(i as u32));
+
+        fn new() -> Self {
+            let p = phases(Self::SHARDS);
+            let t0 = Instant::now();
+            let r: Vec<Renewal> = (0..Self::SHARDS).map(|i| Renewal::new(&p, i, t0)).collect();
+            let th = Throttle::new(RETRY / 4, Duration::from_secs(15));
+            let mut timers = Timers::default();
+            for (i, x) in r.iter().enumerate() {
+                timers.at(x.next, Key::Shard(i as u32));
+            }
+            Self {
+                p,
+                t0,
+                r,
+                th,
+                timers,
+                flying: Vec::new(),
+                waiting: Vec::new(),
+                window: (0, 0),
+                ok: 0,
+                refused: 0,
+                lost: 0,
+                ok_after: 0,
+            }
         }
-        // In flight: (answer at, shard, sent at).
-        let mut flying: Vec<(Instant, u32, Instant)> = Vec::new();
-        let mut waiting: Vec<u32> = Vec::new();
-        // The server accepts `capacity` calls per 100 ms window, the rest get 429.
-        let mut window: (u128, usize) = (0, 0);
-        let capacity = |at: Duration| {
+
+        /// Calls accepted per 100 ms window `at` after the start.
+        fn capacity(at: Duration) -> usize {
             if (10..20).contains(&at.as_secs()) {
                 20
             } else {
                 1000
             }
-        };
-        let (mut ok, mut refused, mut lost) = (0usize, 0usize, 0usize);
-        let mut ok_after = 0usize;
-        let end = t0 + Duration::from_secs(40);
-        loop {
-            let now = Instant::now();
-            if now >= end {
-                break;
-            }
-            // Answers.
+        }
+
+        /// The answers due by `now`.
+        fn answer(&mut self, now: Instant) {
+            let Self {
+                p,
+                t0,
+                r,
+                th,
+                timers,
+                flying,
+                window,
+                ok,
+                refused,
+                ok_after,
+                ..
+            } = self;
+            let t0 = *t0;
             flying.retain(|&(at, i, sent)| {
                 if at > now {
                     return true;
                 }
                 let w = (at - t0).as_millis() / 100;
                 if window.0 != w {
-                    window = (w, 0);
+                    *window = (w, 0);
                 }
                 window.1 += 1;
                 let x = &mut r[i as usize];
-                if window.1 <= capacity(at - t0) {
-                    ok += 1;
+                if window.1 <= Self::capacity(at - t0) {
+                    *ok += 1;
                     if at - t0 >= Duration::from_secs(30) {
-                        ok_after += 1;
+                        *ok_after += 1;
                     }
                     th.succeeded();
-                    x.succeeded(&p, sent);
+                    x.succeeded(p, sent);
                 } else {
-                    refused += 1;
+                    *refused += 1;
                     th.overloaded(now, Some(Duration::from_secs(1)));
                     x.failed(now, RENEW, Duration::from_secs(1));
                 }
                 timers.at(x.next, Key::Shard(i));
                 false
             });
-            // Deadlines and due renewals.
-            for k in timers.due(now) {
+        }
+
+        /// Deadlines and due renewals; then sends what waits while calls are free.
+        fn due(&mut self, now: Instant) {
+            for k in self.timers.due(now) {
                 let Key::Shard(i) = k else { continue };
-                let x = &r[i as usize];
+                let x = &self.r[i as usize];
                 if now >= x.deadline(RENEW) {
-                    lost += 1;
+                    self.lost += 1;
                     continue;
                 }
                 if x.next > now {
-                    timers.at(x.next, k);
+                    self.timers.at(x.next, k);
                     continue;
                 }
-                match x.hold_back(now, &th, RENEW) {
-                    Some(later) => timers.at(later, k),
-                    None => waiting.push(i),
+                match x.hold_back(now, &self.th, RENEW) {
+                    Some(later) => self.timers.at(later, k),
+                    None => self.waiting.push(i),
                 }
             }
-            while flying.len() < IN_FLIGHT && !waiting.is_empty() {
-                let i = waiting.remove(0);
-                flying.push((now + LATENCY, i, now));
+            while self.flying.len() < Self::IN_FLIGHT && !self.waiting.is_empty() {
+                let i = self.waiting.remove(0);
+                self.flying.push((now + Self::LATENCY, i, now));
             }
-            let next = [timers.next(), flying.iter().map(|f| f.0).min()]
+        }
+
+        /// The next thing to happen, or `end`.
+        fn next(&self, end: Instant) -> Instant {
+            [self.timers.next(), self.flying.iter().map(|f| f.0).min()]
                 .into_iter()
                 .flatten()
                 .min()
-                .unwrap_or(end);
+                .unwrap_or(end)
+        }
+    }
+
+    /// The whole policy against a simulated API server whose capacity drops below the demand
+    /// for a while (it answers 429 with `Retry-After: 1` beyond it): 1,000 shards at 15 s / 10 s
+    /// / 2 s, at most 16 calls in flight, each taking 10 ms. No shard misses its renew deadline,
+    /// and once the capacity is back, the writes go back to one per shard per retry period.
+    #[tokio::test(start_paused = true)]
+    async fn an_overloaded_api_server_costs_no_shard() {
+        const SHARDS: u32 = Overload::SHARDS;
+        let mut sim = Overload::new();
+        let end = sim.t0 + Duration::from_secs(40);
+        loop {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            sim.answer(now);
+            sim.due(now);
+            let next = sim.next(end);
             tokio::time::advance(next.saturating_duration_since(now).max(Duration::from_millis(1))).await;
         }
+        let Overload {
+            r,
+            ok,
+            refused,
+            lost,
+            ok_after,
+            ..
+        } = sim;
         assert_eq!(lost, 0, "shards lost by their renew deadline");
         for x in &r {
             assert!(end < x.deadline(RENEW), "a shard is past its deadline");
