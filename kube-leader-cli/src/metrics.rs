@@ -45,27 +45,34 @@ pub(crate) const NAMES: [&str; 7] = [
     "kube_leader_renew_failures_total",
 ];
 
+/// Registers the metrics without the lock labels, first: `kube_leader_build_info` and
+/// client-go's `leader_election_master_status{name}`, whose gauge it returns.
+fn register_unlabelled(root: &mut Registry, lock: &str) -> Gauge {
+    root.sub_registry_with_prefix("kube_leader").register(
+        "build",
+        "The kube-leader build: version and commit",
+        Info::new(vec![
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", crate::version::COMMIT),
+        ]),
+    );
+    let master_status = Gauge::default();
+    root.sub_registry_with_labels(std::iter::once(("name".into(), lock.to_string().into())))
+        .register(
+            "leader_election_master_status",
+            "client-go's leader election gauge: 1 while this candidate leads the lock named by `name`, else 0",
+            master_status.clone(),
+        );
+    master_status
+}
+
 // === impl Metrics ===
 
 impl Metrics {
     /// Metrics for `lock` in `namespace` with `strategy`.
     pub(crate) fn new(namespace: &str, lock: &str, strategy: &str) -> Self {
         let mut root = Registry::default();
-        root.sub_registry_with_prefix("kube_leader").register(
-            "build",
-            "The kube-leader build: version and commit",
-            Info::new(vec![
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("commit", crate::version::COMMIT),
-            ]),
-        );
-        let master_status = Gauge::default();
-        root.sub_registry_with_labels(std::iter::once(("name".into(), lock.to_string().into())))
-            .register(
-                "leader_election_master_status",
-                "client-go's leader election gauge: 1 while this candidate leads the lock named by `name`, else 0",
-                master_status.clone(),
-            );
+        let master_status = register_unlabelled(&mut root, lock);
         let registry = root
             .sub_registry_with_prefix("kube_leader")
             .sub_registry_with_labels(

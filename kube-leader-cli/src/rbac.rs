@@ -22,66 +22,8 @@ pub(crate) struct Rule {
 /// The rules `run` needs for `lock` with `strategy` (and `--label-pod`).
 pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<Rule> {
     let mut rules = match strategy {
-        StrategyArg::Lease => vec![
-            Rule {
-                why: "create: the first candidate creates the Lease (create cannot be limited by name)",
-                api_group: "coordination.k8s.io",
-                resource: "leases",
-                resource_names: vec![],
-                verbs: &["create"],
-            },
-            Rule {
-                why: "get: status and re-reads after a conflict; list, watch: candidates and the leader \
-                      watch the Lease; update: take over, renew and release",
-                api_group: "coordination.k8s.io",
-                resource: "leases",
-                resource_names: vec![lock.to_string()],
-                verbs: &["get", "list", "watch", "update"],
-            },
-            Rule {
-                why: "best-effort LeaderElection Events on the Lease when a candidate becomes \
-                      leader and stops leading (as client-go records them)",
-                api_group: "",
-                resource: "events",
-                resource_names: vec![],
-                verbs: &["create"],
-            },
-        ],
-        // The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
-        StrategyArg::ForLife => vec![
-            Rule {
-                why: "create: become leader (create cannot be limited by name)",
-                api_group: "",
-                resource: "configmaps",
-                resource_names: vec![],
-                verbs: &["create"],
-            },
-            Rule {
-                why: "the lock only: get, list, watch it (by name, with a field selector); update: \
-                      write the fencing token; delete: remove a stale lock (UID precondition) and \
-                      step down",
-                api_group: "",
-                resource: "configmaps",
-                resource_names: vec![lock.to_string()],
-                verbs: &["get", "list", "watch", "update", "delete"],
-            },
-            Rule {
-                why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
-                      watch: waiting candidates watch the leader Pod; delete: an evicted leader Pod",
-                api_group: "",
-                resource: "pods",
-                resource_names: vec![],
-                verbs: &["get", "list", "watch", "delete"],
-            },
-            Rule {
-                why: "best-effort LeaderElection Events on the lock when a candidate becomes leader \
-                      and stops leading (as client-go records them)",
-                api_group: "",
-                resource: "events",
-                resource_names: vec![],
-                verbs: &["create"],
-            },
-        ],
+        StrategyArg::Lease => lease_rules(lock),
+        StrategyArg::ForLife => for_life_rules(lock),
     };
     if label_pod {
         rules.push(Rule {
@@ -97,6 +39,74 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
         });
     }
     rules
+}
+
+/// The rules of the Lease strategy.
+fn lease_rules(lock: &str) -> Vec<Rule> {
+    vec![
+        Rule {
+            why: "create: the first candidate creates the Lease (create cannot be limited by name)",
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            resource_names: vec![],
+            verbs: &["create"],
+        },
+        Rule {
+            why: "get: status and re-reads after a conflict; list, watch: candidates and the leader \
+                  watch the Lease; update: take over, renew and release",
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            resource_names: vec![lock.to_string()],
+            verbs: &["get", "list", "watch", "update"],
+        },
+        Rule {
+            why: "best-effort LeaderElection Events on the Lease when a candidate becomes \
+                  leader and stops leading (as client-go records them)",
+            api_group: "",
+            resource: "events",
+            resource_names: vec![],
+            verbs: &["create"],
+        },
+    ]
+}
+
+// The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
+/// The rules of leader for life.
+fn for_life_rules(lock: &str) -> Vec<Rule> {
+    vec![
+        Rule {
+            why: "create: become leader (create cannot be limited by name)",
+            api_group: "",
+            resource: "configmaps",
+            resource_names: vec![],
+            verbs: &["create"],
+        },
+        Rule {
+            why: "the lock only: get, list, watch it (by name, with a field selector); update: \
+                  write the fencing token; delete: remove a stale lock (UID precondition) and \
+                  step down",
+            api_group: "",
+            resource: "configmaps",
+            resource_names: vec![lock.to_string()],
+            verbs: &["get", "list", "watch", "update", "delete"],
+        },
+        Rule {
+            why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
+                  watch: waiting candidates watch the leader Pod; delete: an evicted leader Pod",
+            api_group: "",
+            resource: "pods",
+            resource_names: vec![],
+            verbs: &["get", "list", "watch", "delete"],
+        },
+        Rule {
+            why: "best-effort LeaderElection Events on the lock when a candidate becomes leader \
+                  and stops leading (as client-go records them)",
+            api_group: "",
+            resource: "events",
+            resource_names: vec![],
+            verbs: &["create"],
+        },
+    ]
 }
 
 /// The Role's (and RoleBinding's) name.

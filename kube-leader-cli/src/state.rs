@@ -8,7 +8,9 @@ use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 use tracing::info;
 
-use crate::{cli::StrategyArg, elector::Elector, metrics::Metrics};
+use kube_leader::Elector;
+
+use crate::{cli::StrategyArg, metrics::Metrics};
 
 /// The election as this candidate sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -104,7 +106,9 @@ impl Status {
 
     /// The election watchdog.
     pub(crate) fn health(&self) -> Result<(), String> {
-        self.elector.check_health(self.health_tolerance)
+        self.elector
+            .check_health(self.health_tolerance)
+            .map_err(|u| u.to_string())
     }
 
     /// Whether `/readyz` passes.

@@ -7,7 +7,6 @@ use serde::Serialize;
 
 use crate::{
     cli::{OutputFormat, StatusArgs},
-    elector,
     exit::{self, Fail, OrExit},
     run,
     state::rfc3339,
@@ -38,7 +37,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
     let client = run::connect(args.connect_timeout).await?;
     let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let info = elector::current_leader(client, args.lock.strategy, &lock)
+    let info = kube_leader::Elector::current_leader(client, args.lock.strategy.into(), &lock)
         .await
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());

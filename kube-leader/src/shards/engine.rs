@@ -164,6 +164,7 @@ struct Member {
 // === impl Engine ===
 
 impl Engine {
+    /// The engine of candidate `s`, before its first list.
     pub(super) fn new(
         s: &Shards,
         namespace: String,
@@ -214,6 +215,7 @@ impl Engine {
         }
     }
 
+    /// The description of a call with `verb` on the set, for errors and logs.
     fn op(&self, verb: &'static str) -> OwnedOp {
         OwnedOp {
             verb,
@@ -222,10 +224,12 @@ impl Engine {
         }
     }
 
+    /// The renew deadline of every Lease of the set.
     fn renew_deadline(&self) -> Duration {
         self.cfg.lease.renew_deadline
     }
 
+    /// Campaigns until shutdown (or an error), then hands every shard back.
     pub(super) async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
         let mut watch = self.watch();
         info!(instance = %self.instance, "campaigning for shards");
@@ -341,6 +345,7 @@ impl Engine {
         }
     }
 
+    /// Publishes the shards held now (see [`Assignments::held`](super::Assignments::held)).
     fn publish(&self) {
         let held: BTreeMap<u32, u64> = self
             .slots

@@ -104,6 +104,7 @@ impl Engine {
         }
     }
 
+    /// Folds an answer into the state of its shard or of the membership Lease.
     fn answer(&mut self, reply: Reply, now: Instant) {
         match reply {
             Reply::Acquired {
@@ -127,6 +128,7 @@ impl Engine {
         }
     }
 
+    /// The release of shard `index` (term `gen`) was answered: the term ends.
     fn on_released(&mut self, index: u32, gen: u64, result: Result<Lease, Failure>, now: Instant) {
         self.slots[index as usize].busy = false;
         match &result {
@@ -152,6 +154,7 @@ impl Engine {
         }
     }
 
+    /// A re-read of shard `index` was answered.
     fn on_read(&mut self, index: u32, result: Result<Option<Lease>, Failure>, now: Instant) {
         self.slots[index as usize].busy = false;
         match result {
@@ -166,6 +169,7 @@ impl Engine {
         self.dirty = true;
     }
 
+    /// A re-read of the membership Lease was answered.
     fn on_member_read(&mut self, result: Result<Option<Lease>, Failure>, now: Instant) {
         self.member.busy = false;
         match result {
@@ -179,6 +183,7 @@ impl Engine {
         self.timers.at(now, Key::Member);
     }
 
+    /// A write of the membership Lease was answered; schedules the next one.
     fn on_member_written(&mut self, sent: Instant, result: Result<Lease, Failure>, now: Instant) {
         self.member.busy = false;
         let retry = self.cfg.lease.retry_period;
@@ -219,6 +224,7 @@ impl Engine {
         }
     }
 
+    /// A renewal of shard `index` (term `gen`, sent at `sent`) was answered.
     fn on_renewed(
         &mut self,
         index: u32,

@@ -27,6 +27,7 @@ enum Role {
 // === impl Engine ===
 
 impl Engine {
+    /// Folds a watch event into what is known.
     pub(super) fn on_watch(&mut self, ev: watcher::Event<Lease>, now: Instant) {
         match ev {
             watcher::Event::Init => self.relist = Some(Vec::new()),
@@ -99,10 +100,12 @@ impl Engine {
         }
     }
 
+    /// The name of shard `index`'s Lease.
     pub(super) fn shard_name(&self, index: u32) -> String {
         format!("{}-{index}", self.name)
     }
 
+    /// What a Lease of the set is, by its name: a shard (in range) or a membership Lease.
     fn classify(&self, lease_name: &str) -> Option<Role> {
         let rest = lease_name.strip_prefix(&self.name)?.strip_prefix('-')?;
         if rest.starts_with("member-") {

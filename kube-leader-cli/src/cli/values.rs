@@ -1,0 +1,61 @@
+//! Parsers of single flag values: durations, names, addresses.
+
+use std::{net::SocketAddr, time::Duration};
+
+/// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s` (at most 365 days).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration; write it like 500ms, 2s or 1m".into());
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("missing unit; write it like {s}s or {s}ms"));
+    }
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e}; write it like 500ms, 2s or 1m"))?;
+    // Found by fuzzing: durations near u64::MAX seconds overflow the arithmetic on timings
+    // (deadlines, the jitter factor). Nothing here needs more than a year.
+    if d > MAX_DURATION {
+        return Err(format!("{s} is too long: at most 365d"));
+    }
+    Ok(d)
+}
+
+/// Leader for life's default grace. A successor can start as soon as the lock is gone (its Pod
+/// deleted), so any grace may overlap it; 10 s, as the seed's default and within Kubernetes'
+/// 30 s termination grace period, leaves COMMAND time to stop cleanly when its Pod goes away.
+pub(crate) const FOR_LIFE_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest duration any flag accepts.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+pub(super) fn parse_lock_name(s: &str) -> Result<String, String> {
+    kube_leader::lock::validate_name(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+pub(super) fn parse_namespace(s: &str) -> Result<String, String> {
+    // A namespace is a DNS-1123 label: a subdomain without dots, at most 63 characters.
+    if s.contains('.') || s.len() > 63 {
+        return Err("a namespace is at most 63 lower-case letters, digits and '-'".into());
+    }
+    kube_leader::lock::validate_name(s)
+        .map_err(|_| "a namespace is at most 63 lower-case letters, digits and '-'".to_string())?;
+    Ok(s.to_string())
+}
+
+pub(super) fn parse_identity(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_string())
+}
+
+/// `IP:PORT`, or `:PORT` for `127.0.0.1:PORT`.
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|_| "expected IP:PORT (for example 127.0.0.1:4040) or :PORT".to_string())
+}

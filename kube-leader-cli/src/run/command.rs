@@ -1,0 +1,231 @@
+//! COMMAND while this candidate leads: started through its supervisor, kept confirmed by
+//! renewals (a lease) or heartbeats (leader for life), told of a loss, sent the signals
+//! kube-leader receives, until the supervisor reports that COMMAND has exited.
+
+use std::time::Duration;
+
+use kube_leader::{lease::Renewals, Leadership, LossReason};
+use tokio::{
+    signal::unix::SignalKind,
+    sync::watch,
+    time::{Instant, MissedTickBehavior},
+};
+use tracing::{debug, info};
+
+use super::signals::{is_stop, Signals};
+use crate::{
+    label::PodLabel,
+    metrics::secs,
+    state::Status,
+    supervisor::{Control, Report, Supervisor, SupervisorProcess},
+};
+
+/// COMMAND under its supervisor during one term, as the leader's loop sees it.
+pub(super) struct Running<'a> {
+    status: &'a Status,
+    label: Option<&'a PodLabel>,
+    token: u64,
+    /// The renew deadline: how long a renewal (or heartbeat) confirms leadership.
+    deadline: Duration,
+    process: SupervisorProcess,
+    sup: Control,
+    /// Confirmed by the lease's renewals (else by heartbeats from this loop).
+    lease: bool,
+    renewals: watch::Receiver<Renewals>,
+    seen: Renewals,
+    watching: bool,
+    /// Leadership is lost (and the status says so).
+    pub(super) lost: bool,
+    /// A signal that stops kube-leader was forwarded.
+    pub(super) stop_signal: bool,
+    pub(super) command_pid: Option<u32>,
+    /// Whether the supervisor said its last word (`exited`): COMMAND ended in order.
+    pub(super) orderly: bool,
+}
+
+// === impl Running ===
+
+impl<'a> Running<'a> {
+    pub(super) fn new(
+        status: &'a Status,
+        label: Option<&'a PodLabel>,
+        leadership: &Leadership,
+        supervisor: Supervisor,
+        renewals: Option<watch::Receiver<Renewals>>,
+        deadline: Duration,
+    ) -> Self {
+        let Supervisor { process, control } = supervisor;
+        // Lease: leadership is confirmed for the renew deadline counted from when the acquiring
+        // write, then each successful renewal, was sent (the library's fail-stop rule, on the
+        // same monotonic clock), never from "now": time spent since (a slow answer, a pause)
+        // is not given again. Leader for life: liveness pings from this loop.
+        let lease = renewals.is_some() && !leadership.is_skipped();
+        let (renewals, seen) = match renewals {
+            Some(r) => {
+                let seen = r.borrow().clone();
+                (r, seen)
+            }
+            None => (watch::channel(Renewals::default()).1, Renewals::default()),
+        };
+        Self {
+            status,
+            label,
+            token: leadership.fencing_token(),
+            deadline,
+            process,
+            sup: control,
+            lease,
+            renewals,
+            seen,
+            watching: lease,
+            lost: false,
+            stop_signal: false,
+            command_pid: None,
+            orderly: false,
+        }
+    }
+
+    /// Starts COMMAND with `env`, confirmed as far as leadership is.
+    pub(super) async fn start(&mut self, env: &[(&str, String)]) {
+        let first = match (self.lease, self.seen.leading, self.seen.last_success) {
+            (true, true, Some(sent)) => sent + self.deadline,
+            // The lease handle says it leads, but no renewal is known: nothing is confirmed.
+            (true, _, _) => Instant::now(),
+            (false, _, _) => Instant::now() + self.deadline,
+        };
+        self.sup.start(first, env).await;
+    }
+
+    /// Runs until the supervisor exits or reports that COMMAND has exited; returns the code.
+    pub(super) async fn until_exit(
+        &mut self,
+        leadership: &Leadership,
+        signals: &mut Signals,
+        retry_period: Duration,
+    ) -> u8 {
+        let mut ping = tokio::time::interval(retry_period);
+        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                code = self.process.wait() => return code,
+                reason = leadership.lost(), if !self.lost => self.on_lost(reason).await,
+                report = self.sup.report() => {
+                    if let Some(code) = self.on_report(report) {
+                        return code;
+                    }
+                }
+                kind = signals.recv() => self.on_signal(kind).await,
+                changed = self.renewals.changed(), if self.watching => {
+                    match changed {
+                        Ok(()) => self.on_renewals().await,
+                        Err(_) => self.watching = false,
+                    }
+                }
+                _ = ping.tick(), if !self.lease => {
+                    // No renewals to wait for: heartbeats say that kube-leader's loop runs and
+                    // the strategy has not reported a loss.
+                    if !self.lost {
+                        self.sup.confirm_until(Instant::now() + self.deadline).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_lost(&mut self, reason: LossReason) {
+        self.lost = true;
+        self.status.lose(self.token, &reason.to_string(), false);
+        self.sup.stop().await;
+        if let Some(label) = self.label {
+            label.set(false);
+        }
+    }
+
+    /// Handles a report of the supervisor; `Some(code)` once COMMAND has exited.
+    fn on_report(&mut self, report: Report) -> Option<u8> {
+        match report {
+            Report::Started(pid) => {
+                self.command_pid = Some(pid);
+                info!(lock = %self.status.lock, pid, "started COMMAND");
+            }
+            Report::Expired(since) => {
+                if !self.lost {
+                    self.lost = true;
+                    self.status.lose(
+                        self.token,
+                        &format!(
+                            "the supervisor stopped COMMAND: leadership not confirmed for {}",
+                            humantime::format_duration(Duration::from_millis(
+                                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+                            ))
+                        ),
+                        false,
+                    );
+                }
+            }
+            Report::Failed(code) => debug!(code, "COMMAND could not be started"),
+            // COMMAND and what it left are gone: step down now, without waiting for
+            // the supervisor's own exit.
+            Report::Exited(code) => {
+                self.orderly = true;
+                return Some(code);
+            }
+        }
+        None
+    }
+
+    async fn on_signal(&mut self, kind: SignalKind) {
+        info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
+        self.stop_signal |= is_stop(kind);
+        self.sup.signal(kind.as_raw_value()).await;
+    }
+
+    /// The lease's renewals changed: metrics, and a heartbeat confirming the last one.
+    async fn on_renewals(&mut self) {
+        let now = self.renewals.borrow_and_update().clone();
+        if now.successes > self.seen.successes {
+            if let Some(latency) = now.last_latency {
+                self.status.metrics.renew.observe(secs(latency));
+            }
+        }
+        if now.failures > self.seen.failures {
+            self.status
+                .metrics
+                .renew_failures
+                .inc_by(now.failures - self.seen.failures);
+        }
+        if let (true, false, Some(sent)) = (now.leading, self.lost, now.last_success) {
+            self.sup.confirm_until(sent + self.deadline).await;
+        }
+        self.seen = now;
+    }
+
+    /// The supervisor exited without its last word having been read: what it said last (a
+    /// loss that came together with the exit: kube-leader was frozen while the supervisor
+    /// stopped COMMAND), and whether it ended in order. Its side of the socket is closed, the
+    /// rest is buffered.
+    pub(super) async fn drain(&mut self) {
+        if self.orderly {
+            return;
+        }
+        let drain = async {
+            while let Some(report) = self.sup.next_report().await {
+                match report {
+                    Report::Expired(_) if !self.lost => {
+                        self.lost = true;
+                        self.status.lose(
+                            self.token,
+                            "the supervisor stopped COMMAND: leadership not confirmed in time",
+                            false,
+                        );
+                    }
+                    Report::Started(pid) => self.command_pid = Some(pid),
+                    Report::Exited(_) => self.orderly = true,
+                    _ => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    }
+}
