@@ -232,7 +232,7 @@ impl ForLife {
     ///
     /// `shutdown` is composable: cancelled while waiting, this returns
     /// [`Error::Cancelled`] at once; cancelled while leading, leadership ends with
-    /// [`LossReason::Cancelled`] and the lock stays until the Pod is deleted or the handle is
+    /// [`LossReason::Cancelled`](crate::LossReason::Cancelled) and the lock stays until the Pod is deleted or the handle is
     /// released.
     ///
     /// Outside a cluster (no namespace found) this skips the election by default, as operator-sdk

@@ -333,7 +333,7 @@ impl LeaseElector {
     ///
     /// `shutdown` is composable: cancelled while campaigning, this returns
     /// [`Error::Cancelled`]; cancelled while leading, leadership ends with
-    /// [`LossReason::Cancelled`], renewals go on until the handle is dropped or released (at most
+    /// [`LossReason::Cancelled`](crate::LossReason::Cancelled), renewals go on until the handle is dropped or released (at most
     /// [`LeaseConfig::shutdown_grace`]), then the lease is released.
     ///
     /// # Cancellation safety
