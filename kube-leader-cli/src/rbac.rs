@@ -181,7 +181,7 @@ fn quote(s: &str) -> String {
 /// `POD_NAMESPACE`, else the service-account file, else the kubeconfig context, else `default`;
 /// no cluster is contacted.
 pub(crate) fn rbac(args: &RbacArgs) -> u8 {
-    let namespace = kube_leader::lock::discover_namespace(args.lock.namespace.as_deref())
+    let namespace = kube_leader::discovery::discover_namespace(args.lock.namespace.as_deref())
         .map(|(ns, _)| ns)
         .or_else(kubeconfig_namespace)
         .unwrap_or_else(|| "default".into());

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::anyhow;
 use kube::Client;
-use kube_leader::{lock, LeaderInfo, Leadership, LockRef};
+use kube_leader::{LeaderInfo, Leadership, LockRef};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -126,7 +126,7 @@ fn pod_label(args: &RunArgs, client: &Client, lock: &LockRef, identity: &str) ->
         PodLabel::new(
             client.clone(),
             &lock.namespace,
-            lock::pod_name_from_env().unwrap_or(identity.to_string()),
+            kube_leader::discovery::pod_name_from_env().unwrap_or(identity.to_string()),
         )
     });
     if let Some(label) = &label {

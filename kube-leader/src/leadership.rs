@@ -408,14 +408,7 @@ impl Leadership {
     pub async fn release(mut self) -> Result<()> {
         self.release_requested.store(true, Ordering::Release);
         self.done.cancel();
-        match self.task.take() {
-            Some(task) => match task.await {
-                Ok(r) => r,
-                Err(join) if join.is_cancelled() => Ok(()),
-                Err(join) => std::panic::resume_unwind(join.into_panic()),
-            },
-            None => Ok(()),
-        }
+        join(self.task.take()).await
     }
 }
 
@@ -423,6 +416,19 @@ impl Drop for Leadership {
     fn drop(&mut self) {
         // The user's work is over: let the keeper stop (and release a lease) in the background.
         self.done.cancel();
+    }
+}
+
+/// Waits for a keeper task's result (`Ok` if there is none, or it was cancelled); a panic in it
+/// goes on in the caller.
+pub(crate) async fn join(task: Option<JoinHandle<Result<()>>>) -> Result<()> {
+    match task {
+        Some(task) => match task.await {
+            Ok(r) => r,
+            Err(join) if join.is_cancelled() => Ok(()),
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        },
+        None => Ok(()),
     }
 }
 

@@ -24,6 +24,7 @@
 
 mod api;
 mod backoff;
+pub mod discovery;
 mod elector;
 pub mod error;
 pub mod events;

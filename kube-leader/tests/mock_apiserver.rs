@@ -8,13 +8,15 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures::stream;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use http::{Method, Request, Response};
 use kube_leader::{LeaseConfig, LeaseElector, LossReason};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+mod support;
+
+use support::{respond, status, Body};
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
 
@@ -37,23 +39,21 @@ struct State {
 #[derive(Debug, Clone, Default)]
 struct Mock(Arc<Mutex<State>>);
 
-type Body = BoxBody<Bytes, Infallible>;
-
-fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(v.to_string())).boxed())
-        .unwrap()
-}
-
-fn status(code: u16, reason: &str) -> Response<Body> {
-    let v = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": reason, "reason": reason, "code": code});
-    json_response(StatusCode::from_u16(code).unwrap(), &v)
-}
-
 impl Mock {
+    /// The Lease exists at revision `revision`, held by "other" for `seconds`, after
+    /// `transitions` transitions.
+    fn held_by_other(&self, revision: u64, seconds: u32, transitions: u32) {
+        let mut s = self.0.lock().unwrap();
+        s.revision = revision;
+        s.lease = Some(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "lock", "namespace": "ns", "resourceVersion": revision.to_string()},
+            "spec": {"holderIdentity": "other", "leaseDurationSeconds": seconds,
+                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                "leaseTransitions": transitions}
+        }));
+    }
+
     /// Another client's write: changes the Lease with `f`, as a new revision, and tells every
     /// open watch.
     fn write(&self, f: impl FnOnce(&mut Value)) {
@@ -90,22 +90,15 @@ impl Mock {
             }
             match (&parts.method, path.as_str()) {
                 (&Method::GET, LEASES) if query.contains("watch=true") => {
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    let (tx, response) = support::watch();
                     s.watchers.push(tx);
-                    let events = futures::stream::unfold(rx, |mut rx| async move {
-                        let line = rx.recv().await?;
-                        Some((Ok::<_, Infallible>(http_body::Frame::data(line)), rx))
-                    });
-                    return Response::builder()
-                        .status(200)
-                        .body(StreamBody::new(events).boxed())
-                        .unwrap();
+                    return response;
                 }
                 (&Method::GET, LEASES) => {
                     let rv = s.revision.to_string();
                     let items: Vec<Value> = s.lease.iter().cloned().collect();
-                    return json_response(
-                        StatusCode::OK,
+                    return respond(
+                        200,
                         &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
                             "metadata": {"resourceVersion": rv}, "items": items}),
                     );
@@ -119,7 +112,7 @@ impl Mock {
                     lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
                     s.lease = Some(lease.clone());
                     s.updated_at.push(Instant::now());
-                    return json_response(StatusCode::CREATED, &lease);
+                    return respond(201, &lease);
                 }
                 (&Method::PUT, p) if p == format!("{LEASES}/lock") => {
                     let mut lease: Value = serde_json::from_slice(&body).unwrap();
@@ -133,7 +126,7 @@ impl Mock {
                     lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
                     s.lease = Some(lease.clone());
                     s.updated_at.push(Instant::now());
-                    return json_response(StatusCode::OK, &lease);
+                    return respond(200, &lease);
                 }
                 (&Method::GET, p) if p == format!("{LEASES}/lock") => {
                     if s.conflict_then_silence {
@@ -141,7 +134,7 @@ impl Mock {
                         Some(())
                     } else {
                         return match &s.lease {
-                            Some(l) => json_response(StatusCode::OK, l),
+                            Some(l) => respond(200, l),
                             None => status(404, "NotFound"),
                         };
                     }
@@ -149,21 +142,14 @@ impl Mock {
                 // client-go's LeaderElection Events, best effort: accepted.
                 (&Method::POST, "/api/v1/namespaces/ns/events") => {
                     let event: Value = serde_json::from_slice(&body).unwrap();
-                    return json_response(StatusCode::CREATED, &event);
+                    return respond(201, &event);
                 }
                 (m, p) => panic!("unexpected request {m} {p}?{query}"),
             }
         };
-        if hang.is_some() {
-            // An API server that stopped answering.
-            std::future::pending::<()>().await;
-        }
-        // A watch that stays open without events.
-        let events = stream::pending::<Result<http_body::Frame<Bytes>, Infallible>>();
-        Response::builder()
-            .status(200)
-            .body(StreamBody::new(events).boxed())
-            .unwrap()
+        // A read after the conflict: an API server that stopped answering.
+        let () = hang.expect("every other request was answered");
+        std::future::pending().await
     }
 }
 
@@ -278,17 +264,7 @@ async fn the_leader_renews_once_per_retry_period_with_one_write() {
 #[tokio::test(start_paused = true)]
 async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry() {
     let mock = Mock::default();
-    {
-        let mut s = mock.0.lock().unwrap();
-        s.revision = 7;
-        s.lease = Some(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "lock", "namespace": "ns", "resourceVersion": "7"},
-            "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3,
-                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
-                "leaseTransitions": 4}
-        }));
-    }
+    mock.held_by_other(7, 3, 4);
     let elector = LeaseElector::new(mock.client(), "lock")
         .namespace("ns")
         .identity("me")
@@ -321,17 +297,7 @@ async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry(
 #[tokio::test(start_paused = true)]
 async fn a_release_seen_by_the_watch_is_taken_at_once() {
     let mock = Mock::default();
-    {
-        let mut s = mock.0.lock().unwrap();
-        s.revision = 3;
-        s.lease = Some(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "lock", "namespace": "ns", "resourceVersion": "3"},
-            "spec": {"holderIdentity": "other", "leaseDurationSeconds": 15,
-                "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z",
-                "leaseTransitions": 0}
-        }));
-    }
+    mock.held_by_other(3, 15, 0);
     let elector = LeaseElector::new(mock.client(), "lock")
         .namespace("ns")
         .identity("me")

@@ -10,17 +10,18 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use http::{Method, Request, Response};
 use kube_leader::{for_life::Environment, ForLife, LossReason};
 use serde_json::{json, Value};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+mod support;
+
+use support::{respond, status, Body};
+
 const PODS: &str = "/api/v1/namespaces/ns/pods";
 const CONFIGMAPS: &str = "/api/v1/namespaces/ns/configmaps";
-
-type Body = BoxBody<Bytes, Infallible>;
 
 /// The objects, by collection path and name, and the open watches.
 #[derive(Default)]
@@ -35,20 +36,6 @@ struct Store {
 
 #[derive(Clone, Default)]
 struct Mock(Arc<Mutex<Store>>);
-
-fn respond(code: u16, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::from_u16(code).unwrap())
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(v.to_string())).boxed())
-        .unwrap()
-}
-
-fn status(code: u16, reason: &str) -> Response<Body> {
-    let v = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": reason, "reason": reason, "code": code});
-    respond(code, &v)
-}
 
 /// The name a list or watch selects (`fieldSelector=metadata.name=NAME`).
 fn selected_name(query: &str) -> String {
@@ -88,13 +75,7 @@ impl Store {
         obj
     }
 
-    fn handle(
-        &mut self,
-        method: &Method,
-        path: &str,
-        query: &str,
-        body: &[u8],
-    ) -> Result<Response<Body>, mpsc::UnboundedReceiver<Bytes>> {
+    fn handle(&mut self, method: &Method, path: &str, query: &str, body: &[u8]) -> Response<Body> {
         let (collection, name) = match path.rsplit_once('/') {
             Some((c, n)) if c == PODS || c == CONFIGMAPS => (c.to_string(), n.to_string()),
             _ => (path.to_string(), String::new()),
@@ -104,11 +85,11 @@ impl Store {
         if !watch && !path.ends_with("/events") {
             self.requests.push((Instant::now(), format!("{method} {path}")));
         }
-        Ok(match (method, name.is_empty()) {
+        match (method, name.is_empty()) {
             (&Method::GET, true) if watch => {
-                let (tx, rx) = mpsc::unbounded_channel();
+                let (tx, response) = support::watch();
                 self.watchers.push((collection, selected_name(query), tx));
-                return Err(rx);
+                response
             }
             (&Method::GET, true) => {
                 let wanted = selected_name(query);
@@ -131,11 +112,11 @@ impl Store {
             (&Method::POST, true) => {
                 let mut obj: Value = serde_json::from_slice(body).unwrap();
                 if path.ends_with("/events") {
-                    return Ok(respond(201, &obj));
+                    return respond(201, &obj);
                 }
                 let name = obj["metadata"]["name"].as_str().unwrap().to_string();
                 if self.objects.contains_key(&(collection.clone(), name.clone())) {
-                    return Ok(status(409, "AlreadyExists"));
+                    return status(409, "AlreadyExists");
                 }
                 obj["metadata"]["uid"] = json!(format!("uid-{name}-{}", self.revision + 1));
                 respond(201, &self.commit(&collection, &name, Some(obj)))
@@ -162,7 +143,7 @@ impl Store {
                 }
             }
             (m, _) => panic!("unexpected request {m} {path}?{query}"),
-        })
+        }
     }
 }
 
@@ -180,16 +161,7 @@ impl Mock {
                     .lock()
                     .unwrap()
                     .handle(&parts.method, parts.uri.path(), &query, &body);
-                Ok::<_, Infallible>(r.unwrap_or_else(|rx| {
-                    let events = futures::stream::unfold(rx, |mut rx| async move {
-                        let line = rx.recv().await?;
-                        Some((Ok::<_, Infallible>(http_body::Frame::data(line)), rx))
-                    });
-                    Response::builder()
-                        .status(200)
-                        .body(StreamBody::new(events).boxed())
-                        .unwrap()
-                }))
+                Ok::<_, Infallible>(r)
             }
         });
         kube::Client::new(service, "ns")

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use kube::Client;
-use kube_leader::lock;
+use kube_leader::discovery;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -54,10 +54,10 @@ pub(crate) async fn connect(timeout: Duration) -> Result<Client, Fail> {
 /// `--namespace`, else `POD_NAMESPACE`, else the service-account namespace, else the client's
 /// (kubeconfig context): the library's rule.
 pub(crate) fn resolve_namespace(explicit: Option<&str>, client: &Client) -> String {
-    lock::namespace_or_default(explicit, client)
+    discovery::namespace_or_default(explicit, client)
 }
 
 /// `--identity`, else `POD_NAME`, else the host name: the library's rule.
 pub(crate) fn resolve_identity(explicit: Option<&str>) -> Option<String> {
-    lock::resolve_identity(explicit)
+    discovery::resolve_identity(explicit)
 }

@@ -3,8 +3,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
+    discovery,
     error::{invalid, Result},
-    lock,
 };
 
 /// The first retry delay of the fallback backoff: operator-sdk's `backoff := time.Second`.
@@ -65,13 +65,13 @@ pub struct Environment {
 
 impl Environment {
     /// This process's `POD_NAMESPACE`, `POD_NAME` and
-    /// [`SERVICE_ACCOUNT_NAMESPACE_FILE`](crate::lock::SERVICE_ACCOUNT_NAMESPACE_FILE).
+    /// [`SERVICE_ACCOUNT_NAMESPACE_FILE`](crate::discovery::SERVICE_ACCOUNT_NAMESPACE_FILE).
     #[must_use]
     pub fn from_process() -> Self {
         Self {
             pod_namespace: std::env::var("POD_NAMESPACE").ok(),
-            pod_name: lock::pod_name_from_env(),
-            service_account_namespace_file: Some(PathBuf::from(lock::SERVICE_ACCOUNT_NAMESPACE_FILE)),
+            pod_name: discovery::pod_name_from_env(),
+            service_account_namespace_file: Some(PathBuf::from(discovery::SERVICE_ACCOUNT_NAMESPACE_FILE)),
         }
     }
 }

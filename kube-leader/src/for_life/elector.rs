@@ -27,10 +27,11 @@ use super::{
 use crate::{
     api::{call, Failure, Op},
     backoff::Backoff,
+    discovery::{self, NamespaceSource},
     error::{Error, Result},
     events::EventRecorder,
     leadership::{Leadership, Strategy, Term},
-    lock::{self, LockRef, NamespaceSource},
+    lock::{self, LockRef},
     observer::{Hooks, Observer},
 };
 
@@ -402,7 +403,7 @@ fn discover_namespace(explicit: Option<&str>, env: &Environment) -> Option<(Stri
         .service_account_namespace_file
         .as_deref()
         .unwrap_or(Path::new(""));
-    lock::discover_namespace_from(explicit, env.pod_namespace.as_deref(), file)
+    discovery::discover_namespace_from(explicit, env.pod_namespace.as_deref(), file)
 }
 
 /// Names a call on the lock ConfigMap in errors.

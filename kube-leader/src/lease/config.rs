@@ -119,39 +119,8 @@ impl LeaseConfig {
     /// longest (`time.Duration` is an `int64` of nanoseconds, about 292 years), so that no
     /// deadline arithmetic can overflow.
     pub fn validate(&self) -> Result<()> {
+        self.check_ranges()?;
         let bad = |field, m: String| Err(invalid(field, m));
-        if self.lease_duration.is_zero() {
-            return bad(
-                "lease_duration",
-                "lease duration must be greater than zero".into(),
-            );
-        }
-        if self.renew_deadline.is_zero() {
-            return bad(
-                "renew_deadline",
-                "renew deadline must be greater than zero".into(),
-            );
-        }
-        if self.retry_period.is_zero() {
-            return bad("retry_period", "retry period must be greater than zero".into());
-        }
-        let durations = [
-            ("lease_duration", "lease duration", Some(self.lease_duration)),
-            ("renew_deadline", "renew deadline", Some(self.renew_deadline)),
-            ("retry_period", "retry period", Some(self.retry_period)),
-            ("shutdown_grace", "shutdown grace", Some(self.shutdown_grace)),
-            ("api_timeout", "API timeout", self.api_timeout),
-        ];
-        for (field, name, d) in durations {
-            if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
-                return bad(
-                    field,
-                    format!(
-                        "{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"
-                    ),
-                );
-            }
-        }
         if self.lease_duration < Duration::from_secs(1) {
             return bad(
                 "lease_duration",
@@ -179,6 +148,33 @@ impl LeaseConfig {
         check_renew_deadline(self.renew_deadline, self.retry_period)?;
         if matches!(self.api_timeout, Some(t) if t.is_zero()) {
             return bad("api_timeout", "API timeout must be greater than zero".into());
+        }
+        Ok(())
+    }
+
+    /// Every duration greater than zero (the API timeout, if set) and at most client-go's
+    /// longest.
+    fn check_ranges(&self) -> Result<()> {
+        let durations = [
+            ("lease_duration", "lease duration", Some(self.lease_duration)),
+            ("renew_deadline", "renew deadline", Some(self.renew_deadline)),
+            ("retry_period", "retry period", Some(self.retry_period)),
+            ("shutdown_grace", "shutdown grace", Some(self.shutdown_grace)),
+            ("api_timeout", "API timeout", self.api_timeout),
+        ];
+        for (field, name, d) in durations {
+            let Some(d) = d else { continue };
+            if d.is_zero() && field != "shutdown_grace" && field != "api_timeout" {
+                return Err(invalid(field, format!("{name} must be greater than zero")));
+            }
+            if d > MAX_DURATION {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{name} must be at most {MAX_DURATION:?} (client-go's longest duration), got {d:?}"
+                    ),
+                ));
+            }
         }
         Ok(())
     }

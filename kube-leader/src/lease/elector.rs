@@ -13,10 +13,11 @@ use super::{
 };
 use crate::{
     api::Op,
+    discovery,
     error::{Error, Result},
     events::EventRecorder,
     leadership::{LeaderInfo, Leadership, Term},
-    lock::{self, LockRef},
+    lock::LockRef,
     observer::{Hooks, Observer},
 };
 
@@ -285,13 +286,13 @@ impl LeaseElector {
 
     /// The lock this candidate campaigns for (namespace resolved as documented in [`new`](Self::new)).
     pub fn lock(&self) -> Result<LockRef> {
-        let ns = lock::namespace_or_default(self.namespace.as_deref(), &self.client);
+        let ns = discovery::namespace_or_default(self.namespace.as_deref(), &self.client);
         LockRef::new(ns, self.name.clone())
     }
 
     /// This candidate's identity (resolved as documented in [`new`](Self::new)).
     pub fn resolved_identity(&self) -> Result<String> {
-        lock::resolve_identity(self.identity.as_deref()).ok_or_else(|| Error::InvalidConfig {
+        discovery::resolve_identity(self.identity.as_deref()).ok_or_else(|| Error::InvalidConfig {
             field: "identity",
             reason: "must not be empty (set it, or POD_NAME, or a host name)".into(),
         })

@@ -56,14 +56,7 @@ impl Assignments {
     /// # Cancellation safety
     /// Cancel-safe in that the candidate goes on in the background; its result is lost.
     pub async fn finish(mut self) -> Result<()> {
-        match self.task.take() {
-            Some(task) => match task.await {
-                Ok(r) => r,
-                Err(join) if join.is_cancelled() => Ok(()),
-                Err(join) => std::panic::resume_unwind(join.into_panic()),
-            },
-            None => Ok(()),
-        }
+        crate::leadership::join(self.task.take()).await
     }
 }
 

@@ -17,6 +17,7 @@ use super::{
     engine::Engine,
 };
 use crate::{
+    discovery,
     error::{invalid, Error, Result},
     leadership::Term,
     lease::LeaseConfig,
@@ -170,12 +171,12 @@ impl Shards {
 
     /// The namespace of the Leases (resolved as documented in [`new`](Self::new)).
     pub fn resolved_namespace(&self) -> String {
-        lock::namespace_or_default(self.namespace.as_deref(), &self.client)
+        discovery::namespace_or_default(self.namespace.as_deref(), &self.client)
     }
 
     /// This candidate's identity (resolved as documented in [`new`](Self::new)).
     pub fn resolved_identity(&self) -> Result<String> {
-        lock::resolve_identity(self.identity.as_deref()).ok_or_else(|| {
+        discovery::resolve_identity(self.identity.as_deref()).ok_or_else(|| {
             invalid(
                 "identity",
                 "identity must not be empty (set it, or POD_NAME, or a host name)",
