@@ -40,6 +40,14 @@ struct State {
 struct Mock(Arc<Mutex<State>>);
 
 impl Mock {
+    /// The candidate "me" for the Lease "lock" against this server, with `config`.
+    fn candidate(&self, config: LeaseConfig) -> LeaseElector {
+        LeaseElector::new(self.client(), "lock")
+            .namespace("ns")
+            .identity("me")
+            .config(config)
+    }
+
     /// The Lease exists at revision `revision`, held by "other" for `seconds`, after
     /// `transitions` transitions.
     fn held_by_other(&self, revision: u64, seconds: u32, transitions: u32) {
@@ -153,22 +161,24 @@ impl Mock {
     }
 }
 
+/// 2 s / 1 s / 200 ms.
+fn short_timings() -> LeaseConfig {
+    LeaseConfig::new(
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+    )
+}
+
 /// A renewal answered 409, then a re-read that never returns: the leader must still stop by its
 /// renew deadline, before its lease can expire for anybody who saw its last renewal. The re-read
 /// used to run under the API timeout alone (here 3 s, longer than the 2 s lease).
 #[tokio::test(start_paused = true)]
 async fn a_hanging_reread_after_a_conflict_cannot_outlive_the_renew_deadline() {
     let mock = Mock::default();
-    let mut config = LeaseConfig::new(
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-        Duration::from_millis(200),
-    );
+    let mut config = short_timings();
     config.api_timeout = Some(Duration::from_secs(3));
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .config(config);
+    let elector = mock.candidate(config);
     let shutdown = CancellationToken::new();
     let leadership = elector.become_leader(&shutdown).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -198,12 +208,7 @@ async fn a_hanging_reread_after_a_conflict_cannot_outlive_the_renew_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_conflict_with_another_holder_ends_leadership_at_once() {
     let mock = Mock::default();
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200));
+    let elector = mock.candidate(short_timings());
     let shutdown = CancellationToken::new();
     let leadership = elector.become_leader(&shutdown).await.unwrap();
     let stolen_at = {
@@ -234,13 +239,7 @@ async fn a_conflict_with_another_holder_ends_leadership_at_once() {
 #[tokio::test(start_paused = true)]
 async fn the_leader_renews_once_per_retry_period_with_one_write() {
     let mock = Mock::default();
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
-        .events(false);
+    let elector = mock.candidate(short_timings()).events(false);
     let shutdown = CancellationToken::new();
     let leadership = elector.become_leader(&shutdown).await.unwrap();
     let won = mock.0.lock().unwrap().requests.len();
@@ -265,13 +264,7 @@ async fn the_leader_renews_once_per_retry_period_with_one_write() {
 async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry() {
     let mock = Mock::default();
     mock.held_by_other(7, 3, 4);
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
-        .events(false);
+    let elector = mock.candidate(short_timings()).events(false);
     let started = Instant::now();
     let leadership = elector.become_leader(&CancellationToken::new()).await.unwrap();
     let s = mock.0.lock().unwrap();
@@ -298,10 +291,7 @@ async fn a_follower_waits_out_the_lease_without_requests_and_takes_it_at_expiry(
 async fn a_release_seen_by_the_watch_is_taken_at_once() {
     let mock = Mock::default();
     mock.held_by_other(3, 15, 0);
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .events(false);
+    let elector = mock.candidate(LeaseConfig::default()).events(false);
     let campaign = tokio::spawn(async move { elector.become_leader(&CancellationToken::new()).await });
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!campaign.is_finished(), "the holder's lease is valid for 15 s");
@@ -325,13 +315,12 @@ async fn a_release_seen_by_the_watch_is_taken_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_leader_deposed_by_a_write_learns_it_from_the_watch() {
     let mock = Mock::default();
-    let elector = LeaseElector::new(mock.client(), "lock")
-        .namespace("ns")
-        .identity("me")
-        .lease_duration(Duration::from_secs(20))
-        .renew_deadline(Duration::from_secs(15))
-        .retry_period(Duration::from_secs(10))
-        .events(false);
+    let timings = LeaseConfig::new(
+        Duration::from_secs(20),
+        Duration::from_secs(15),
+        Duration::from_secs(10),
+    );
+    let elector = mock.candidate(timings).events(false);
     let leadership = elector.become_leader(&CancellationToken::new()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let written_at = Instant::now();

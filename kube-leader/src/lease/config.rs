@@ -146,25 +146,37 @@ impl LeaseConfig {
             );
         }
         check_renew_deadline(self.renew_deadline, self.retry_period)?;
-        if matches!(self.api_timeout, Some(t) if t.is_zero()) {
-            return bad("api_timeout", "API timeout must be greater than zero".into());
-        }
         Ok(())
     }
 
-    /// Every duration greater than zero (the API timeout, if set) and at most client-go's
-    /// longest.
+    /// Every duration at most client-go's longest, and greater than zero but for the shutdown
+    /// grace (none: stop at once) and an unset API timeout.
     fn check_ranges(&self) -> Result<()> {
         let durations = [
-            ("lease_duration", "lease duration", Some(self.lease_duration)),
-            ("renew_deadline", "renew deadline", Some(self.renew_deadline)),
-            ("retry_period", "retry period", Some(self.retry_period)),
-            ("shutdown_grace", "shutdown grace", Some(self.shutdown_grace)),
-            ("api_timeout", "API timeout", self.api_timeout),
+            (
+                "lease_duration",
+                "lease duration",
+                Some(self.lease_duration),
+                false,
+            ),
+            (
+                "renew_deadline",
+                "renew deadline",
+                Some(self.renew_deadline),
+                false,
+            ),
+            ("retry_period", "retry period", Some(self.retry_period), false),
+            (
+                "shutdown_grace",
+                "shutdown grace",
+                Some(self.shutdown_grace),
+                true,
+            ),
+            ("api_timeout", "API timeout", self.api_timeout, false),
         ];
-        for (field, name, d) in durations {
+        for (field, name, d, may_be_zero) in durations {
             let Some(d) = d else { continue };
-            if d.is_zero() && field != "shutdown_grace" && field != "api_timeout" {
+            if d.is_zero() && !may_be_zero {
                 return Err(invalid(field, format!("{name} must be greater than zero")));
             }
             if d > MAX_DURATION {
