@@ -46,7 +46,10 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
+use k8s_openapi::api::{
+    apps::v1::ReplicaSet,
+    core::v1::{Node as NodeObject, Pod},
+};
 use kube::{api::ListParams, Api};
 use kube_leader_e2e::{checker::History, kube_leader_bin_beside, mono_ns, wait_for};
 use kube_leader_testenv::Node;
@@ -328,11 +331,9 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     let rollout = mono_ns();
     deployed.kubectl(&["rollout", "restart", "deployment", DEPLOYMENT]);
     deployed.kubectl(&["rollout", "status", "deployment", DEPLOYMENT, "--timeout=180s"]);
-    let new_leader = deployed.leader_after(rollout).await;
-    assert_ne!(
-        new_leader, leader,
-        "leadership moved to a Pod of the new ReplicaSet"
-    );
+    // `rollout status` returns once the new Pods are ready, while old ones may still be
+    // terminating (and leading, for a moment): the leader is named only once the rollout has
+    // settled, and must be a Pod of the new ReplicaSet.
     wait_for("the old Pods to be gone", Duration::from_secs(120), || async {
         let pods = deployed.pods().await;
         let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
@@ -341,6 +342,14 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     })
     .await;
     let done = mono_ns();
+    let new_leader = deployed.leader_after(rollout).await;
+    assert_ne!(new_leader, leader, "leadership moved");
+    let newest = deployed.newest_replica_set().await;
+    assert_eq!(
+        deployed.replica_set_of(&new_leader).await.as_deref(),
+        Some(newest.as_str()),
+        "{s}: the leader after the rollout, {new_leader}, is a Pod of the new ReplicaSet"
+    );
     let report = deployed.history().report_window(rollout, done);
     report.assert_safe();
     say(&format!(
@@ -585,6 +594,44 @@ impl Deployed {
             .await
             .expect("list Pods")
             .items
+    }
+
+    /// The Deployment's newest ReplicaSet (the highest `deployment.kubernetes.io/revision`).
+    async fn newest_replica_set(&self) -> String {
+        let client = self.env.node.control_plane().client().await;
+        Api::<ReplicaSet>::namespaced(client, self.namespace())
+            .list(&ListParams::default())
+            .await
+            .expect("list ReplicaSets")
+            .items
+            .into_iter()
+            .filter_map(|rs| {
+                let revision: u64 = rs
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get("deployment.kubernetes.io/revision")?
+                    .parse()
+                    .ok()?;
+                Some((revision, rs.metadata.name?))
+            })
+            .max()
+            .map(|(_, name)| name)
+            .expect("the Deployment has a ReplicaSet with a revision")
+    }
+
+    /// The ReplicaSet that owns `pod`, if the Pod still exists.
+    async fn replica_set_of(&self, pod: &str) -> Option<String> {
+        let client = self.env.node.control_plane().client().await;
+        let pod = Api::<Pod>::namespaced(client, self.namespace())
+            .get_opt(pod)
+            .await
+            .expect("get Pod")?;
+        pod.metadata
+            .owner_references?
+            .into_iter()
+            .find(|o| o.kind == "ReplicaSet")
+            .map(|o| o.name)
     }
 
     async fn restart_count(&self, pod: &str) -> i32 {
