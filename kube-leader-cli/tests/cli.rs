@@ -1614,3 +1614,147 @@ async fn a_follower_has_command_ready_before_it_wins() {
     assert_eq!(id, "b");
     let _ = fs::remove_dir_all(dir);
 }
+
+// === Safety III: a stopped process group, a stopped supervisor ===
+
+/// Sends `sig` to every process of process group `group`.
+fn signal_group(group: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), "--", &format!("-{group}")])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} -{group}");
+}
+
+/// SIGSTOP of kube-leader's whole process group (Ctrl-Z in a terminal, a debugger, a freezer)
+/// must not leave COMMAND running past its deadline: the supervisor lives in a group of its
+/// own and stops COMMAND once leadership is no longer confirmed. Before, it was frozen with
+/// kube-leader and COMMAND, in its own group, ran on for as long as the stop lasted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_process_group_has_its_command_stopped_by_the_deadline() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("stop-group");
+    let flags = wide_lease_flags("stopgroup", ns.name());
+    let mut a = Candidate::spawn_opts(
+        cp.kubeconfig_path(),
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", "exit 0"),
+        &[],
+        Opts {
+            own_group: true,
+            ..Opts::default()
+        },
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let stopped = Instant::now();
+    signal_group(a.pid(), "STOP");
+    // Renew deadline 4 s, grace 2 s: COMMAND is gone by 6 s after the last renewal.
+    let gone = {
+        let started = Instant::now();
+        while alive(command) && started.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        !alive(command)
+    };
+    let after = stopped.elapsed();
+    signal_group(a.pid(), "CONT");
+    assert!(
+        gone,
+        "COMMAND still ran {after:?} after kube-leader's process group was stopped (renew deadline 4s)"
+    );
+    eprintln!("COMMAND gone {after:?} after kube-leader's process group was stopped");
+    assert!(after < Duration::from_millis(6500), "{after:?}");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The supervisor stopped alone (SIGSTOP, a debugger) while leadership is lost (here: the
+/// Lease deleted): kube-leader itself kills COMMAND by its deadline (the last confirmed instant
+/// + grace). Before, it sent `stop` to a supervisor that could not read it, and COMMAND ran on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_supervisor_does_not_keep_command_running_after_a_loss() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("stop-sup");
+    let flags = wide_lease_flags("stopsup", ns.name());
+    let mut a = Candidate::spawn(cp, &dir, "a", &flags, &work_script(&dir, "a", "exit 0"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let supervisor = parent_of(command);
+    assert!(supervisor > 1 && supervisor != a.pid() as i32);
+    signal(supervisor as u32, "STOP");
+    let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
+    leases
+        .delete("stopsup", &Default::default())
+        .await
+        .expect("delete the Lease");
+    let deleted = Instant::now();
+    let gone = {
+        while alive(command) && deleted.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        !alive(command) || proc_stat(command).is_some_and(|(state, _, _)| state == 'Z')
+    };
+    let after = deleted.elapsed();
+    signal(supervisor as u32, "CONT");
+    assert!(
+        gone,
+        "COMMAND still ran {after:?} after the loss while its supervisor was stopped"
+    );
+    eprintln!("COMMAND killed {after:?} after the loss (its supervisor stopped)");
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The whole tree frozen (kube-leader's group, the supervisor, COMMAND) past COMMAND's
+/// deadline, then thawed, COMMAND first (the worst order): COMMAND is killed at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_tree_thawed_after_the_deadline_kills_command_first() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("freeze-all");
+    let flags = wide_lease_flags("freezeall", ns.name());
+    let mut a = Candidate::spawn_opts(
+        cp.kubeconfig_path(),
+        &dir,
+        "a",
+        &flags,
+        &work_script(&dir, "a", "exit 0"),
+        &[],
+        Opts {
+            own_group: true,
+            ..Opts::default()
+        },
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let command = a.command_pid().unwrap();
+    let supervisor = parent_of(command);
+    signal_group(command as u32, "STOP");
+    signal(supervisor as u32, "STOP");
+    signal_group(a.pid(), "STOP");
+    // Past renew deadline (4 s) + grace (2 s).
+    std::thread::sleep(Duration::from_secs(7));
+    let thawed = Instant::now();
+    signal_group(command as u32, "CONT");
+    signal(supervisor as u32, "CONT");
+    signal_group(a.pid(), "CONT");
+    let started = Instant::now();
+    while alive(command)
+        && !proc_stat(command).is_some_and(|(state, _, _)| state == 'Z')
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let after = thawed.elapsed();
+    eprintln!("COMMAND gone {after:?} after the thaw");
+    assert!(
+        after < Duration::from_secs(2),
+        "COMMAND ran {after:?} after the thaw"
+    );
+    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    let _ = fs::remove_dir_all(dir);
+}
