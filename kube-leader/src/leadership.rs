@@ -9,7 +9,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{error::Result, lock::LockRef};
@@ -159,6 +159,8 @@ pub(crate) struct KeeperHandle {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
     release_requested: Arc<AtomicBool>,
+    /// Until when the term is confirmed (see [`Leadership::confirmed_until`]).
+    confirmed: watch::Sender<Option<Instant>>,
     /// `false` for a skipped election, which has no task and never ends.
     armed: bool,
 }
@@ -210,6 +212,18 @@ impl KeeperHandle {
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
+
+    /// The term is confirmed until `at` (a successful write sent at `sent` confirms it until
+    /// `sent` + the renew deadline). Never moves the instant back.
+    pub(crate) fn confirm_until(&self, at: Instant) {
+        self.confirmed.send_if_modified(|c| {
+            if c.is_some_and(|c| c >= at) {
+                return false;
+            }
+            *c = Some(at);
+            true
+        });
+    }
 }
 
 /// Being the leader.
@@ -232,6 +246,7 @@ pub struct Leadership {
     done: CancellationToken,
     /// Set before `done` fires when the step-down is explicit ([`Leadership::release`]).
     release_requested: Arc<AtomicBool>,
+    confirmed: watch::Receiver<Option<Instant>>,
     task: Option<JoinHandle<Result<()>>>,
 }
 
@@ -268,6 +283,7 @@ impl Leadership {
         let (tx, rx) = watch::channel(None);
         let done = CancellationToken::new();
         let release_requested = Arc::new(AtomicBool::new(false));
+        let (confirmed, confirmed_rx) = watch::channel(None);
         let this = Self {
             term: Arc::new(term),
             skipped: false,
@@ -275,6 +291,7 @@ impl Leadership {
             reason: rx,
             done: done.clone(),
             release_requested: release_requested.clone(),
+            confirmed: confirmed_rx,
             task: None,
         };
         (
@@ -283,6 +300,7 @@ impl Leadership {
                 lost,
                 reason: tx,
                 release_requested,
+                confirmed,
                 armed: true,
             },
             done,
@@ -379,6 +397,29 @@ impl Leadership {
     /// Why leadership ended, if it has.
     pub fn loss_reason(&self) -> Option<LossReason> {
         self.reason.borrow().clone()
+    }
+
+    /// Until when this term is confirmed, on this process's monotonic clock: the renew deadline
+    /// counted from when the last successful write of the term (the acquiring write, then each
+    /// renewal) was *sent* — client-go's fail-stop rule, so time spent waiting for an answer is
+    /// not given again.
+    ///
+    /// - Lease and shards: `Some` once the term's first write succeeded; work that must not
+    ///   outlive leadership stops by this instant even if the loss is not reported yet (a hung
+    ///   renewal is reported only when its deadline passes).
+    /// - Leader for life: `None`: the lock has no expiry, and the term lasts until its loss is
+    ///   reported ([`lost`](Self::lost)).
+    /// - A skipped election: `None`.
+    ///
+    /// [`confirmations`](Self::confirmations) follows it as it moves.
+    pub fn confirmed_until(&self) -> Option<Instant> {
+        *self.confirmed.borrow()
+    }
+
+    /// A watch of [`confirmed_until`](Self::confirmed_until): changes with every successful
+    /// renewal. The sender goes away with the term's keeper.
+    pub fn confirmations(&self) -> watch::Receiver<Option<Instant>> {
+        self.confirmed.clone()
     }
 
     /// Waits until leadership is lost and tells why.

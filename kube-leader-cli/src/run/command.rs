@@ -10,7 +10,7 @@ use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::signals::{is_stop, Signals};
 use crate::{
@@ -41,6 +41,8 @@ pub(super) struct Running<'a> {
     pub(super) command_pid: Option<u32>,
     /// Whether the supervisor said its last word (`exited`): COMMAND ended in order.
     pub(super) orderly: bool,
+    /// The backstop killed COMMAND: the supervisor is killed too if it has not exited by then.
+    kill_supervisor_at: Option<Instant>,
 }
 
 // === impl Running ===
@@ -82,6 +84,7 @@ impl<'a> Running<'a> {
             stop_signal: false,
             command_pid: None,
             orderly: false,
+            kill_supervisor_at: None,
         }
     }
 
@@ -121,6 +124,12 @@ impl<'a> Running<'a> {
                         Ok(()) => self.on_renewals().await,
                         Err(_) => self.watching = false,
                     }
+                }
+                _ = tokio::time::sleep_until(self.kill_supervisor_at.unwrap_or_else(Instant::now)),
+                    if self.kill_supervisor_at.is_some() => {
+                    warn!(lock = %self.status.lock, "the supervisor did not exit after its COMMAND was killed; killing it");
+                    self.kill_supervisor_at = None;
+                    self.process.kill();
                 }
                 _ = ping.tick(), if !self.lease => {
                     // No renewals to wait for: heartbeats say that kube-leader's loop runs and
@@ -165,6 +174,17 @@ impl<'a> Running<'a> {
                 }
             }
             Report::Failed(code) => debug!(code, "COMMAND could not be started"),
+            Report::Backstop => {
+                if !self.lost {
+                    self.lost = true;
+                    self.status.lose(
+                        self.token,
+                        "kube-leader killed COMMAND: its supervisor did not stop it by its deadline",
+                        false,
+                    );
+                }
+                self.kill_supervisor_at = Some(Instant::now() + Duration::from_secs(2));
+            }
             // COMMAND and what it left are gone: step down now, without waiting for
             // the supervisor's own exit.
             Report::Exited(code) => {

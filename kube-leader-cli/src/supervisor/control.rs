@@ -3,6 +3,7 @@
 use std::{ffi::OsString, process::Stdio, time::Duration};
 
 use anyhow::Context as _;
+use nix::{sys::signal::Signal, unistd::Pid};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
     net::unix::{OwnedReadHalf, OwnedWriteHalf},
@@ -14,6 +15,7 @@ use tracing::{debug, warn};
 use super::{
     clock::to_mono,
     protocol::{log_format_arg, Start},
+    reap::send_group,
 };
 use crate::{cli::LogFormat, exit};
 
@@ -28,6 +30,10 @@ pub(crate) enum Report {
     Failed(u8),
     /// COMMAND, and what it left, are gone: the supervisor's last word before it exits.
     Exited(u8),
+    /// kube-leader's backstop fired: COMMAND still ran at the last confirmed instant + grace,
+    /// so the supervisor did not stop it (stopped, traced or stuck): kube-leader killed
+    /// COMMAND's process group itself.
+    Backstop,
 }
 
 /// kube-leader's handle on its supervisor process.
@@ -43,12 +49,26 @@ pub(crate) struct Supervisor {
 #[derive(Debug)]
 pub(crate) struct SupervisorProcess(Child);
 
-/// The control socket to the supervisor.
+/// The control socket to the supervisor, and kube-leader's own deadline on COMMAND.
+///
+/// The supervisor enforces COMMAND's deadline (the last confirmed instant, then `grace`), but
+/// a supervisor can be stopped on its own (SIGSTOP, a debugger, a freezer on part of the
+/// tree): kube-leader then enforces the same deadline itself. It remembers the last instant
+/// it confirmed and COMMAND's process group; should COMMAND still run at that instant +
+/// `grace` (no `exited` from the supervisor), [`report`](Self::report) kills the group
+/// (SIGKILL) and reports [`Report::Backstop`].
 #[derive(Debug)]
 pub(crate) struct Control {
     tx: OwnedWriteHalf,
     lines: Lines<BufReader<OwnedReadHalf>>,
     reports_closed: bool,
+    grace: Duration,
+    /// The last confirmed instant sent (`start`, `until`).
+    until: Option<Instant>,
+    /// COMMAND's process group, once the supervisor reported it started.
+    group: Option<Pid>,
+    /// COMMAND is known to be gone (`exited`), or the backstop fired.
+    done: bool,
 }
 
 impl Supervisor {
@@ -62,7 +82,11 @@ impl Supervisor {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().context("create the control socket")?;
         let exe = std::env::current_exe().context("find kube-leader's own executable")?;
         let mut cmd = Command::new(exe);
-        cmd.arg("--log-format")
+        // A process group of its own: a stop of kube-leader's group (Ctrl-Z in a terminal,
+        // SIGSTOP to the group) leaves the supervisor running, and it stops COMMAND by its
+        // deadline; a stop of the supervisor alone is kube-leader's to catch (the backstop).
+        cmd.process_group(0)
+            .arg("--log-format")
             .arg(log_format_arg(log_format))
             .arg("__supervise")
             .arg("--grace")
@@ -79,6 +103,10 @@ impl Supervisor {
             tx,
             lines: BufReader::new(rx).lines(),
             reports_closed: false,
+            grace,
+            until: None,
+            group: None,
+            done: false,
         };
         Ok(Self {
             process: SupervisorProcess(process),
@@ -91,6 +119,7 @@ impl Control {
     /// Start COMMAND with `env` added to its environment: leadership is confirmed until
     /// `until`.
     pub(crate) async fn start(&mut self, until: Instant, env: &[(&str, String)]) {
+        self.until = Some(until);
         let start = Start {
             until_ns: u64::try_from(to_mono(until).as_nanos()).unwrap_or(u64::MAX),
             env: env.iter().map(|(k, v)| ((*k).to_string(), v.clone())).collect(),
@@ -102,6 +131,7 @@ impl Control {
     /// Leadership is confirmed until `until` (an instant of this process's monotonic clock,
     /// sent as the CLOCK_MONOTONIC reading both processes share).
     pub(crate) async fn confirm_until(&mut self, until: Instant) {
+        self.until = Some(until);
         self.send(&format!("until {}", to_mono(until).as_nanos())).await;
     }
 
@@ -150,18 +180,52 @@ impl Control {
                 (Some("exited"), Some(code)) => Report::Exited(u8::try_from(code).unwrap_or(1)),
                 _ => continue,
             };
+            match report {
+                Report::Started(pid) => self.group = i32::try_from(pid).ok().map(Pid::from_raw),
+                Report::Exited(_) => self.done = true,
+                _ => {}
+            }
             return Some(report);
         }
     }
 
-    /// The next report; pending forever once the supervisor closed its side.
+    /// The next report, or [`Report::Backstop`] once COMMAND outlived its deadline; pending
+    /// forever once the supervisor closed its side and the backstop has nothing to do.
     ///
     /// # Cancellation safety
     /// Cancel-safe.
     pub(crate) async fn report(&mut self) -> Report {
-        match self.next_report().await {
-            Some(r) => r,
-            None => std::future::pending().await,
+        let backstop = match (self.until, self.group, self.done) {
+            (Some(until), Some(_), false) => Some(until + self.grace),
+            _ => None,
+        };
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(backstop.unwrap_or_else(Instant::now)), if backstop.is_some() => {
+                self.fire_backstop();
+                Report::Backstop
+            }
+            report = self.next_report() => match report {
+                Some(r) => r,
+                None => match backstop {
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        self.fire_backstop();
+                        Report::Backstop
+                    }
+                    None => std::future::pending().await,
+                },
+            },
+        }
+    }
+
+    /// Kills COMMAND's process group: its supervisor did not stop it by its deadline.
+    fn fire_backstop(&mut self) {
+        self.done = true;
+        if let Some(group) = self.group {
+            warn!(pgid = group.as_raw(), grace = %humantime::format_duration(self.grace),
+                "COMMAND still runs past its deadline (its supervisor is stopped or stuck): killing its process group");
+            send_group(group, Signal::SIGKILL);
         }
     }
 }
@@ -170,6 +234,13 @@ impl SupervisorProcess {
     /// Whether it has exited already (a supervisor started in advance may have died).
     pub(crate) fn has_exited(&mut self) -> bool {
         !matches!(self.0.try_wait(), Ok(None))
+    }
+
+    /// Kills the supervisor (SIGKILL); [`wait`](Self::wait) then returns.
+    pub(crate) fn kill(&mut self) {
+        if let Err(e) = self.0.start_kill() {
+            warn!(error = %e, "cannot kill the supervisor");
+        }
     }
 
     /// Waits for the supervisor to exit; returns its exit code.

@@ -257,11 +257,21 @@ impl Supervise {
     /// validity at the latest: a `stop` that comes late (kube-leader noticed its loss after the
     /// renew deadline) does not push COMMAND's end past renew deadline + grace from the last
     /// renewal, that is the lease duration with the default grace.
+    ///
+    /// Past that instant already (the supervisor was frozen with the rest of the tree and has
+    /// just thawed), COMMAND is killed at once, without a SIGTERM first.
     fn stop(&self, group: Pid, valid_until: Instant) -> State {
-        send_group(group, Signal::SIGTERM);
-        State::Stopping {
-            kill_at: (Instant::now() + self.args.grace).min(valid_until + self.args.grace),
+        let kill_at = (Instant::now() + self.args.grace).min(valid_until + self.args.grace);
+        if kill_at <= Instant::now() {
+            warn!(
+                pgid = group.as_raw(),
+                "past COMMAND's deadline already (frozen?); SIGKILL"
+            );
+            send_group(group, Signal::SIGKILL);
+            return State::Killed;
         }
+        send_group(group, Signal::SIGTERM);
+        State::Stopping { kill_at }
     }
 }
 

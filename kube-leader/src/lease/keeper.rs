@@ -63,6 +63,7 @@ impl Keeper {
         let mut watch_refused = false;
         let result = loop {
             let deadline = self.last_sent + self.cfg.renew_deadline;
+            handle.confirm_until(deadline);
             let turn = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(deadline) => {

@@ -129,6 +129,7 @@ impl Engine {
             acquired_at: record.acquired_at().unwrap_or_else(SystemTime::now),
         };
         let (leadership, keeper, done) = Leadership::new(term);
+        keeper.confirm_until(sent + self.renew_deadline());
         let (released, wait_released) = oneshot::channel();
         self.next_gen += 1;
         let gen = self.next_gen;

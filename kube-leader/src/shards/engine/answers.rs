@@ -259,6 +259,7 @@ impl Engine {
         if matches!(t.state, State::Active | State::Leaving { .. }) {
             t.record = record.clone();
             t.renewal.succeeded(&self.phases, sent);
+            t.keeper.confirm_until(sent + renew);
             self.timers.at(t.renewal.next, Key::Shard(index));
             self.timers.at(t.renewal.deadline(renew), Key::Shard(index));
         }
