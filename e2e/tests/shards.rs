@@ -223,8 +223,8 @@ async fn a_foreign_holder_is_waited_out() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `kube-leader run --shards`: COMMAND gets its shards in its environment, then in the file
-/// and a SIGHUP on every change; a shard handed over to a joining replica is released only once
+/// `kube-leader run --shards --on-shards-change signal:HUP`: COMMAND gets its shards in its
+/// environment, then in the file and a SIGHUP on every change; a shard handed over to a joining replica is released only once
 /// COMMAND acknowledged the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_tells_command_its_shards_and_waits_for_its_acknowledgement() {
@@ -262,7 +262,14 @@ while true; do sleep 0.05; done
             "--namespace",
             ns.name(),
         ])
-        .args(["--identity", identity, "--shards", "4"])
+        .args([
+            "--identity",
+            identity,
+            "--shards",
+            "4",
+            "--on-shards-change",
+            "signal:HUP",
+        ])
         .args([
             "--lease-duration",
             "2s",

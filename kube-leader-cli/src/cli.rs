@@ -211,15 +211,21 @@ pub(crate) struct RunArgs {
     pub(crate) not_ready_takeover: Option<Duration>,
 
     /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
-    /// for the life of kube-leader, telling it its shards: KUBE_LEADER_SHARD_SET at start, then
-    /// the file KUBE_LEADER_SHARDS_FILE rewritten and --shards-signal on every change; COMMAND
-    /// acknowledges by writing the file's generation to KUBE_LEADER_SHARDS_ACK.
+    /// with its shards: KUBE_LEADER_SHARD_SET (and the file KUBE_LEADER_SHARDS_FILE) at start;
+    /// on every change of the set, see --on-shards-change. COMMAND never runs with a shard past
+    /// that shard's confirmed renewal (+ --grace), as in plain `run`.
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) shards: Option<u32>,
 
-    /// The signal sent to COMMAND's process group when its shards change (with --shards).
-    #[arg(long, value_name = "SIGNAL", default_value = "HUP", value_parser = crate::shards::parse_signal)]
-    pub(crate) shards_signal: nix::sys::signal::Signal,
+    /// With --shards, what a change of COMMAND's shards does: `restart` (stop COMMAND:
+    /// SIGTERM, --grace, SIGKILL; release the shards it gave up; start it again with the new
+    /// set), or `signal:SIG` (e.g. signal:HUP: rewrite KUBE_LEADER_SHARDS_FILE and send SIG to
+    /// COMMAND's process group; COMMAND writes the file's generation to KUBE_LEADER_SHARDS_ACK
+    /// once it stopped work on the shards no longer listed; without that within --grace it is
+    /// restarted). Signalling is only for a program written to handle SIG so: a Go or JVM
+    /// program that exits on SIGHUP must keep `restart`.
+    #[arg(long, value_name = "POLICY", default_value = "restart", value_parser = crate::shards::parse_on_change)]
+    pub(crate) on_shards_change: crate::shards::OnChange,
 
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]

@@ -1,55 +1,62 @@
-//! `kube-leader run --shards M`: hold a fair share of M shard Leases and tell COMMAND which.
+//! `kube-leader run --shards M`: hold a fair share of M shard Leases and run COMMAND with its
+//! shards, so that no shard is ever worked by two replicas' COMMANDs at once.
 //!
-//! COMMAND runs for the life of `kube-leader` (not only while it holds shards), and learns
-//! its shards the way a program in any language can:
+//! COMMAND runs under the same supervisor as in plain `run` ([`crate::supervisor`]): its own
+//! process group, `PR_SET_PDEATHSIG`, child subreapers, the group killed when it ends, and a
+//! deadline enforced outside kube-leader's process: COMMAND's deadline is the earliest
+//! confirmed-until (renew deadline from the last renewal's send) of the shards in its current
+//! set, then `--grace`; with no shard, kube-leader's own heartbeats. A killed, frozen or
+//! panicking (the shipped build aborts) kube-leader, or a stopped supervisor, cannot leave
+//! COMMAND working a shard that another replica may take over.
+//!
+//! COMMAND learns its shards the way a program in any language can:
 //!
 //! - at start, in its environment: `KUBE_LEADER_SHARD_SET` (`0,3,7`), `KUBE_LEADER_SHARD_COUNT`,
-//!   `KUBE_LEADER_SHARDS_FILE`, `KUBE_LEADER_SHARDS_ACK`, and `KUBE_LEADER_IDENTITY`,
-//!   `KUBE_LEADER_LOCK` (the set's name), `KUBE_LEADER_NAMESPACE`;
-//! - on every change, the file `KUBE_LEADER_SHARDS_FILE` is rewritten atomically (written
-//!   beside, then renamed) and COMMAND's process group gets `--shards-signal` (SIGHUP). The
-//!   file: a line `generation N`, then one line `INDEX FENCING_TOKEN` per held shard. The
-//!   signal is held back until COMMAND catches or ignores it (`SigCgt`/`SigIgn` in
-//!   `/proc/PID/status`): a program is never ended by being told, however soon after its start
-//!   the first change comes; changes meanwhile are told by one signal;
-//! - COMMAND acknowledges a generation by writing `N` to `KUBE_LEADER_SHARDS_ACK` once it
-//!   has stopped work on every shard that generation no longer lists.
+//!   `KUBE_LEADER_SHARDS_FILE`, `KUBE_LEADER_SHARDS_ACK`, `KUBE_LEADER_IDENTITY`,
+//!   `KUBE_LEADER_LOCK` (the set's name), `KUBE_LEADER_NAMESPACE`; the file
+//!   `KUBE_LEADER_SHARDS_FILE`: a line `generation N`, then one line `INDEX FENCING_TOKEN` per
+//!   shard;
+//! - on every change of the set, by `--on-shards-change`:
+//!   - `restart` (the default): COMMAND is stopped (SIGTERM, `--grace`, SIGKILL), the shards it
+//!     gave up are released, and it starts again with the new set;
+//!   - `signal:SIG`: the file is rewritten atomically and SIG sent to COMMAND's process group
+//!     (held back until COMMAND's handler is installed); COMMAND writes the generation to
+//!     `KUBE_LEADER_SHARDS_ACK` once it has stopped work on every shard that generation no
+//!     longer lists. Without an acknowledgement within `--grace` COMMAND is restarted.
 //!
-//! A shard leaves the file the moment its loss token fires. A shard that is handed over (a
-//! replica joined) or given up on shutdown is renewed until COMMAND acknowledges, and only then
-//! released: its successor starts after COMMAND stopped. Without an acknowledgement within
-//! `--grace` the shard is not released but left to expire (another lease duration). A shard
-//! lost by its renew deadline is not ours any more: COMMAND has `--lease-duration −
-//! --renew-deadline` from the file's change until a successor may take it over, and should
-//! fence its writes with the shard's token. (Shards mode has no supervisor process: a frozen
-//! `kube-leader` cannot tell COMMAND, which must rely on the fencing tokens.)
+//! A shard that leaves COMMAND's set is released to a successor only once COMMAND acknowledged
+//! a set without it or has stopped; until then it stays in COMMAND's deadline. A shard lost by
+//! its renew deadline is not renewed any more: COMMAND's deadline has passed with it, and the
+//! supervisor stops COMMAND then (SIGTERM, then SIGKILL by the grace: gone by the lease
+//! duration after the last renewal with the default grace, before anybody can take it over).
 
-use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, process::Stdio};
+use std::{ffi::OsString, path::PathBuf};
 
 use anyhow::anyhow;
 use kube_leader::shards::{Shards, ShardsConfig};
-use nix::{sys::signal::Signal, unistd::Pid};
-use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    cli::RunArgs,
+    cli::{LogFormat, RunArgs},
     exit::{self, Fail, OrExit},
-    run,
+    run, supervisor,
 };
 
+mod command;
 mod file;
 mod sidecar;
 mod signal;
 
-use file::{list, render, write_atomically};
 use sidecar::{Sidecar, StopSignals};
-pub(crate) use signal::parse_signal;
+pub(crate) use signal::{parse_on_change, OnChange};
 
 /// `kube-leader run --shards M`: returns the exit code.
-pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8, Fail> {
+pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
     let mut stops = StopSignals::new().or_exit(1)?;
+    // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
+    supervisor::become_subreaper();
+    tokio::spawn(supervisor::reap_orphans());
     let client = run::connect(args.connect_timeout).await?;
     let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let identity = run::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
@@ -58,7 +65,6 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
-    let grace = args.grace();
     let shards = candidate(&args, client, &namespace, &identity, count)?;
     let (file, ack) = files(&args.lock.lock);
 
@@ -66,48 +72,21 @@ pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8,
     let assignments = shards
         .start(&shutdown)
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
-    let mut held = assignments.held();
-    info!(set = %args.lock.lock, identity = %identity, shards = count, "campaigning for shards");
-    // COMMAND starts with the first share, or after a lease duration with what there is.
-    let _ = tokio::time::timeout(args.lease_duration, held.wait_for(|s| !s.held.is_empty())).await;
-    let generation = 1;
-    let current = held.borrow_and_update().clone();
-    write_atomically(&file, &render(generation, &current)).or_exit(1)?;
-
-    let env: [(&str, OsString); 8] = [
-        ("KUBE_LEADER_SHARD_SET", list(&current).into()),
-        ("KUBE_LEADER_SHARD_COUNT", count.to_string().into()),
-        ("KUBE_LEADER_SHARDS_FILE", file.clone().into()),
-        ("KUBE_LEADER_SHARDS_ACK", ack.clone().into()),
-        ("KUBE_LEADER_SHARDS_SIGNAL", notify.as_str().into()),
-        ("KUBE_LEADER_IDENTITY", identity.into()),
-        ("KUBE_LEADER_LOCK", args.lock.lock.clone().into()),
-        ("KUBE_LEADER_NAMESPACE", namespace.into()),
+    info!(set = %args.lock.lock, identity = %identity, shards = count,
+        on_change = ?args.on_shards_change, "campaigning for shards");
+    let env: Vec<(&'static str, String)> = vec![
+        ("KUBE_LEADER_SHARD_COUNT", count.to_string()),
+        ("KUBE_LEADER_SHARDS_FILE", file.display().to_string()),
+        ("KUBE_LEADER_SHARDS_ACK", ack.display().to_string()),
+        ("KUBE_LEADER_IDENTITY", identity),
+        ("KUBE_LEADER_LOCK", args.lock.lock.clone()),
+        ("KUBE_LEADER_NAMESPACE", namespace),
     ];
-    let mut child = spawn(&args, &env).inspect_err(|_| shutdown.cancel())?;
-    let group = Pid::from_raw(child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0));
-    info!(shards = %list(&current), generation, "COMMAND started");
-
-    let mut sidecar = Sidecar {
-        assignments,
-        held,
-        current,
-        generation,
-        group,
-        notify,
-        grace,
-        file,
-        ack,
-        guards: BTreeMap::new(),
-        pending: BTreeMap::new(),
-        engine_ended: false,
-        untold: None,
-        warned: false,
-    };
-    let code = sidecar.until_exit(&mut child, &mut stops).await;
-    info!(code, "COMMAND exited; handing every shard back");
+    let mut sidecar = Sidecar::new(&args, log_format, assignments, env, file, ack);
+    let code = sidecar.run(&mut stops).await;
+    info!(code, "COMMAND is gone; handing every shard back");
     shutdown.cancel();
-    hand_back(sidecar, &args).await?;
+    sidecar.hand_back(&args).await?;
     Ok(code)
 }
 
@@ -140,48 +119,12 @@ fn files(set: &str) -> (PathBuf, PathBuf) {
     (file, ack)
 }
 
-/// Starts COMMAND with `env` added, in a process group of its own.
-fn spawn(args: &RunArgs, env: &[(&str, OsString)]) -> Result<Child, Fail> {
-    let mut command = tokio::process::Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .process_group(0)
-        .kill_on_drop(true);
-    command.spawn().map_err(|e| {
-        let code = match e.kind() {
-            std::io::ErrorKind::NotFound => exit::NOT_FOUND,
-            _ => exit::CANNOT_EXECUTE,
-        };
-        Fail::new(code, anyhow!(e).context("cannot start COMMAND"))
-    })
+/// COMMAND and its arguments, for the supervisor.
+fn command_of(args: &RunArgs) -> Vec<OsString> {
+    args.command.clone()
 }
 
-/// COMMAND is gone: hands every shard back, removes the files, and tells how the candidate
-/// ended.
-async fn hand_back(mut sidecar: Sidecar, args: &RunArgs) -> Result<(), Fail> {
-    // COMMAND is gone: nothing acts on any shard any more, nor on one acquired meanwhile.
-    sidecar.guards.clear();
-    let assignments = &mut sidecar.assignments;
-    let _ = tokio::time::timeout(args.lease_duration, async {
-        while let Some(shard) = assignments.next().await {
-            drop(shard);
-        }
-    })
-    .await;
-    let result = match tokio::time::timeout(args.renew_deadline, sidecar.assignments.finish()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => {
-            warn!(error = %e, "the shard candidate failed");
-            Err(Fail::new(exit::for_error(&e), e))
-        }
-        Err(_) => {
-            warn!("handing the shards back timed out");
-            Ok(())
-        }
-    };
-    let _ = std::fs::remove_file(&sidecar.file);
-    let _ = std::fs::remove_file(&sidecar.ack);
-    result
+/// Warns about, and otherwise ignores, a failure to write the shard file.
+fn warn_file(e: &std::io::Error, file: &std::path::Path) {
+    warn!(error = %e, file = %file.display(), "cannot write the shard file");
 }

@@ -19,19 +19,38 @@ fn shards_are_leases_with_a_catchable_signal() {
     };
     let r = run("kube-leader run --lock l --strategy lease --shards 64 -- true");
     assert_eq!(r.shards, Some(64));
-    assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGHUP);
+    assert_eq!(r.on_shards_change, crate::shards::OnChange::Restart);
     r.validate().unwrap();
-    let r = run("kube-leader run --lock l --strategy lease --shards 4 --shards-signal usr1 -- true");
-    assert_eq!(r.shards_signal, nix::sys::signal::Signal::SIGUSR1);
+    let r =
+        run("kube-leader run --lock l --strategy lease --shards 4 --on-shards-change signal:usr1 -- true");
+    assert_eq!(
+        r.on_shards_change,
+        crate::shards::OnChange::Signal(nix::sys::signal::Signal::SIGUSR1)
+    );
     let e = run("kube-leader run --lock l --shards 4 -- true")
         .validate()
         .unwrap_err();
     assert!(e.contains("--shards") && e.contains("--strategy lease"), "{e}");
     for bad in [
         "kube-leader run --lock l --strategy lease --shards 0 -- true",
-        "kube-leader run --lock l --strategy lease --shards 4 --shards-signal KILL -- true",
+        "kube-leader run --lock l --strategy lease --shards 4 --on-shards-change signal:KILL -- true",
+        "kube-leader run --lock l --strategy lease --shards 4 --on-shards-change hup -- true",
     ] {
         assert!(parse(bad).is_err(), "{bad}");
+    }
+    // Refused, not ignored: they name one lock's leader.
+    for (bad, flag) in [
+        ("--shards 4 --status-addr :4040", "--status-addr"),
+        ("--shards 4 --label-pod", "--label-pod"),
+        ("--shards 4 --ready-only-when-leader", "--ready-only-when-leader"),
+        ("--on-shards-change signal:HUP", "--on-shards-change"),
+    ] {
+        let e = run(&format!(
+            "kube-leader run --lock l --strategy lease {bad} -- true"
+        ))
+        .validate()
+        .unwrap_err();
+        assert!(e.contains(flag), "{bad}: {e}");
     }
 }
 

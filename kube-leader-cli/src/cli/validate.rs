@@ -31,6 +31,7 @@ impl RunArgs {
         if self.shards.is_some() && self.lock.strategy != StrategyArg::Lease {
             return Err("invalid value for '--shards': shards are Leases: add --strategy lease".into());
         }
+        self.validate_shards_flags()?;
         if self.lock.strategy == StrategyArg::Lease {
             let bound = self.lease_duration.saturating_sub(self.renew_deadline);
             match self.grace {
@@ -48,6 +49,27 @@ impl RunArgs {
             }
         }
         self.validate_not_ready_takeover()
+    }
+
+    /// Flags that have no meaning with `--shards` (a status server, the Pod label and readiness
+    /// name one lock's leader) are refused rather than ignored; `--on-shards-change` only
+    /// applies with `--shards`.
+    fn validate_shards_flags(&self) -> Result<(), String> {
+        let sharded = self.shards.is_some();
+        let single_lock = [
+            ("--status-addr", self.status_addr.is_some()),
+            ("--label-pod", self.label_pod),
+            ("--ready-only-when-leader", self.ready_only_when_leader),
+        ];
+        if let Some((flag, _)) = single_lock.iter().find(|(_, set)| sharded && *set) {
+            return Err(format!(
+                "the argument '{flag}' cannot be used with '--shards': it tells one lock's leader,                  and a shard candidate holds several (each shard's holder is in its Lease:                  kube-leader status --lock SET-N)"
+            ));
+        }
+        if !sharded && self.on_shards_change != crate::shards::OnChange::Restart {
+            return Err("the argument '--on-shards-change' needs '--shards'".into());
+        }
+        Ok(())
     }
 
     /// `--not-ready-takeover`: leader for life only, and more than zero.

@@ -1,14 +1,12 @@
 //! The shard file COMMAND reads (`generation N`, then `INDEX FENCING_TOKEN` per held shard) and
 //! the acknowledgement it writes.
 
-use std::path::Path;
-
-use kube_leader::shards::ShardSet;
+use std::{collections::BTreeMap, path::Path};
 
 /// The shard file: `generation N`, then `INDEX FENCING_TOKEN` per held shard.
-pub(super) fn render(generation: u64, set: &ShardSet) -> String {
+pub(super) fn render(generation: u64, set: &BTreeMap<u32, u64>) -> String {
     let mut s = format!("generation {generation}\n");
-    for (index, token) in &set.held {
+    for (index, token) in set {
         s.push_str(&format!("{index} {token}\n"));
     }
     s
@@ -30,30 +28,20 @@ pub(super) fn read_ack(path: &Path) -> u64 {
 }
 
 /// The held shards as `0,3,7`.
-pub(super) fn list(set: &ShardSet) -> String {
-    set.held
-        .keys()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+pub(super) fn list(set: &BTreeMap<u32, u64>) -> String {
+    set.keys().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     #[test]
     fn the_file_lists_the_generation_then_each_shard_with_its_token() {
-        let set = ShardSet {
-            held: BTreeMap::from([(0, 17), (3, 42)]),
-            members: 2,
-            quota: 2,
-        };
+        let set = BTreeMap::from([(0, 17), (3, 42)]);
         assert_eq!(render(5, &set), "generation 5\n0 17\n3 42\n");
         assert_eq!(list(&set), "0,3");
-        assert_eq!(render(1, &ShardSet::default()), "generation 1\n");
+        assert_eq!(render(1, &BTreeMap::new()), "generation 1\n");
     }
 
     #[test]

@@ -1,19 +1,11 @@
-//! The sidecar's loop while COMMAND runs: shards acquired and lost, the shard file rewritten
-//! and COMMAND told on every change, shards handed back once COMMAND acknowledges.
+//! The sidecar's loop: shards acquired and lost, COMMAND started with its set, restarted or
+//! told on every change, kept within its set's deadline; a shard released only once COMMAND
+//! no longer works on it.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
 
 use kube_leader::shards::{Assignments, Shard, ShardSet};
-use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
-};
 use tokio::{
-    process::Child,
     signal::unix::{signal, Signal as UnixSignal, SignalKind},
     sync::watch,
     time::Instant,
@@ -21,9 +13,19 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
+    command::{Ended, Run},
     file::{list, read_ack, render, write_atomically},
-    signal::{exit_code, forward, tell},
+    signal::OnChange,
+    warn_file,
 };
+use crate::{
+    cli::{LogFormat, RunArgs},
+    exit::{self, Fail},
+};
+
+/// How often the loop looks at its shards' confirmations, COMMAND's acknowledgement and a
+/// held-back signal (nothing is sent unless something changed).
+const TICK: Duration = Duration::from_millis(50);
 
 /// SIGTERM, SIGINT and SIGQUIT, forwarded to COMMAND.
 pub(super) struct StopSignals {
@@ -40,149 +42,339 @@ impl StopSignals {
             quit: signal(SignalKind::quit())?,
         })
     }
+
+    /// The next stop signal's number.
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.term.recv() => libc_signo(SignalKind::terminate()),
+            _ = self.int.recv() => libc_signo(SignalKind::interrupt()),
+            _ = self.quit.recv() => libc_signo(SignalKind::quit()),
+        }
+    }
 }
 
-/// The shards held for COMMAND, and what COMMAND has been told of them.
+fn libc_signo(kind: SignalKind) -> i32 {
+    kind.as_raw_value()
+}
+
+/// The shards held for COMMAND, and COMMAND.
 pub(super) struct Sidecar {
-    pub(super) assignments: Assignments,
-    pub(super) held: watch::Receiver<ShardSet>,
-    /// The set in the file now.
-    pub(super) current: ShardSet,
-    pub(super) generation: u64,
-    /// COMMAND's process group.
-    pub(super) group: Pid,
-    pub(super) notify: Signal,
-    pub(super) grace: Duration,
-    pub(super) file: PathBuf,
-    pub(super) ack: PathBuf,
-    /// Held shards by index.
-    pub(super) guards: BTreeMap<u32, Shard>,
-    /// Shards lost, waiting for COMMAND: index → (generation, give up at).
-    pub(super) pending: BTreeMap<u32, (u64, Instant)>,
-    pub(super) engine_ended: bool,
-    /// A change written to the file but not yet signalled (COMMAND has no handler yet), since.
-    pub(super) untold: Option<Instant>,
-    pub(super) warned: bool,
+    assignments: Assignments,
+    /// The fair share and the members, as the candidate sees them.
+    held: watch::Receiver<ShardSet>,
+    /// Every shard guard held: a shard is released when its guard is dropped.
+    guards: BTreeMap<u32, Shard>,
+    /// COMMAND now, if it runs.
+    run: Option<Run>,
+    on_change: OnChange,
+    command: Vec<OsString>,
+    grace: Duration,
+    renew_deadline: Duration,
+    log_format: LogFormat,
+    env: Vec<(&'static str, String)>,
+    file: PathBuf,
+    ack: PathBuf,
+    generation: u64,
+    /// COMMAND starts with its fair share, or with what there is by then.
+    first_start_by: Instant,
+    started_once: bool,
+    /// Restart mode: since when an addition to the set waits for the rest of the share.
+    adding_since: Option<Instant>,
+    /// kube-leader was told to stop, or the candidate ended: no new run of COMMAND.
+    stopping: bool,
+    engine_ended: bool,
 }
 
 // === impl Sidecar ===
 
 impl Sidecar {
-    /// Runs until COMMAND exits; returns its exit code.
-    pub(super) async fn until_exit(&mut self, child: &mut Child, stops: &mut StopSignals) -> u8 {
-        let group = self.group;
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
+    pub(super) fn new(
+        args: &RunArgs,
+        log_format: LogFormat,
+        assignments: Assignments,
+        env: Vec<(&'static str, String)>,
+        file: PathBuf,
+        ack: PathBuf,
+    ) -> Self {
+        Self {
+            held: assignments.held(),
+            assignments,
+            guards: BTreeMap::new(),
+            run: None,
+            on_change: args.on_shards_change,
+            command: super::command_of(args),
+            grace: args.grace(),
+            renew_deadline: args.renew_deadline,
+            log_format,
+            env,
+            file,
+            ack,
+            generation: 0,
+            first_start_by: Instant::now() + args.lease_duration,
+            started_once: false,
+            adding_since: None,
+            stopping: false,
+            engine_ended: false,
+        }
+    }
+
+    /// Runs until COMMAND has ended for good; returns the exit code.
+    pub(super) async fn run(&mut self, stops: &mut StopSignals) -> u8 {
+        let mut tick = tokio::time::interval(TICK);
         loop {
+            if let Some(code) = self.reconcile().await {
+                return code;
+            }
             tokio::select! {
                 biased;
-                status = child.wait() => {
-                    return match status {
-                        Ok(s) => exit_code(s),
-                        Err(_) => 1,
-                    };
+                ended = ended(&mut self.run) => {
+                    if let Some(code) = self.on_ended(ended) {
+                        return code;
+                    }
                 }
-                _ = stops.term.recv() => forward(group, Signal::SIGTERM),
-                _ = stops.int.recv() => forward(group, Signal::SIGINT),
-                _ = stops.quit.recv() => forward(group, Signal::SIGQUIT),
-                shard = self.assignments.next(), if !self.engine_ended => self.on_shard(shard),
-                Ok(()) = self.held.changed() => self.on_change(),
-                _ = tick.tick(), if !self.pending.is_empty() || self.untold.is_some() => self.on_tick(),
+                signo = stops.recv() => {
+                    self.stopping = true;
+                    match &mut self.run {
+                        Some(run) => {
+                            info!(signal = signo, "forwarding signal to COMMAND");
+                            run.forward(signo).await;
+                        }
+                        None => return 0,
+                    }
+                }
+                shard = self.assignments.next(), if !self.engine_ended => self.on_shard(shard).await,
+                _ = tick.tick() => {}
             }
         }
     }
 
     /// A shard was acquired (`Some`), or the candidate stopped (`None`).
-    fn on_shard(&mut self, shard: Option<Shard>) {
-        let Some(shard) = shard else {
-            self.engine_ended = true;
-            warn!("the shard candidate stopped; stopping COMMAND");
-            forward(self.group, Signal::SIGTERM);
-            let deadline = Instant::now() + self.grace;
-            let group = self.group;
-            tokio::spawn(async move {
-                tokio::time::sleep_until(deadline).await;
-                let _ = killpg(group, Signal::SIGKILL);
-            });
-            return;
-        };
-        let index = shard.index();
-        if !self.current.held.contains_key(&index) && !shard.leadership().is_leader() {
-            self.pending.insert(
-                index,
-                (
-                    self.generation,
-                    Instant::now() + self.grace + Duration::from_secs(1),
-                ),
-            );
+    async fn on_shard(&mut self, shard: Option<Shard>) {
+        match shard {
+            Some(shard) => {
+                self.guards.insert(shard.index(), shard);
+            }
+            None => {
+                self.engine_ended = true;
+                self.stopping = true;
+                warn!("the shard candidate stopped; stopping COMMAND");
+                if let Some(run) = &mut self.run {
+                    run.stop("the shard candidate stopped").await;
+                }
+            }
         }
-        self.guards.insert(index, shard);
     }
 
-    /// The held set changed: the file is rewritten and COMMAND told.
-    fn on_change(&mut self) {
-        let next = self.held.borrow_and_update().clone();
-        if next.held != self.current.held {
+    /// COMMAND ended: `Some(code)` when kube-leader ends with it, `None` for a restart.
+    fn on_ended(&mut self, ended: Ended) -> Option<u8> {
+        self.run = None;
+        if !ended.orderly {
+            return Some(exit::LOST);
+        }
+        if self.stopping || !ended.stopped {
+            if !ended.stopped {
+                info!(code = ended.code, "COMMAND exited");
+            }
+            return Some(ended.code);
+        }
+        info!(
+            code = ended.code,
+            "COMMAND stopped; starting it again with its shards"
+        );
+        None
+    }
+
+    /// The shards that are ours now, with their fencing tokens.
+    fn desired(&self) -> BTreeMap<u32, u64> {
+        self.guards
+            .iter()
+            .filter(|(_, g)| g.leadership().is_leader())
+            .map(|(i, g)| (*i, g.fencing_token()))
+            .collect()
+    }
+
+    /// Brings COMMAND in line with the shards: releases what nobody works on, starts COMMAND,
+    /// restarts or tells it of a change, sends its deadline. `Some(code)` to end.
+    async fn reconcile(&mut self) -> Option<u8> {
+        let desired = self.desired();
+        let working: Vec<u32> = self
+            .run
+            .as_ref()
+            .map(|r| r.working().collect())
+            .unwrap_or_default();
+        // Not ours any more and not worked on: released (the guard's drop lets the engine).
+        self.guards
+            .retain(|i, g| g.leadership().is_leader() || working.contains(i));
+        if self.run.is_none() {
+            if self.stopping {
+                return Some(0);
+            }
+            return self.start(desired).await;
+        }
+        if !self.stopping && self.run.as_ref().is_some_and(|r| !r.stopping) {
+            match self.on_change {
+                OnChange::Restart => self.restart_on_change(&desired).await,
+                OnChange::Signal(sig) => self.signal_on_change(desired, sig).await,
+            }
+        }
+        let until = self.deadline();
+        if let Some(run) = &mut self.run {
+            run.confirm(until).await;
+        }
+        None
+    }
+
+    /// Starts COMMAND with `set` (once its share is held, or the first wait is over).
+    async fn start(&mut self, set: BTreeMap<u32, u64>) -> Option<u8> {
+        let quota = self.held.borrow().quota as usize;
+        let now = Instant::now();
+        if !self.started_once && set.len() < quota.max(1) && now < self.first_start_by {
+            return None;
+        }
+        self.generation += 1;
+        if let Err(e) = write_atomically(&self.file, &render(self.generation, &set)) {
+            warn_file(&e, &self.file);
+        }
+        let mut env: Vec<(&str, String)> = self.env.iter().map(|(k, v)| (*k, v.clone())).collect();
+        env.push(("KUBE_LEADER_SHARD_SET", list(&set)));
+        env.push(("KUBE_LEADER_SHARDS_GENERATION", self.generation.to_string()));
+        if let OnChange::Signal(sig) = self.on_change {
+            env.push(("KUBE_LEADER_SHARDS_SIGNAL", sig.as_str().to_string()));
+        }
+        let until = self.deadline_of(set.keys().copied());
+        let shards = list(&set);
+        match Run::start(&self.command, self.grace, self.log_format, &env, set, until).await {
+            Ok(run) => {
+                info!(shards = %shards, generation = self.generation, "starting COMMAND");
+                self.run = Some(run);
+                self.started_once = true;
+                self.adding_since = None;
+                None
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
+                Some(1)
+            }
+        }
+    }
+
+    /// Restart mode: a shard gone from the set stops COMMAND at once; an addition waits for
+    /// the rest of the share (at most a second), so that joining shards cost one restart.
+    async fn restart_on_change(&mut self, desired: &BTreeMap<u32, u64>) {
+        let Some(run) = &mut self.run else { return };
+        if *desired == run.told {
+            self.adding_since = None;
+            return;
+        }
+        let removed = run.told.keys().any(|i| !desired.contains_key(i));
+        let quota = self.held.borrow().quota as usize;
+        let since = *self.adding_since.get_or_insert_with(Instant::now);
+        if removed || desired.len() >= quota || since.elapsed() >= Duration::from_secs(1) {
+            run.stop("its shards changed (--on-shards-change restart)").await;
+        }
+    }
+
+    /// Signal mode: the file rewritten and COMMAND signalled on a change; leaving shards
+    /// released once it acknowledges; restarted without an acknowledgement within the grace.
+    async fn signal_on_change(&mut self, desired: BTreeMap<u32, u64>, sig: nix::sys::signal::Signal) {
+        let acked = read_ack(&self.ack);
+        let Some(run) = &mut self.run else { return };
+        if desired != run.told {
             self.generation += 1;
-            let generation = self.generation;
-            let gone: BTreeSet<u32> = self
-                .current
-                .held
+            let gone: Vec<u32> = run
+                .told
                 .keys()
-                .filter(|i| !next.held.contains_key(i))
+                .filter(|i| !desired.contains_key(i))
                 .copied()
                 .collect();
-            for index in gone {
-                self.pending.insert(
-                    index,
-                    (generation, Instant::now() + self.grace + Duration::from_secs(1)),
-                );
+            run.leaving.extend(gone);
+            if let Err(e) = write_atomically(&self.file, &render(self.generation, &desired)) {
+                warn_file(&e, &self.file);
             }
-            if let Err(e) = write_atomically(&self.file, &render(generation, &next)) {
-                warn!(error = %e, file = %self.file.display(), "cannot write the shard file");
-            }
-            self.untold.get_or_insert_with(Instant::now);
-            let notify = self.notify;
-            if tell(self.group, notify, &mut self.untold) {
-                info!(shards = %list(&next), generation, "shards changed; COMMAND told");
-            } else {
-                info!(shards = %list(&next), generation, signal = notify.as_str(), "shards changed; COMMAND is told once it handles the signal");
-            }
+            info!(shards = %list(&desired), generation = self.generation, "shards changed; telling COMMAND");
+            run.told = desired;
+            run.ack_wanted = Some((self.generation, Instant::now()));
+            run.tell(sig).await;
+        } else if let Some(sig) = run.untold {
+            run.tell(sig).await;
         }
-        self.current = next;
+        match run.ack_wanted {
+            Some((generation, _)) if acked >= generation => {
+                run.ack_wanted = None;
+                run.leaving.clear();
+            }
+            Some((generation, told)) if told.elapsed() >= self.grace => {
+                warn!(generation, grace = %humantime::format_duration(self.grace),
+                    "COMMAND did not acknowledge its shards in time; restarting it");
+                run.stop("no acknowledgement within --grace").await;
+            }
+            _ => {}
+        }
     }
 
-    /// Every 50 ms while something waits: a change still untold, shards waiting for COMMAND's
-    /// acknowledgement.
-    fn on_tick(&mut self) {
-        let since = self.untold;
-        let (group, notify, generation) = (self.group, self.notify, self.generation);
-        if since.is_some() && tell(group, notify, &mut self.untold) {
-            info!(generation, "COMMAND handles the signal now; told");
-        } else if since.is_some_and(|t| !self.warned && t.elapsed() >= self.grace) {
-            self.warned = true;
-            warn!(signal = notify.as_str(), pid = group.as_raw(), "COMMAND neither catches nor ignores the shard signal, so it is not sent (its default action would end COMMAND): install a handler (exec the program from a shell wrapper) or choose --shards-signal");
-        }
-        let acked = read_ack(&self.ack);
+    /// COMMAND's deadline: the earliest confirmed-until of the shards it works on; with none,
+    /// this loop's own heartbeat.
+    fn deadline(&self) -> Instant {
+        let working: Vec<u32> = self
+            .run
+            .as_ref()
+            .map(|r| r.working().collect())
+            .unwrap_or_default();
+        self.deadline_of(working.into_iter())
+    }
+
+    fn deadline_of(&self, shards: impl Iterator<Item = u32>) -> Instant {
         let now = Instant::now();
-        let done: Vec<u32> = self
-            .pending
-            .iter()
-            .filter(|(_, (g, until))| *g <= acked || now >= *until)
-            .map(|(i, _)| *i)
-            .collect();
-        for index in done {
-            let g = self.pending.remove(&index).map_or(0, |(g, _)| g);
-            if g > acked {
-                warn!(
-                    shard = index,
-                    generation = g,
-                    "COMMAND did not acknowledge in time; the shard was left to expire"
-                );
+        shards
+            .map(|i| {
+                self.guards
+                    .get(&i)
+                    .and_then(|g| g.leadership().confirmed_until())
+                    .unwrap_or(now)
+            })
+            .min()
+            .unwrap_or(now + self.renew_deadline)
+    }
+
+    /// COMMAND is gone: hands every shard back and removes the files.
+    pub(super) async fn hand_back(mut self, args: &RunArgs) -> Result<(), Fail> {
+        // Nothing acts on any shard any more, nor on one acquired meanwhile.
+        self.guards.clear();
+        let assignments = &mut self.assignments;
+        let _ = tokio::time::timeout(args.lease_duration, async {
+            while let Some(shard) = assignments.next().await {
+                drop(shard);
             }
-            // Not ours any more, or handed back once COMMAND stopped work on it.
-            if !self.current.held.contains_key(&index) {
-                self.guards.remove(&index);
+        })
+        .await;
+        let result = match tokio::time::timeout(args.renew_deadline, self.assignments.finish()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                warn!(error = %e, "the shard candidate failed");
+                Err(Fail::new(exit::for_error(&e), e))
             }
-        }
+            Err(_) => {
+                warn!("handing the shards back timed out");
+                Ok(())
+            }
+        };
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_file(&self.ack);
+        result
+    }
+}
+
+/// How the current run of COMMAND ends; pending while none runs.
+///
+/// # Cancellation safety
+/// Cancel-safe ([`Run::event`] is).
+async fn ended(run: &mut Option<Run>) -> Ended {
+    match run {
+        Some(run) => loop {
+            if let Some(ended) = run.event().await {
+                return ended;
+            }
+        },
+        None => std::future::pending().await,
     }
 }

@@ -1,25 +1,35 @@
-//! Signals to COMMAND: the change signal, sent only once COMMAND handles it, and the stop
-//! signals kube-leader forwards; `--shards-signal` parsing.
+//! `--on-shards-change`: restart COMMAND, or signal it (an explicit opt-in); in signal mode the
+//! signal is held back until COMMAND's handler is installed (a timing aid for a program that
+//! installs it late, never a guess whether it handles the signal: that is the user's word).
 
-use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
-};
-use tokio::time::Instant;
+use nix::{sys::signal::Signal, unistd::Pid};
 
-/// Sends the change signal to COMMAND's group if COMMAND handles it; clears `untold` if sent.
-pub(super) fn tell(group: Pid, signal: Signal, untold: &mut Option<Instant>) -> bool {
-    if group.as_raw() <= 0 || !handles(group, signal) {
-        return false;
+/// What a change of COMMAND's shards does (`--on-shards-change`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnChange {
+    /// Stop COMMAND, release the shards it gave up, start it again with the new set.
+    Restart,
+    /// Rewrite the shard file and send this signal; COMMAND acknowledges (else: restart).
+    Signal(Signal),
+}
+
+/// Parses `--on-shards-change`: `restart`, or `signal:SIG` (`signal` alone is `signal:HUP`).
+pub(crate) fn parse_on_change(s: &str) -> Result<OnChange, String> {
+    match s.trim() {
+        "restart" => Ok(OnChange::Restart),
+        "signal" => Ok(OnChange::Signal(Signal::SIGHUP)),
+        other => match other.strip_prefix("signal:") {
+            Some(sig) => parse_signal(sig).map(OnChange::Signal),
+            None => Err(format!(
+                "unknown policy {s:?}: `restart` (the default) or `signal:SIG` (e.g. signal:HUP)"
+            )),
+        },
     }
-    forward(group, signal);
-    *untold = None;
-    true
 }
 
 /// Whether sending `signal` to `pid` cannot end it: the process catches or ignores it
 /// (`SigCgt`/`SigIgn` in `/proc/PID/status`), or the signal's default action is to ignore it.
-fn handles(pid: Pid, signal: Signal) -> bool {
+pub(super) fn handles(pid: Pid, signal: Signal) -> bool {
     if matches!(
         signal,
         Signal::SIGCHLD | Signal::SIGURG | Signal::SIGWINCH | Signal::SIGCONT
@@ -39,25 +49,8 @@ fn handled_in(status: &str, signal: Signal) -> bool {
         .any(|mask| mask & bit != 0)
 }
 
-/// Sends `signal` to COMMAND's process group (once it has one).
-pub(super) fn forward(group: Pid, signal: Signal) {
-    if group.as_raw() > 0 {
-        let _ = killpg(group, signal);
-    }
-}
-
-/// COMMAND's exit code: its code, or 128+N for signal N.
-pub(super) fn exit_code(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => u8::try_from(c).unwrap_or(1),
-        (None, Some(s)) => u8::try_from(128 + s).unwrap_or(255),
-        _ => 1,
-    }
-}
-
-/// Parses `--shards-signal`: `HUP`, `SIGHUP`, `USR1`, ...
-pub(crate) fn parse_signal(s: &str) -> Result<Signal, String> {
+/// Parses a signal name: `HUP`, `SIGHUP`, `USR1`, ...
+fn parse_signal(s: &str) -> Result<Signal, String> {
     let name = s.trim().to_ascii_uppercase();
     let name = if name.starts_with("SIG") {
         name
@@ -113,6 +106,18 @@ mod tests {
         drop(stdin);
         child.wait().unwrap();
         assert!(!handles(pid, Signal::SIGUSR1), "gone");
+    }
+
+    #[test]
+    fn policies() {
+        assert_eq!(parse_on_change("restart"), Ok(OnChange::Restart));
+        assert_eq!(parse_on_change("signal"), Ok(OnChange::Signal(Signal::SIGHUP)));
+        assert_eq!(
+            parse_on_change("signal:usr1"),
+            Ok(OnChange::Signal(Signal::SIGUSR1))
+        );
+        assert!(parse_on_change("signal:KILL").is_err());
+        assert!(parse_on_change("hup").unwrap_err().contains("restart"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use super::{
     clock::to_mono,
     protocol::{log_format_arg, Start},
-    reap::send_group,
+    reap::{send_group, waited_by_handle},
 };
 use crate::{cli::LogFormat, exit};
 
@@ -96,6 +96,9 @@ impl Supervisor {
             .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .kill_on_drop(false);
         let process = cmd.spawn().context("start the supervisor process")?;
+        if let Some(pid) = process.id().and_then(|p| i32::try_from(p).ok()) {
+            waited_by_handle(pid);
+        }
         ours.set_nonblocking(true).context("control socket")?;
         let sock = tokio::net::UnixStream::from_std(ours).context("control socket")?;
         let (rx, tx) = sock.into_split();

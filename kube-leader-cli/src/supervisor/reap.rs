@@ -53,10 +53,26 @@ fn stat(pid: Pid) -> Option<(char, i32)> {
     Some((state, fields.next()?.parse().ok()?))
 }
 
+/// The supervisors kube-leader started: they have process groups of their own, and are waited
+/// for through their handles, so [`reap_orphans`] must leave them alone.
+static SUPERVISORS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Marks `pid` (a supervisor just started) as waited for by its handle.
+pub(crate) fn waited_by_handle(pid: i32) {
+    if let Ok(mut s) = SUPERVISORS.lock() {
+        s.retain(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        s.push(pid);
+    }
+}
+
+fn is_supervisor(pid: Pid) -> bool {
+    SUPERVISORS.lock().is_ok_and(|s| s.contains(&pid.as_raw()))
+}
+
 /// kube-leader's reaper: reaps the zombies among its children that are not in its own process
-/// group, that is orphans it adopted as a subreaper (COMMAND once its supervisor died, what
-/// COMMAND left behind). Its own children (the supervisor, credential plugins) stay in its
-/// group and are waited for by whoever started them, whose exit status this must not steal.
+/// group and not its supervisors, that is orphans it adopted as a subreaper (COMMAND once its
+/// supervisor died, what COMMAND left behind). Its own children (supervisors, credential
+/// plugins) are waited for by whoever started them, whose exit status this must not steal.
 pub(crate) async fn reap_orphans() {
     let Ok(mut sigchld) = signal(SignalKind::child()) else {
         warn!("cannot watch SIGCHLD; orphans of COMMAND are not reaped");
@@ -66,7 +82,7 @@ pub(crate) async fn reap_orphans() {
     loop {
         for pid in children() {
             if let Some(('Z', group)) = stat(pid) {
-                if group != own {
+                if group != own && !is_supervisor(pid) {
                     let status = waitpid(pid, Some(WaitPidFlag::WNOHANG));
                     debug!(pid = pid.as_raw(), ?status, "reaped an orphan");
                 }

@@ -1,0 +1,202 @@
+//! One run of COMMAND in shards mode, under its supervisor: started with a set of shards,
+//! kept within the set's deadline, told of changes (signal mode), stopped.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::OsString,
+    time::Duration,
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::signal::handles;
+use crate::{
+    cli::LogFormat,
+    supervisor::{kill_group_and_wait, Control, Report, Supervisor, SupervisorProcess},
+};
+
+/// How a run of COMMAND ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ended {
+    /// COMMAND's exit code (128+N for signal N).
+    pub(super) code: u8,
+    /// kube-leader asked it to stop (a restart, a lost deadline, a shutdown), or its supervisor
+    /// stopped it because its deadline passed; `false`: COMMAND exited by itself.
+    pub(super) stopped: bool,
+    /// The supervisor said its last word: COMMAND and what it left are gone. `false`: the
+    /// supervisor died, COMMAND died with it; its group was killed and waited for.
+    pub(super) orderly: bool,
+}
+
+/// COMMAND now, as the sidecar sees it.
+#[derive(Debug)]
+pub(super) struct Run {
+    process: SupervisorProcess,
+    control: Control,
+    /// The shards COMMAND was started with or last told, with their fencing tokens.
+    pub(super) told: BTreeMap<u32, u64>,
+    /// Shards no longer told that COMMAND may still work: until it acknowledges `ack_wanted`.
+    pub(super) leaving: BTreeSet<u32>,
+    /// Signal mode: the generation told, and when; COMMAND acknowledges it.
+    pub(super) ack_wanted: Option<(u64, Instant)>,
+    /// Signal mode: a change told in the file whose signal waits for COMMAND's handler.
+    pub(super) untold: Option<Signal>,
+    /// COMMAND's pid (its process group), once started.
+    pid: Option<Pid>,
+    /// Asked to stop (or stopped by its supervisor).
+    pub(super) stopping: bool,
+    /// The deadline last sent to the supervisor.
+    sent: Option<Instant>,
+    /// The backstop killed COMMAND: the supervisor is killed too if it has not exited by then.
+    kill_supervisor_at: Option<Instant>,
+}
+
+impl Run {
+    /// Starts COMMAND with `env` and the shards `told`, confirmed until `until`.
+    pub(super) async fn start(
+        command: &[OsString],
+        grace: Duration,
+        log_format: LogFormat,
+        env: &[(&str, String)],
+        told: BTreeMap<u32, u64>,
+        until: Instant,
+    ) -> anyhow::Result<Self> {
+        let Supervisor { process, control } = Supervisor::spawn(command, grace, log_format)?;
+        let mut run = Self {
+            process,
+            control,
+            told,
+            leaving: BTreeSet::new(),
+            ack_wanted: None,
+            untold: None,
+            pid: None,
+            stopping: false,
+            sent: Some(until),
+            kill_supervisor_at: None,
+        };
+        run.control.start(until, env).await;
+        Ok(run)
+    }
+
+    /// Every shard COMMAND may work on now: those told, and those leaving until acknowledged.
+    pub(super) fn working(&self) -> impl Iterator<Item = u32> + '_ {
+        self.told.keys().copied().chain(self.leaving.iter().copied())
+    }
+
+    /// COMMAND's deadline is now `until`.
+    pub(super) async fn confirm(&mut self, until: Instant) {
+        if self.sent != Some(until) && !self.stopping {
+            self.sent = Some(until);
+            self.control.confirm_until(until).await;
+        }
+    }
+
+    /// Stops COMMAND (SIGTERM, grace, SIGKILL), once.
+    pub(super) async fn stop(&mut self, why: &str) {
+        if !self.stopping {
+            info!(why, "stopping COMMAND");
+            self.stopping = true;
+            self.control.stop().await;
+        }
+    }
+
+    /// Forwards `signo` to COMMAND's process group.
+    pub(super) async fn forward(&mut self, signo: i32) {
+        self.control.signal(signo).await;
+    }
+
+    /// Signal mode: sends `signal` now if COMMAND's handler is installed, else holds it back.
+    pub(super) async fn tell(&mut self, signal: Signal) -> bool {
+        let ready = self.pid.is_some_and(|pid| handles(pid, signal));
+        if ready {
+            self.untold = None;
+            self.control.signal(signal as i32).await;
+        } else {
+            self.untold = Some(signal);
+        }
+        ready
+    }
+
+    /// The next thing that happens to COMMAND; `Some` once it is gone.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe.
+    pub(super) async fn event(&mut self) -> Option<Ended> {
+        tokio::select! {
+            biased;
+            code = self.process.wait() => Some(self.died(code).await),
+            report = self.control.report() => self.on_report(report),
+            _ = tokio::time::sleep_until(self.kill_supervisor_at.unwrap_or_else(Instant::now)),
+                if self.kill_supervisor_at.is_some() => {
+                warn!("the supervisor did not exit after its COMMAND was killed; killing it");
+                self.kill_supervisor_at = None;
+                self.process.kill();
+                None
+            }
+        }
+    }
+
+    fn on_report(&mut self, report: Report) -> Option<Ended> {
+        match report {
+            Report::Started(pid) => {
+                self.pid = i32::try_from(pid).ok().map(Pid::from_raw);
+                info!(pid, shards = ?self.told.keys().collect::<Vec<_>>(), "started COMMAND");
+            }
+            Report::Expired(since) => {
+                warn!(
+                    ?since,
+                    "the supervisor stopped COMMAND: a shard of its set was not confirmed in time"
+                );
+                self.stopping = true;
+            }
+            Report::Backstop => {
+                self.stopping = true;
+                self.kill_supervisor_at = Some(Instant::now() + Duration::from_secs(2));
+            }
+            Report::Failed(code) => debug!(code, "COMMAND could not be started"),
+            Report::Exited(code) => {
+                return Some(Ended {
+                    code,
+                    stopped: self.stopping,
+                    orderly: true,
+                })
+            }
+        }
+        None
+    }
+
+    /// The supervisor exited before its last word was read: if it did not say it (killed, or
+    /// crashed), COMMAND died with it; its group is killed and waited for.
+    async fn died(&mut self, code: u8) -> Ended {
+        let mut orderly = false;
+        let drain = async {
+            while let Some(report) = self.control.next_report().await {
+                match report {
+                    Report::Exited(_) => orderly = true,
+                    Report::Started(pid) => self.pid = i32::try_from(pid).ok().map(Pid::from_raw),
+                    Report::Expired(_) => self.stopping = true,
+                    _ => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        if !orderly {
+            warn!(
+                code,
+                "the supervisor died unexpectedly; killing COMMAND's process group"
+            );
+            if let Some(pid) = self.pid {
+                if !kill_group_and_wait(pid, Duration::from_secs(2)).await {
+                    warn!(pgid = pid.as_raw(), "COMMAND's process group would not die");
+                }
+            }
+        }
+        Ended {
+            code,
+            stopped: self.stopping,
+            orderly,
+        }
+    }
+}
