@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::{ForLifeConfig, INITIAL_BACKOFF},
-    decide::{decide, Decision, Inputs, Policy, Stale, Waiting},
+    decide::{decide, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting},
     elector::{cm_op, pod_op, uid_precondition, ForLife},
     fencing::fencing_token_of,
     node::NodeCheck,
@@ -78,6 +78,9 @@ pub(super) struct Election<'a> {
     pub(super) lock_state: LockState,
     pub(super) lock_watch_failing: bool,
     pub(super) leader_pod: Option<LeaderPodWatch>,
+    /// What this candidate saw of the end of the lock's owner, or (while there is no lock) of
+    /// the last owner it saw.
+    pub(super) fate: Option<Fate>,
     pub(super) node: Option<NodeCheck>,
     /// When to re-read the lock (and leader Pod) with GET instead of waiting for the watches:
     /// the fallback after an action, a transient error, or while a watch fails.
@@ -103,6 +106,7 @@ impl<'a> Election<'a> {
             lock_state: LockState::Unseen,
             lock_watch_failing: false,
             leader_pod: None,
+            fate: None,
             node: None,
             retry_at: None,
             last_wait: None,
@@ -129,13 +133,16 @@ impl<'a> Election<'a> {
                 let record = state.as_ref().map(LockRecord::from_config_map);
                 self.track_leader_pod(record.as_ref());
                 self.track_node();
+                let now = Instant::now();
+                self.track_fate(record.as_ref(), now);
                 let unknown = LeaderPod::Unknown;
                 let decision = decide(Inputs {
                     lock: record.as_ref(),
                     leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
                     node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
+                    fate: self.fate.as_ref(),
                     me: &self.me,
-                    now: Instant::now(),
+                    now,
                     policy: self.policy(),
                 });
                 match decision {
@@ -149,13 +156,14 @@ impl<'a> Election<'a> {
                     Decision::DeleteLock {
                         lock_uid,
                         why,
+                        proof,
                         delete_pod,
                     } => {
                         self.last_wait = None;
                         match self.confirm_leader_pod().await? {
                             // The Pod is as decided on: the lock is stale.
                             Confirmed::Yes => {
-                                if self.delete_stale(&lock_uid, &why, delete_pod).await? {
+                                if self.delete_stale(&lock_uid, &why, proof, delete_pod).await? {
                                     continue;
                                 }
                             }
@@ -181,9 +189,13 @@ impl<'a> Election<'a> {
     }
 
     /// Watches the Pod named by the lock's owner (if it is not this candidate), and only it.
+    /// While there is no lock, the last owner's Pod stays watched: its end may be unproven.
     fn track_leader_pod(&mut self, record: Option<&LockRecord>) {
+        let Some(record) = record else { return };
         let wanted = record
-            .and_then(|r| r.owner.as_ref().ok())
+            .owner
+            .as_ref()
+            .ok()
             .filter(|o| o.name != self.me.name)
             .map(|o| o.name.clone());
         match wanted {
@@ -204,6 +216,30 @@ impl<'a> Election<'a> {
                 self.leader_pod = None;
                 self.node = None;
             }
+        }
+    }
+
+    /// Keeps [`Fate`] for the lock's owner: a new one for a new owner, none for a lock without
+    /// one, and the last one while there is no lock. A former Pod of this candidate's own name
+    /// is gone (this Pod has its name), and was never watched.
+    fn track_fate(&mut self, record: Option<&LockRecord>, now: Instant) {
+        if let Some(record) = record {
+            let Ok(owner) = record.owner.as_ref() else {
+                self.fate = None;
+                return;
+            };
+            if self.fate.as_ref().is_none_or(|f| &f.owner != owner) {
+                self.fate = Some(Fate::new(owner.clone()));
+            }
+            if let Some(f) = self.fate.as_mut() {
+                f.released = record.released;
+            }
+        }
+        let Some(fate) = self.fate.as_mut() else { return };
+        if fate.owner.name == self.me.name {
+            fate.observe(&LeaderPod::Absent, now);
+        } else if let Some(p) = self.leader_pod.as_ref().filter(|p| p.name == fate.owner.name) {
+            fate.observe(&p.state, now);
         }
     }
 
@@ -432,9 +468,10 @@ impl<'a> Election<'a> {
         &mut self,
         lock_uid: &str,
         why: &Stale,
+        proof: Proof,
         delete_pod: Option<PodRef>,
     ) -> Result<bool> {
-        info!(reason = %why, lock_uid, "the lock is stale; deleting it");
+        info!(reason = %why, %proof, lock_uid, "the lock is stale; deleting it");
         if let Some(pod) = delete_pod {
             tokio::spawn(
                 delete_dead_pod(

@@ -6,8 +6,18 @@ use tokio::time::Instant;
 
 use super::{
     config::DeadLeaderPod,
-    record::{LeaderPod, LockRecord, Malformed, PodRef, PodView},
+    record::{LeaderPod, LockRecord, Malformed, PodRef, PodView, DEFAULT_GRACE},
 };
+
+/// The kubelet's shortest grace period when it stops a container without an override
+/// (`minimumGracePeriodInSeconds`, pkg/kubelet/kuberuntime/kuberuntime_manager.go in 1.20).
+pub(crate) const KUBELET_MIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Added to a leader Pod's grace before its containers are taken to be gone by time alone: the
+/// kubelet starts the kill in the same step as it writes the terminal status (its status write
+/// reaches the API server after the kill began), and the runtime's SIGKILL at the end of the
+/// grace takes milliseconds; this leaves room for a loaded node.
+pub(crate) const KILL_MARGIN: Duration = Duration::from_secs(2);
 
 /// The options that shape a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +37,9 @@ pub(crate) struct Inputs<'a> {
     /// Since when (by this candidate's clock) the leader Pod's Node has been seen not `Ready`;
     /// `None` if it was seen `Ready` or is not being checked.
     pub(crate) node_not_ready_since: Option<Instant>,
+    /// What this candidate saw of the end of the lock's owner (or, with no lock, of the last
+    /// owner it saw): `None` if it saw none.
+    pub(crate) fate: Option<&'a Fate>,
     /// This candidate.
     pub(crate) me: &'a PodRef,
     pub(crate) now: Instant,
@@ -45,6 +58,7 @@ pub(crate) enum Decision {
     DeleteLock {
         lock_uid: String,
         why: Stale,
+        proof: Proof,
         delete_pod: Option<PodRef>,
     },
     /// Somebody else leads, or the lock cannot be judged: wait for a change. If `recheck_at`
@@ -122,6 +136,99 @@ impl fmt::Display for Stale {
     }
 }
 
+/// What shows that nothing of a stale lock's term still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proof {
+    /// The leader's Pod is known to run no container: it was replaced or is gone after a
+    /// graceful deletion was seen (the kubelet deletes a Pod for good only after its containers
+    /// stopped), or the lock is a former one of this candidate's own Pod name... see the
+    /// variants' users.
+    PodDeletionCompleted,
+    /// The leader marked the lock released: its work had stopped.
+    Released,
+    /// The Pod's grace (plus [`KILL_MARGIN`]) has passed, by this candidate's clock, since it
+    /// saw the Pod end (terminal, gone or replaced): the kubelet has killed its containers.
+    GraceElapsed { waited: Duration },
+    /// No proof: the opt-in NotReady takeover, whose risk its documentation states.
+    OptIn,
+}
+
+impl fmt::Display for Proof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Proof::PodDeletionCompleted => f.write_str(
+                "its Pod's graceful deletion completed, which the kubelet does after its containers stopped",
+            ),
+            Proof::Released => f.write_str("its leader marked it released after its work stopped"),
+            Proof::GraceElapsed { waited } => {
+                write!(
+                    f,
+                    "its Pod's grace period and the kill margin have passed ({waited:?})"
+                )
+            }
+            Proof::OptIn => f.write_str("the opt-in NotReady takeover"),
+        }
+    }
+}
+
+/// What a waiting candidate saw of the end of a leader Pod, kept across decisions: on 1.20 the
+/// kubelet leaves little proof that a Pod's containers are gone (an eviction writes phase
+/// `Failed` without `containerStatuses` and only then kills them, and a terminal Pod's status is
+/// never synced again; a force-deleted Pod vanishes while its containers run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fate {
+    /// The leader Pod (from the lock's owner reference).
+    pub(crate) owner: PodRef,
+    /// The Pod's grace as last seen ([`PodView::grace`]); `None` if it was never seen.
+    pub(crate) grace: Option<Duration>,
+    /// A graceful deletion (`deletionTimestamp`) of this Pod was seen.
+    pub(crate) deletion_seen: bool,
+    /// When this candidate first saw the Pod terminal, gone or replaced.
+    pub(crate) ended_since: Option<Instant>,
+    /// The lock was last seen marked released by this leader.
+    pub(crate) released: bool,
+}
+
+// === impl Fate ===
+
+impl Fate {
+    /// Nothing seen yet of `owner`'s end.
+    pub(crate) fn new(owner: PodRef) -> Self {
+        Self {
+            owner,
+            grace: None,
+            deletion_seen: false,
+            ended_since: None,
+            released: false,
+        }
+    }
+
+    /// Takes in what the owner's Pod is now (seen at `now`).
+    pub(crate) fn observe(&mut self, pod: &LeaderPod, now: Instant) {
+        match pod {
+            LeaderPod::Unknown => {}
+            LeaderPod::Present(v) if v.uid == self.owner.uid => {
+                self.grace = Some(v.grace);
+                self.deletion_seen |= v.deleting;
+                if v.is_terminal() {
+                    self.ended_since.get_or_insert(now);
+                }
+            }
+            // Gone, or replaced by another Pod of that name.
+            _ => {
+                self.ended_since.get_or_insert(now);
+            }
+        }
+    }
+
+    /// When the grace proof holds: the grace (at least the kubelet's minimum, the API server's
+    /// default if the Pod was never seen) plus [`KILL_MARGIN`] after the end was first seen.
+    pub(crate) fn grace_deadline(&self) -> Option<Instant> {
+        let grace = self.grace.unwrap_or(DEFAULT_GRACE).max(KUBELET_MIN_GRACE);
+        self.ended_since.map(|t| t + grace + KILL_MARGIN)
+    }
+}
+
 /// Why a candidate waits. Compared to log each reason once, not on every event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Waiting {
@@ -131,6 +238,9 @@ pub(crate) enum Waiting {
     LeaderPodUnknown { holder: String },
     /// The leader Pod is being deleted but still runs; its lock goes with it.
     LeaderTerminating { holder: String },
+    /// The leader Pod has ended (`how`: terminal, gone, replaced), but nothing proves yet that
+    /// its containers have stopped.
+    LeaderMayRun { holder: String, how: String },
     /// The leader's Node is not `Ready`; the opt-in takeover waits for its grace.
     LeaderNodeNotReady { holder: String, node: String },
     /// The lock is being deleted.
@@ -153,6 +263,11 @@ impl fmt::Display for Waiting {
                     "the Node {node} of the leader Pod {holder} is not Ready; waiting for the takeover grace"
                 )
             }
+            Waiting::LeaderMayRun { holder, how } => write!(
+                f,
+                "the leader Pod {holder} {how}, but its containers may still run; waiting until its \
+                 leader releases the lock, its Pod's deletion completes, or its grace period has passed"
+            ),
             Waiting::LockTerminating => f.write_str("the lock is being deleted"),
             Waiting::Malformed(m) => write!(f, "{m}; waiting, never taking it over"),
         }
@@ -181,6 +296,7 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
     let stale = |why| Decision::DeleteLock {
         lock_uid: lock.uid.clone(),
         why,
+        proof: Proof::PodDeletionCompleted,
         delete_pod: None,
     };
     let holder = owner.name.clone();
@@ -215,6 +331,7 @@ fn decide_on_pod(
     let stale = |why| Decision::DeleteLock {
         lock_uid: lock.uid.clone(),
         why,
+        proof: Proof::PodDeletionCompleted,
         delete_pod: None,
     };
     if pod.is_terminal() {
@@ -231,6 +348,7 @@ fn decide_on_pod(
                 phase: pod.phase.clone().unwrap_or_default(),
                 reason: pod.reason.clone(),
             },
+            proof: Proof::PodDeletionCompleted,
             delete_pod: delete.then(|| owner.clone()),
         };
     }

@@ -24,6 +24,7 @@ fn lock(owner: Result<PodRef, Malformed>) -> LockRecord {
         fencing_token: Some(9),
         acquired_at: None,
         deleting: false,
+        released: false,
     }
 }
 
@@ -34,7 +35,15 @@ fn pod(uid: &str, phase: &str, reason: Option<&str>) -> LeaderPod {
         reason: reason.map(Into::into),
         deleting: false,
         node_name: Some("node-a".into()),
+        grace: GRACE,
     })
+}
+
+/// The leader Pod's grace in these tests.
+const GRACE: Duration = Duration::from_secs(10);
+/// When the grace proof holds for an end first seen at `t`.
+fn proven_at(t: Instant) -> Instant {
+    t + GRACE + KILL_MARGIN
 }
 
 const SEED: Policy = Policy {
@@ -48,10 +57,56 @@ fn run(lock: Option<&LockRecord>, leader_pod: &LeaderPod, policy: Policy) -> Dec
         lock,
         leader_pod,
         node_not_ready_since: None,
+        fate: None,
         me: &me(),
         now,
         policy,
     })
+}
+
+/// Decides at `now` with what was seen of the owner's end (`fate` observed `leader_pod`, as the
+/// campaign does before every decision).
+fn run_at(
+    lock: Option<&LockRecord>,
+    leader_pod: &LeaderPod,
+    fate: &mut Fate,
+    policy: Policy,
+    now: Instant,
+) -> Decision {
+    fate.observe(leader_pod, now);
+    decide(Inputs {
+        lock,
+        leader_pod,
+        node_not_ready_since: None,
+        fate: Some(fate),
+        me: &me(),
+        now,
+        policy,
+    })
+}
+
+/// The leader's fate, seen running (with its grace) before it ended.
+fn seen_running() -> Fate {
+    let mut f = Fate::new(leader());
+    f.observe(&pod("leader-1", "Running", None), Instant::now());
+    f
+}
+
+fn proof(d: &Decision) -> Option<Proof> {
+    match d {
+        Decision::DeleteLock { proof, .. } => Some(*proof),
+        _ => None,
+    }
+}
+
+fn may_run(d: &Decision) -> Option<Instant> {
+    match d {
+        Decision::Wait {
+            why: Waiting::LeaderMayRun { .. },
+            recheck_at,
+        } => *recheck_at,
+        _ => None,
+    }
 }
 
 fn deletes(d: &Decision) -> Option<(&Stale, &Option<PodRef>)> {
@@ -60,6 +115,7 @@ fn deletes(d: &Decision) -> Option<(&Stale, &Option<PodRef>)> {
             lock_uid,
             why,
             delete_pod,
+            ..
         } => {
             assert_eq!(lock_uid, "lock-1", "the UID precondition is the lock's");
             Some((why, delete_pod))
@@ -82,15 +138,29 @@ fn own_lock_by_uid_continues() {
 }
 
 #[test]
-fn same_name_other_uid_is_not_mine_and_is_stale() {
+fn same_name_other_uid_is_not_mine_and_is_stale_once_its_grace_has_passed() {
     let former = PodRef {
         name: "me".into(),
         uid: "me-0".into(),
     };
-    let d = run(Some(&lock(Ok(former))), &LeaderPod::Unknown, SEED);
+    let l = lock(Ok(former.clone()));
+    let mut fate = Fate::new(former);
+    // The campaign observes a former Pod of this name as gone: it was never watched, so its
+    // graceful deletion was not seen either, and its grace is the API server's default.
+    let t0 = Instant::now();
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, t0);
+    let until = t0 + DEFAULT_GRACE + KILL_MARGIN;
+    assert_eq!(may_run(&d), Some(until), "{d:?}");
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, until);
     let (why, delete_pod) = deletes(&d).expect("stale");
     assert_eq!(why, &Stale::FormerPodOfMine { uid: "me-0".into() });
     assert_eq!(delete_pod, &None, "never delete a Pod of my own name");
+    assert_eq!(
+        proof(&d),
+        Some(Proof::GraceElapsed {
+            waited: DEFAULT_GRACE + KILL_MARGIN
+        })
+    );
 }
 
 #[test]
@@ -118,84 +188,260 @@ fn live_leader_waits() {
 }
 
 #[test]
-fn gone_or_replaced_leader_is_stale() {
+fn gone_or_replaced_after_a_graceful_deletion_was_seen_is_stale_at_once() {
     let l = lock(Ok(leader()));
-    let d = run(Some(&l), &LeaderPod::Absent, SEED);
-    assert_eq!(
-        deletes(&d).unwrap().0,
-        &Stale::LeaderPodGone {
-            holder: "leader".into()
-        }
-    );
-    let d = run(Some(&l), &pod("leader-2", "Running", None), SEED);
-    assert_eq!(
-        deletes(&d).unwrap().0,
-        &Stale::LeaderPodReplaced {
-            holder: "leader".into()
-        }
-    );
-    assert_eq!(
-        deletes(&d).unwrap().1,
-        &None,
-        "the new Pod of that name is not touched"
-    );
-}
-
-#[test]
-fn every_terminal_phase_is_stale_and_the_pod_is_deleted_by_policy() {
-    let l = lock(Ok(leader()));
-    let cases = [
-        ("Failed", Some("Evicted"), [false, true, true]),
-        ("Failed", Some("Preempting"), [false, false, true]),
-        ("Failed", Some("NodeShutdown"), [false, false, true]),
-        ("Failed", None, [false, false, true]),
-        ("Succeeded", None, [false, false, true]),
-    ];
-    let policies = [
-        DeadLeaderPod::Keep,
-        DeadLeaderPod::DeleteEvicted,
-        DeadLeaderPod::DeleteTerminal,
-    ];
-    for (phase, reason, deleted) in cases {
-        for (policy, deleted) in policies.into_iter().zip(deleted) {
-            let policy = Policy {
-                dead_leader_pod: policy,
-                ..SEED
-            };
-            let d = run(Some(&l), &pod("leader-1", phase, reason), policy);
-            let (why, delete_pod) = deletes(&d).unwrap_or_else(|| panic!("{phase} {reason:?}: {d:?}"));
-            assert!(matches!(why, Stale::LeaderPodTerminated { .. }), "{why:?}");
-            assert_eq!(delete_pod.is_some(), deleted, "{phase} {reason:?} {policy:?}");
-            if deleted {
-                assert_eq!(delete_pod.as_ref(), Some(&leader()), "deleted by UID");
-            }
-        }
+    let LeaderPod::Present(mut deleting) = pod("leader-1", "Running", None) else {
+        unreachable!()
+    };
+    deleting.deleting = true;
+    for after in [LeaderPod::Absent, pod("leader-2", "Running", None)] {
+        let mut fate = seen_running();
+        let now = Instant::now();
+        let d = run_at(
+            Some(&l),
+            &LeaderPod::Present(deleting.clone()),
+            &mut fate,
+            SEED,
+            now,
+        );
+        assert!(
+            matches!(
+                d,
+                Decision::Wait {
+                    why: Waiting::LeaderTerminating { .. },
+                    recheck_at: None
+                }
+            ),
+            "a Pod being deleted still runs: {d:?}"
+        );
+        let d = run_at(Some(&l), &after, &mut fate, SEED, now);
+        let (why, delete_pod) = deletes(&d).unwrap_or_else(|| panic!("{after:?}: {d:?}"));
+        let want = match after {
+            LeaderPod::Absent => Stale::LeaderPodGone {
+                holder: "leader".into(),
+            },
+            _ => Stale::LeaderPodReplaced {
+                holder: "leader".into(),
+            },
+        };
+        assert_eq!(why, &want);
+        assert_eq!(delete_pod, &None, "the new Pod of that name is not touched");
+        assert_eq!(proof(&d), Some(Proof::PodDeletionCompleted));
     }
 }
 
 #[test]
-fn a_pod_already_being_deleted_is_not_deleted_again() {
+fn gone_or_replaced_without_a_graceful_deletion_seen_waits_for_the_grace() {
+    // A force deletion: the Pod vanishes at once while the kubelet has yet to kill its
+    // containers. Its grace counts from when this candidate saw it gone.
     let l = lock(Ok(leader()));
-    let LeaderPod::Present(mut view) = pod("leader-1", "Failed", Some("Evicted")) else {
+    for after in [LeaderPod::Absent, pod("leader-2", "Running", None)] {
+        let mut fate = seen_running();
+        let t0 = Instant::now();
+        let d = run_at(Some(&l), &after, &mut fate, SEED, t0);
+        assert_eq!(may_run(&d), Some(proven_at(t0)), "{after:?}: {d:?}");
+        let just_before = proven_at(t0) - Duration::from_millis(1);
+        let d = run_at(Some(&l), &after, &mut fate, SEED, just_before);
+        assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
+        let d = run_at(Some(&l), &after, &mut fate, SEED, proven_at(t0));
+        assert!(deletes(&d).is_some(), "{d:?}");
+        assert_eq!(deletes(&d).unwrap().1, &None);
+        assert_eq!(
+            proof(&d),
+            Some(Proof::GraceElapsed {
+                waited: GRACE + KILL_MARGIN
+            })
+        );
+    }
+    // Never seen at all (a candidate that started after the Pod was gone): the default grace.
+    let mut fate = Fate::new(leader());
+    let t0 = Instant::now();
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(t0 + DEFAULT_GRACE + KILL_MARGIN));
+}
+
+#[test]
+fn an_evicted_leader_is_waited_for_until_its_grace_has_passed_then_its_pod_deleted() {
+    // The 1.20 kubelet writes Failed/Evicted and only then kills the containers.
+    let l = lock(Ok(leader()));
+    let evicted = pod("leader-1", "Failed", Some("Evicted"));
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    let d = run_at(Some(&l), &evicted, &mut fate, SEED, t0);
+    assert_eq!(
+        d,
+        Decision::Wait {
+            why: Waiting::LeaderMayRun {
+                holder: "leader".into(),
+                how: "has terminated (phase Failed, reason Evicted)".into(),
+            },
+            recheck_at: Some(proven_at(t0)),
+        }
+    );
+    // Seen again later (another event): the grace still counts from the first sight.
+    let later = t0 + Duration::from_secs(5);
+    assert_eq!(
+        may_run(&run_at(Some(&l), &evicted, &mut fate, SEED, later)),
+        Some(proven_at(t0))
+    );
+    let d = run_at(Some(&l), &evicted, &mut fate, SEED, proven_at(t0));
+    let (why, delete_pod) = deletes(&d).expect("stale once the grace has passed");
+    assert!(matches!(why, Stale::LeaderPodTerminated { .. }), "{why:?}");
+    assert_eq!(
+        delete_pod.as_ref(),
+        Some(&leader()),
+        "DeleteEvicted, after the proof"
+    );
+}
+
+#[test]
+fn a_grace_below_the_kubelets_minimum_counts_as_the_minimum() {
+    let l = lock(Ok(leader()));
+    let LeaderPod::Present(mut v) = pod("leader-1", "Failed", Some("Evicted")) else {
         unreachable!()
     };
-    view.deleting = true;
-    let d = run(Some(&l), &LeaderPod::Present(view.clone()), SEED);
-    assert_eq!(deletes(&d).unwrap().1, &None);
-    // A running Pod being deleted still runs: wait for the garbage collector.
-    view.phase = Some("Running".into());
-    view.reason = None;
-    let d = run(Some(&l), &LeaderPod::Present(view), SEED);
+    v.grace = Duration::ZERO;
+    let mut fate = Fate::new(leader());
+    let t0 = Instant::now();
+    let d = run_at(Some(&l), &LeaderPod::Present(v), &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(t0 + KUBELET_MIN_GRACE + KILL_MARGIN));
+}
+
+#[test]
+fn missing_empty_or_terminated_container_statuses_prove_nothing() {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
+    };
+    // What the kubelet writes on eviction (no containerStatuses), an empty list, and what its
+    // TerminatePod writes for a deleted terminal Pod (every container "terminated", whether or
+    // not it still runs).
+    let terminated = ContainerStatus {
+        name: "main".into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated::default()),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    };
+    for statuses in [None, Some(vec![]), Some(vec![terminated])] {
+        let mut p = Pod::default();
+        p.metadata.uid = Some("leader-1".into());
+        p.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            container_statuses: statuses.clone(),
+            ..PodStatus::default()
+        });
+        let view = LeaderPod::Present(PodView::from_pod(&p));
+        let mut fate = seen_running();
+        let d = run_at(Some(&lock(Ok(leader()))), &view, &mut fate, SEED, Instant::now());
+        assert!(may_run(&d).is_some(), "{statuses:?}: {d:?}");
+    }
+}
+
+#[test]
+fn a_released_lock_is_stale_at_once_and_the_evicted_pod_deleted() {
+    let mut l = lock(Ok(leader()));
+    l.released = true;
+    for (leader_pod, deleted) in [
+        (pod("leader-1", "Failed", Some("Evicted")), true),
+        (pod("leader-1", "Running", None), false),
+        (LeaderPod::Absent, false),
+        (LeaderPod::Unknown, false),
+    ] {
+        let mut fate = seen_running();
+        fate.released = true;
+        let d = run_at(Some(&l), &leader_pod, &mut fate, SEED, Instant::now());
+        assert_eq!(proof(&d), Some(Proof::Released), "{leader_pod:?}: {d:?}");
+        assert_eq!(deletes(&d).unwrap().1.is_some(), deleted, "{leader_pod:?}");
+    }
+}
+
+#[test]
+fn with_no_lock_an_unproven_end_of_the_last_leader_is_waited_for() {
+    // A force-deleted leader Pod: the garbage collector deletes its lock at once.
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    let d = run_at(None, &LeaderPod::Absent, &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
+    assert_eq!(
+        run_at(None, &LeaderPod::Absent, &mut fate, SEED, proven_at(t0)),
+        Decision::Create
+    );
+    // Evicted, then its lock deleted by someone else than its leader.
+    let mut fate = seen_running();
+    let evicted = pod("leader-1", "Failed", Some("Evicted"));
+    let d = run_at(None, &evicted, &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
+}
+
+#[test]
+fn with_no_lock_a_proven_or_live_last_leader_lets_the_lock_be_created() {
+    let t0 = Instant::now();
+    // Released by its leader (the lock was marked before it was deleted).
+    let mut fate = seen_running();
+    fate.released = true;
+    let evicted = pod("leader-1", "Failed", Some("Evicted"));
+    assert_eq!(run_at(None, &evicted, &mut fate, SEED, t0), Decision::Create);
+    // Gone after a graceful deletion was seen.
+    let mut fate = seen_running();
+    fate.deletion_seen = true;
+    assert_eq!(
+        run_at(None, &LeaderPod::Absent, &mut fate, SEED, t0),
+        Decision::Create
+    );
+    // A live leader whose lock an admin deleted: taken at once, as before (the old leader
+    // learns of it from its lock watch).
+    let mut fate = seen_running();
+    let running = pod("leader-1", "Running", None);
+    assert_eq!(run_at(None, &running, &mut fate, SEED, t0), Decision::Create);
+    // No leader seen at all.
+    assert_eq!(run(None, &LeaderPod::Unknown, SEED), Decision::Create);
+}
+
+#[test]
+fn with_no_lock_a_last_leader_being_deleted_is_waited_for() {
+    // Its lock gone (an admin, or foreground deletion) while the Pod still runs: wait for its
+    // deletion to complete.
+    let LeaderPod::Present(mut v) = pod("leader-1", "Running", None) else {
+        unreachable!()
+    };
+    v.deleting = true;
+    let mut fate = seen_running();
+    let d = run_at(None, &LeaderPod::Present(v), &mut fate, SEED, Instant::now());
     assert!(
         matches!(
             d,
             Decision::Wait {
                 why: Waiting::LeaderTerminating { .. },
-                ..
+                recheck_at: None
             }
         ),
         "{d:?}"
     );
+}
+
+#[test]
+fn the_fate_keeps_the_first_end_and_every_deletion_seen() {
+    let mut fate = Fate::new(leader());
+    let t0 = Instant::now();
+    fate.observe(&LeaderPod::Unknown, t0);
+    assert_eq!(fate, Fate::new(leader()));
+    fate.observe(&pod("leader-1", "Running", None), t0);
+    assert_eq!((fate.grace, fate.ended_since), (Some(GRACE), None));
+    let LeaderPod::Present(mut v) = pod("leader-1", "Failed", Some("Evicted")) else {
+        unreachable!()
+    };
+    v.deleting = true;
+    fate.observe(&LeaderPod::Present(v), t0);
+    fate.observe(&LeaderPod::Absent, t0 + Duration::from_secs(3));
+    assert!(fate.deletion_seen);
+    assert_eq!(fate.ended_since, Some(t0));
+    assert_eq!(fate.grace_deadline(), Some(proven_at(t0)));
+    // Another Pod of that name is the owner's end too.
+    let mut fate = Fate::new(leader());
+    fate.observe(&pod("leader-2", "Running", None), t0);
+    assert_eq!(fate.ended_since, Some(t0));
 }
 
 #[test]
@@ -248,6 +494,7 @@ fn not_ready_node_is_never_taken_over_by_default() {
         lock: Some(&l),
         leader_pod: &pod("leader-1", "Running", None),
         node_not_ready_since: Some(since),
+        fate: None,
         me: &me(),
         now,
         policy: SEED,
@@ -278,6 +525,7 @@ async fn not_ready_takeover_after_the_grace_by_the_local_clock() {
             lock: Some(&l),
             leader_pod: &pod("leader-1", "Running", None),
             node_not_ready_since: Some(since),
+            fate: None,
             me: &me(),
             now,
             policy,
@@ -311,6 +559,7 @@ async fn not_ready_takeover_after_the_grace_by_the_local_clock() {
         lock: Some(&l),
         leader_pod: &pod("leader-1", "Running", None),
         node_not_ready_since: None,
+        fate: None,
         me: &me(),
         now: Instant::now(),
         policy,
