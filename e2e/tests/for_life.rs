@@ -784,8 +784,7 @@ async fn restricted_user_elects(logs: Logs) {
 
     // The leader's Pod pretends to run on a Node, so that b's opt-in NotReady check reads it:
     // the example Role does not allow that, which must disable the check with one warning.
-    let mut a_pod = pod("a");
-    a_pod.spec.as_mut().unwrap().node_name = Some(format!("{ns}-node"));
+    let a_pod = test_pod("a", Some(&format!("{ns}-node")));
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &a_pod)
         .await
@@ -952,8 +951,7 @@ async fn a_leader_on_a_not_ready_node_is_replaced_only_by_opt_in() {
         .await
         .unwrap();
 
-    let mut a_pod = pod("a");
-    a_pod.spec.as_mut().unwrap().node_name = Some(node_name.clone());
+    let a_pod = test_pod("a", Some(&node_name));
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &a_pod)
         .await

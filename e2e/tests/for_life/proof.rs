@@ -56,7 +56,7 @@ async fn an_evicted_leader_is_taken_over_only_once_it_released() {
 }
 
 /// A force-deleted leader Pod: it vanishes at once (and the garbage collector deletes its lock),
-/// while its process still runs and cannot mark the lock released any more. Only its grace,
+/// while its process still runs. Only its grace,
 /// counted from when the successor saw it gone, proves its containers are gone.
 #[tokio::test]
 async fn a_force_deleted_leader_is_taken_over_only_after_its_grace() {
@@ -69,13 +69,15 @@ async fn a_force_deleted_leader_is_taken_over_only_after_its_grace() {
         .become_leader(&cancel)
         .await
         .unwrap();
-    let a_releases = release_on_loss(a);
+    let a_lost = loss_instant(&a);
     let b = spawn(candidate(&admin, ns, "lock", "b"), "b", &cancel);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // a's work goes on stopping: it never releases here (had it, its release would be the
+    // proof, as in the eviction's fast path).
     let deleted = Instant::now();
     delete_pod_now(&admin, ns, "a").await;
-    let lost_at = a_releases.await.unwrap();
+    let lost_at = a_lost.await.unwrap();
     let (b, won, _) = first_leader(vec![b]).await;
     eprintln!(
         "force-deleted: deletion → old leader's loss {:?}, → new leader {:?}",
@@ -88,6 +90,7 @@ async fn a_force_deleted_leader_is_taken_over_only_after_its_grace() {
         won - deleted
     );
     assert_lock_held_by(&admin, ns, "lock", &b).await;
+    drop(a);
     cancel.cancel();
 }
 

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::{ForLifeConfig, INITIAL_BACKOFF},
-    decide::{decide, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting},
+    decide::{dead_pod_to_delete, decide, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting},
     elector::{cm_op, pod_op, uid_precondition, ForLife},
     fencing::fencing_token_of,
     node::NodeCheck,
@@ -136,7 +136,7 @@ impl<'a> Election<'a> {
                 let now = Instant::now();
                 self.track_fate(record.as_ref(), now);
                 let unknown = LeaderPod::Unknown;
-                let decision = decide(Inputs {
+                let inputs = Inputs {
                     lock: record.as_ref(),
                     leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
                     node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
@@ -144,12 +144,20 @@ impl<'a> Election<'a> {
                     me: &self.me,
                     now,
                     policy: self.policy(),
-                });
+                };
+                let (decision, dead_pod) = (decide(inputs), dead_pod_to_delete(&inputs));
                 match decision {
                     Decision::Create => {
                         self.last_wait = None;
-                        if let Some(won) = self.create().await? {
-                            return Ok(won);
+                        match self.confirm_before_create().await? {
+                            Confirmed::Yes => {
+                                dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
+                                if let Some(won) = self.create().await? {
+                                    return Ok(won);
+                                }
+                            }
+                            Confirmed::Changed => continue,
+                            Confirmed::Unknown => {}
                         }
                     }
                     Decision::Continue => return Ok(self.continue_as_leader(state.unwrap_or_default())),
@@ -428,6 +436,16 @@ impl<'a> Election<'a> {
         }
     }
 
+    /// Before creating a lock that went without its leader's release mark: reads the last
+    /// leader's Pod afresh, since the lock watch can bring the garbage collector's deletion
+    /// before the Pod watch brings the Pod's end.
+    async fn confirm_before_create(&mut self) -> Result<Confirmed> {
+        if self.fate.as_ref().is_some_and(|f| !f.released) {
+            return self.confirm_leader_pod().await;
+        }
+        Ok(Confirmed::Yes)
+    }
+
     /// Reads the leader Pod afresh right before a stale-lock deletion: the watched state can be
     /// old (a Pod watch that fails keeps the last state it saw, e.g. across an API server
     /// restart), and a Pod re-created under the same name may lead with a new lock meanwhile,
@@ -462,6 +480,13 @@ impl<'a> Election<'a> {
         }
     }
 
+    /// Deletes a dead leader's Pod in the background (best effort, UID precondition).
+    fn delete_dead_pod(&self, pod: PodRef) {
+        let (pods, ns) = (self.pods.clone(), self.lock.namespace.clone());
+        let task = delete_dead_pod(pods, ns, pod, self.config().api_timeout);
+        tokio::spawn(task.instrument(tracing::Span::current()));
+    }
+
     /// Deletes a stale lock (UID precondition) and, by policy, the dead leader's Pod (in the
     /// background). `true`: the lock is gone, so decide again at once.
     async fn delete_stale(
@@ -473,15 +498,7 @@ impl<'a> Election<'a> {
     ) -> Result<bool> {
         info!(reason = %why, %proof, lock_uid, "the lock is stale; deleting it");
         if let Some(pod) = delete_pod {
-            tokio::spawn(
-                delete_dead_pod(
-                    self.pods.clone(),
-                    self.lock.namespace.clone(),
-                    pod,
-                    self.config().api_timeout,
-                )
-                .instrument(tracing::Span::current()),
-            );
+            self.delete_dead_pod(pod);
         }
         let params = uid_precondition(lock_uid);
         let timeout = self.config().api_timeout;

@@ -85,6 +85,8 @@ pub(crate) enum Stale {
         phase: String,
         reason: Option<String>,
     },
+    /// The leader marked the lock released after its work stopped, and did not (yet) delete it.
+    Released { holder: String },
     /// Opt-in policy: the owner Pod's Node has not been `Ready` for at least the grace.
     LeaderNodeNotReady {
         holder: String,
@@ -126,6 +128,7 @@ impl fmt::Display for Stale {
             } => {
                 write!(f, "the leader Pod {holder} has terminated (phase {phase})")
             }
+            Stale::Released { holder } => write!(f, "the leader Pod {holder} released the lock"),
             Stale::LeaderNodeNotReady { holder, node, for_ } => {
                 write!(
                     f,
@@ -139,10 +142,8 @@ impl fmt::Display for Stale {
 /// What shows that nothing of a stale lock's term still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Proof {
-    /// The leader's Pod is known to run no container: it was replaced or is gone after a
-    /// graceful deletion was seen (the kubelet deletes a Pod for good only after its containers
-    /// stopped), or the lock is a former one of this candidate's own Pod name... see the
-    /// variants' users.
+    /// The leader's Pod is gone (or replaced) after its graceful deletion was seen: the kubelet
+    /// deletes a Pod for good only once its containers have stopped.
     PodDeletionCompleted,
     /// The leader marked the lock released: its work had stopped.
     Released,
@@ -181,7 +182,7 @@ pub(crate) struct Fate {
     pub(crate) owner: PodRef,
     /// The Pod's grace as last seen ([`PodView::grace`]); `None` if it was never seen.
     pub(crate) grace: Option<Duration>,
-    /// A graceful deletion (`deletionTimestamp`) of this Pod was seen.
+    /// A graceful deletion of this Pod was seen ([`PodView::graceful_deletion`]).
     pub(crate) deletion_seen: bool,
     /// When this candidate first saw the Pod terminal, gone or replaced.
     pub(crate) ended_since: Option<Instant>,
@@ -209,7 +210,7 @@ impl Fate {
             LeaderPod::Unknown => {}
             LeaderPod::Present(v) if v.uid == self.owner.uid => {
                 self.grace = Some(v.grace);
-                self.deletion_seen |= v.deleting;
+                self.deletion_seen |= v.graceful_deletion;
                 if v.is_terminal() {
                     self.ended_since.get_or_insert(now);
                 }
@@ -275,13 +276,17 @@ impl fmt::Display for Waiting {
 }
 
 /// Decides what a waiting candidate does, given what it has observed.
+///
+/// A leader Pod that has ended (terminal, gone, replaced) makes its lock stale only with a
+/// [`Proof`] that nothing of its term runs any more; until then the candidate waits
+/// ([`Waiting::LeaderMayRun`], rechecking when the grace proof will hold).
 pub(crate) fn decide(i: Inputs<'_>) -> Decision {
     let wait = |why| Decision::Wait {
         why,
         recheck_at: None,
     };
     let Some(lock) = i.lock else {
-        return Decision::Create;
+        return decide_without_lock(&i);
     };
     if lock.deleting {
         return wait(Waiting::LockTerminating);
@@ -293,26 +298,107 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
     if owner == i.me {
         return Decision::Continue;
     }
-    let stale = |why| Decision::DeleteLock {
+    let holder = owner.name.clone();
+    let fate = i.fate.filter(|f| &f.owner == owner);
+    let stale = |why, proof| Decision::DeleteLock {
         lock_uid: lock.uid.clone(),
         why,
-        proof: Proof::PodDeletionCompleted,
+        proof,
         delete_pod: None,
     };
-    let holder = owner.name.clone();
+    let ended = |why: Stale, how: &str, vanished: bool| match proof(&i, fate, vanished) {
+        Ok(proof) => stale(why, proof),
+        Err(recheck_at) => may_run(holder.clone(), how, recheck_at),
+    };
+    if lock.released {
+        // The leader's own word: its work has stopped. The dead Pod is cleaned up by policy.
+        let delete_pod = match i.leader_pod {
+            LeaderPod::Present(pod) if pod.uid == owner.uid && pod.is_terminal() => {
+                deletes_pod(&i, pod).then(|| owner.clone())
+            }
+            _ => None,
+        };
+        return Decision::DeleteLock {
+            lock_uid: lock.uid.clone(),
+            why: Stale::Released { holder },
+            proof: Proof::Released,
+            delete_pod,
+        };
+    }
     if owner.name == i.me.name {
-        // Pod names are unique in a namespace: the owner is a former Pod of this name.
-        return stale(Stale::FormerPodOfMine {
+        // Pod names are unique in a namespace: the owner is a former Pod of this name, gone
+        // by some deletion this candidate did not see.
+        let why = Stale::FormerPodOfMine {
             uid: owner.uid.clone(),
-        });
+        };
+        return ended(why, "is gone (a former Pod of this name)", true);
     }
     let pod = match i.leader_pod {
         LeaderPod::Unknown => return wait(Waiting::LeaderPodUnknown { holder }),
-        LeaderPod::Absent => return stale(Stale::LeaderPodGone { holder }),
-        LeaderPod::Present(pod) if pod.uid != owner.uid => return stale(Stale::LeaderPodReplaced { holder }),
+        LeaderPod::Absent => {
+            return ended(
+                Stale::LeaderPodGone {
+                    holder: holder.clone(),
+                },
+                "is gone",
+                true,
+            )
+        }
+        LeaderPod::Present(pod) if pod.uid != owner.uid => {
+            let why = Stale::LeaderPodReplaced {
+                holder: holder.clone(),
+            };
+            return ended(
+                why,
+                "was deleted (a Pod of that name with another UID exists)",
+                true,
+            );
+        }
         LeaderPod::Present(pod) => pod,
     };
-    decide_on_pod(&i, lock, owner, pod, holder)
+    decide_on_pod(&i, lock, owner, fate, pod, holder)
+}
+
+/// With no lock: create it, unless the last owner this candidate saw has ended without proof
+/// (a force-deleted leader Pod, whose lock the garbage collector deleted at once) or is being
+/// deleted (its lock gone before it: an admin, or a foreground deletion).
+fn decide_without_lock(i: &Inputs<'_>) -> Decision {
+    let Some(fate) = i.fate.filter(|f| !f.released) else {
+        return Decision::Create;
+    };
+    let holder = fate.owner.name.clone();
+    let how = match i.leader_pod {
+        _ if fate.owner.name == i.me.name => "is gone (a former Pod of this name)".to_string(),
+        LeaderPod::Unknown => return Decision::Create,
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.is_terminal() => terminated(pod),
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.deleting => {
+            return Decision::Wait {
+                why: Waiting::LeaderTerminating { holder },
+                recheck_at: None,
+            };
+        }
+        // A live leader whose lock an admin deleted: it learns so from its lock watch.
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid => return Decision::Create,
+        _ => "is gone".to_string(),
+    };
+    let vanished = !matches!(i.leader_pod, LeaderPod::Present(p) if p.uid == fate.owner.uid);
+    match proof(i, Some(fate), vanished) {
+        Ok(_) => Decision::Create,
+        Err(recheck_at) => may_run(holder, &how, recheck_at),
+    }
+}
+
+/// With no lock (and a [`Decision::Create`]): the last leader's Pod if it is dead and the policy
+/// deletes it. Its lock may be gone before this candidate saw the release mark, which would
+/// otherwise have carried the deletion ([`Decision::DeleteLock`]).
+pub(crate) fn dead_pod_to_delete(i: &Inputs<'_>) -> Option<PodRef> {
+    let fate = i.fate.filter(|_| i.lock.is_none())?;
+    match i.leader_pod {
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.is_terminal() && deletes_pod(i, pod) => {
+            Some(fate.owner.clone())
+        }
+        _ => None,
+    }
 }
 
 /// The rest of [`decide`], once the leader Pod is known to be the lock's owner: its phase, its
@@ -321,6 +407,7 @@ fn decide_on_pod(
     i: &Inputs<'_>,
     lock: &LockRecord,
     owner: &PodRef,
+    fate: Option<&Fate>,
     pod: &PodView,
     holder: String,
 ) -> Decision {
@@ -328,28 +415,19 @@ fn decide_on_pod(
         why,
         recheck_at: None,
     };
-    let stale = |why| Decision::DeleteLock {
-        lock_uid: lock.uid.clone(),
-        why,
-        proof: Proof::PodDeletionCompleted,
-        delete_pod: None,
-    };
     if pod.is_terminal() {
-        let delete = !pod.deleting
-            && match i.policy.dead_leader_pod {
-                DeadLeaderPod::Keep => false,
-                DeadLeaderPod::DeleteEvicted => pod.is_evicted(),
-                DeadLeaderPod::DeleteTerminal => true,
-            };
-        return Decision::DeleteLock {
-            lock_uid: lock.uid.clone(),
-            why: Stale::LeaderPodTerminated {
-                holder,
-                phase: pod.phase.clone().unwrap_or_default(),
-                reason: pod.reason.clone(),
+        return match proof(i, fate, false) {
+            Ok(proof) => Decision::DeleteLock {
+                lock_uid: lock.uid.clone(),
+                why: Stale::LeaderPodTerminated {
+                    holder,
+                    phase: pod.phase.clone().unwrap_or_default(),
+                    reason: pod.reason.clone(),
+                },
+                proof,
+                delete_pod: deletes_pod(i, pod).then(|| owner.clone()),
             },
-            proof: Proof::PodDeletionCompleted,
-            delete_pod: delete.then(|| owner.clone()),
+            Err(recheck_at) => may_run(holder, &terminated(pod), recheck_at),
         };
     }
     // The Pod may be running: only the opt-in policy takes over, and only from a Pod on a Node
@@ -361,11 +439,16 @@ fn decide_on_pod(
     ) {
         let for_ = i.now.saturating_duration_since(since);
         if for_ >= grace {
-            return stale(Stale::LeaderNodeNotReady {
-                holder,
-                node: node.clone(),
-                for_,
-            });
+            return Decision::DeleteLock {
+                lock_uid: lock.uid.clone(),
+                why: Stale::LeaderNodeNotReady {
+                    holder,
+                    node: node.clone(),
+                    for_,
+                },
+                proof: Proof::OptIn,
+                delete_pod: None,
+            };
         }
         return Decision::Wait {
             why: Waiting::LeaderNodeNotReady {
@@ -379,6 +462,63 @@ fn decide_on_pod(
         return wait(Waiting::LeaderTerminating { holder });
     }
     wait(Waiting::Leader { holder })
+}
+
+/// The proof that an ended leader Pod (`vanished`: gone or replaced, rather than terminal)
+/// runs nothing, or when the grace proof will hold.
+///
+/// What proves it: a Pod that vanished after its graceful deletion was seen (the kubelet
+/// deletes a Pod for good only once its containers have stopped), or its grace period (plus
+/// [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase (the 1.20
+/// kubelet writes `Failed`/`Evicted` before it kills the containers), a missing, empty or
+/// "terminated" `containerStatuses` list (the kubelet's TerminatePod marks every container
+/// terminated without looking), a Pod that vanished without a graceful deletion seen (a force
+/// deletion).
+fn proof(i: &Inputs<'_>, fate: Option<&Fate>, vanished: bool) -> Result<Proof, Instant> {
+    let Some(fate) = fate else {
+        // Not tracked (only in unit tests of other rules): wait a default grace from now.
+        return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);
+    };
+    if vanished && fate.deletion_seen {
+        return Ok(Proof::PodDeletionCompleted);
+    }
+    let (Some(since), Some(deadline)) = (fate.ended_since, fate.grace_deadline()) else {
+        return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);
+    };
+    if i.now >= deadline {
+        return Ok(Proof::GraceElapsed {
+            waited: i.now.saturating_duration_since(since),
+        });
+    }
+    Err(deadline)
+}
+
+/// Whether the policy deletes this dead leader Pod (never one already being deleted).
+fn deletes_pod(i: &Inputs<'_>, pod: &PodView) -> bool {
+    !pod.deleting
+        && match i.policy.dead_leader_pod {
+            DeadLeaderPod::Keep => false,
+            DeadLeaderPod::DeleteEvicted => pod.is_evicted(),
+            DeadLeaderPod::DeleteTerminal => true,
+        }
+}
+
+fn terminated(pod: &PodView) -> String {
+    let phase = pod.phase.as_deref().unwrap_or_default();
+    match &pod.reason {
+        Some(reason) => format!("has terminated (phase {phase}, reason {reason})"),
+        None => format!("has terminated (phase {phase})"),
+    }
+}
+
+fn may_run(holder: String, how: &str, recheck_at: Instant) -> Decision {
+    Decision::Wait {
+        why: Waiting::LeaderMayRun {
+            holder,
+            how: how.to_string(),
+        },
+        recheck_at: Some(recheck_at),
+    }
 }
 
 #[cfg(test)]

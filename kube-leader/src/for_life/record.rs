@@ -224,6 +224,11 @@ pub(crate) struct PodView {
     pub(crate) phase: Option<String>,
     pub(crate) reason: Option<String>,
     pub(crate) deleting: bool,
+    /// Being deleted with a grace period above zero: a graceful deletion, which the kubelet
+    /// completes (deletes the Pod for good) only once the containers have stopped. A force
+    /// deletion also shows `deletionTimestamp` for a moment, with a grace period of zero,
+    /// right before the Pod vanishes (seen on the 1.20 API server).
+    pub(crate) graceful_deletion: bool,
     pub(crate) node_name: Option<String>,
     /// The longest grace period the kubelet gives this Pod's containers when it stops them:
     /// `spec.terminationGracePeriodSeconds` or `metadata.deletionGracePeriodSeconds`, whichever
@@ -241,6 +246,8 @@ impl PodView {
             phase: status.and_then(|s| s.phase.clone()),
             reason: status.and_then(|s| s.reason.clone()),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            graceful_deletion: pod.metadata.deletion_timestamp.is_some()
+                && pod.metadata.deletion_grace_period_seconds.is_some_and(|s| s > 0),
             node_name: pod
                 .spec
                 .as_ref()

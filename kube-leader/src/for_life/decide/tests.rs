@@ -34,6 +34,7 @@ fn pod(uid: &str, phase: &str, reason: Option<&str>) -> LeaderPod {
         phase: Some(phase.into()),
         reason: reason.map(Into::into),
         deleting: false,
+        graceful_deletion: false,
         node_name: Some("node-a".into()),
         grace: GRACE,
     })
@@ -194,6 +195,7 @@ fn gone_or_replaced_after_a_graceful_deletion_was_seen_is_stale_at_once() {
         unreachable!()
     };
     deleting.deleting = true;
+    deleting.graceful_deletion = true;
     for after in [LeaderPod::Absent, pod("leader-2", "Running", None)] {
         let mut fate = seen_running();
         let now = Instant::now();
@@ -228,6 +230,20 @@ fn gone_or_replaced_after_a_graceful_deletion_was_seen_is_stale_at_once() {
         assert_eq!(delete_pod, &None, "the new Pod of that name is not touched");
         assert_eq!(proof(&d), Some(Proof::PodDeletionCompleted));
     }
+}
+
+#[test]
+fn a_force_deletion_seen_deleting_for_a_moment_is_no_proof() {
+    let l = lock(Ok(leader()));
+    let LeaderPod::Present(mut v) = pod("leader-1", "Running", None) else {
+        unreachable!()
+    };
+    v.deleting = true; // grace 0: not graceful
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    run_at(Some(&l), &LeaderPod::Present(v), &mut fate, SEED, t0);
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
 }
 
 #[test]
@@ -407,6 +423,7 @@ fn with_no_lock_a_last_leader_being_deleted_is_waited_for() {
         unreachable!()
     };
     v.deleting = true;
+    v.graceful_deletion = true;
     let mut fate = seen_running();
     let d = run_at(None, &LeaderPod::Present(v), &mut fate, SEED, Instant::now());
     assert!(
@@ -433,6 +450,7 @@ fn the_fate_keeps_the_first_end_and_every_deletion_seen() {
         unreachable!()
     };
     v.deleting = true;
+    v.graceful_deletion = true;
     fate.observe(&LeaderPod::Present(v), t0);
     fate.observe(&LeaderPod::Absent, t0 + Duration::from_secs(3));
     assert!(fate.deletion_seen);
@@ -589,4 +607,34 @@ fn messages() {
         w.to_string(),
         "the lock has 2 owner references (it must have exactly one, a Pod); waiting, never taking it over"
     );
+}
+
+#[test]
+fn with_no_lock_a_dead_last_leader_pod_is_deleted_by_policy() {
+    let evicted = pod("leader-1", "Failed", Some("Evicted"));
+    let mut fate = seen_running();
+    fate.released = true;
+    let now = Instant::now();
+    fate.observe(&evicted, now);
+    let me = me();
+    let dead = |lock: Option<&LockRecord>, leader_pod: &LeaderPod, policy: Policy| {
+        dead_pod_to_delete(&Inputs {
+            lock,
+            leader_pod,
+            node_not_ready_since: None,
+            fate: Some(&fate),
+            me: &me,
+            now,
+            policy,
+        })
+    };
+    assert_eq!(dead(None, &evicted, SEED), Some(leader()));
+    let keep = Policy {
+        dead_leader_pod: DeadLeaderPod::Keep,
+        ..SEED
+    };
+    assert_eq!(dead(None, &evicted, keep), None);
+    assert_eq!(dead(None, &pod("leader-1", "Running", None), SEED), None);
+    let l = lock(Ok(leader()));
+    assert_eq!(dead(Some(&l), &evicted, SEED), None, "DeleteLock carries it");
 }

@@ -118,6 +118,7 @@ fn pod_phases() {
         phase: Some(phase.into()),
         reason: reason.map(Into::into),
         deleting: false,
+        graceful_deletion: false,
         node_name: None,
         grace: DEFAULT_GRACE,
     };
@@ -146,6 +147,22 @@ fn the_grace_is_the_longer_of_the_pods_and_its_deletions() {
     assert_eq!(grace(Some(0), Some(3)), s(3));
     assert_eq!(grace(Some(-5), None), s(0));
     assert_eq!(PodView::from_pod(&Pod::default()).grace, DEFAULT_GRACE);
+}
+
+#[test]
+fn only_a_deletion_with_a_grace_is_graceful() {
+    let view = |deleting: bool, grace: Option<i64>| {
+        let mut pod = Pod::default();
+        pod.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
+        pod.metadata.deletion_grace_period_seconds = grace;
+        let v = PodView::from_pod(&pod);
+        (v.deleting, v.graceful_deletion)
+    };
+    assert_eq!(view(false, None), (false, false));
+    assert_eq!(view(true, Some(30)), (true, true));
+    // A force deletion (or the kubelet's final one): deletionTimestamp with grace 0.
+    assert_eq!(view(true, Some(0)), (true, false));
+    assert_eq!(view(true, None), (true, false));
 }
 
 #[test]
