@@ -2,6 +2,12 @@
 //!
 //! There is no kubelet: Pod objects stand for candidates, and each candidate is a task in the
 //! test's runtime that names its Pod with `pod_name`. Every test has its own namespace.
+//!
+//! Test Pods have a grace period of [`POD_GRACE_S`], so a leader Pod that ended without proof
+//! that its containers stopped is taken over [`GRACE_PROOF`] after its end was seen.
+
+#[path = "for_life/proof.rs"]
+mod proof;
 
 use std::{
     io::Write,
@@ -27,7 +33,7 @@ use kube_leader::{
     DeadLeaderPod, Error, ForLife, Leadership, LockRef, LossReason, OutsideCluster, Strategy,
 };
 use kube_leader_e2e::{init_tracing, wait_for};
-use kube_leader_testenv::{bind_role, create_pod, pod, rule, set_pod_phase, ControlPlane, TestNamespace};
+use kube_leader_testenv::{bind_role, pod, rule, set_pod_phase, ControlPlane, TestNamespace};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +41,12 @@ use tokio_util::sync::CancellationToken;
 const SOON: Duration = Duration::from_secs(20);
 /// How long a candidate that must not lead is watched before the test accepts that it waits.
 const STILL_WAITING: Duration = Duration::from_secs(3);
+
+/// The test Pods' `terminationGracePeriodSeconds`.
+const POD_GRACE_S: i64 = 2;
+/// When the grace proof holds after a leader Pod's end was seen: its grace (at least the
+/// kubelet's minimum of 2 s) plus kube-leader's 2 s kill margin.
+const GRACE_PROOF: Duration = Duration::from_secs(4);
 
 /// A candidate's campaign: its Pod name, the outcome, and when it came.
 type Campaign = JoinHandle<(String, kube_leader::Result<Leadership>, Instant)>;
@@ -79,6 +91,20 @@ fn loss_instant(leader: &Leadership) -> JoinHandle<Instant> {
     })
 }
 
+/// A Node name for Pods whose graceful deletion must wait (no kubelet finishes it: the test
+/// does, with a deletion of grace 0).
+const NOWHERE: &str = "kube-leader-test-nowhere";
+
+/// Releases `leader` as soon as its loss token fires, as the sidecar does once COMMAND stopped.
+fn release_on_loss(leader: Leadership) -> JoinHandle<Instant> {
+    tokio::spawn(async move {
+        leader.lost_token().cancelled().await;
+        let lost = Instant::now();
+        leader.release().await.expect("the release");
+        lost
+    })
+}
+
 /// Asserts that none of `campaigns` ends within [`STILL_WAITING`].
 async fn assert_still_waiting(campaigns: &[Campaign], what: &str) {
     tokio::time::sleep(STILL_WAITING).await;
@@ -115,9 +141,26 @@ async fn delete_pod_now(client: &Client, ns: &str, name: &str) {
         .unwrap();
 }
 
+/// A test Pod: [`POD_GRACE_S`] of grace, bound to `node` if given (a Node that need not exist:
+/// a graceful deletion of a bound Pod waits for a kubelet, which the test plays).
+fn test_pod(name: &str, node: Option<&str>) -> Pod {
+    let mut p = pod(name);
+    let spec = p.spec.as_mut().expect("the fixture has a spec");
+    spec.termination_grace_period_seconds = Some(POD_GRACE_S);
+    spec.node_name = node.map(str::to_string);
+    p
+}
+
+async fn create_test_pod(client: &Client, ns: &str, p: &Pod) {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), p)
+        .await
+        .unwrap();
+}
+
 async fn create_pods(client: &Client, ns: &str, names: &[&str]) {
     for name in names {
-        create_pod(client, ns, name).await.unwrap();
+        create_test_pod(client, ns, &test_pod(name, None)).await;
     }
 }
 
@@ -340,7 +383,7 @@ async fn a_pod_recreated_under_the_same_name_does_not_continue_and_there_is_one_
     // A StatefulSet-style replacement: same name, new UID, at once.
     let old_lost = loss_instant(&old);
     delete_pod_now(&admin, ns, "a").await;
-    create_pod(&admin, ns, "a").await.unwrap();
+    create_pods(&admin, ns, &["a"]).await;
     let new_uid = uid_of_pod(&admin, ns, "a").await;
     assert_ne!(new_uid, old_uid);
     let a = spawn(candidate(&admin, ns, "lock", "a"), "a", &cancel);
@@ -374,8 +417,10 @@ async fn a_pod_recreated_under_the_same_name_does_not_continue_and_there_is_one_
     cancel.cancel();
 }
 
-/// A leader Pod that terminated runs nothing: a waiting candidate takes over without anybody
-/// deleting the Pod, and the Pod itself is deleted only as the policy says.
+/// A leader Pod set terminal by a status write while its process (the candidate) still runs,
+/// and does not release: a waiting candidate takes over once the Pod's grace has passed since it
+/// saw the terminal phase, without anybody deleting the Pod, and the Pod itself is deleted only
+/// as the policy says.
 async fn dead_leader(phase: &str, reason: Option<&str>, policy: DeadLeaderPod, pod_deleted: bool) {
     init_tracing();
     let Setup { ns, admin, .. } = setup().await;
@@ -400,6 +445,13 @@ async fn dead_leader(phase: &str, reason: Option<&str>, policy: DeadLeaderPod, p
     set_pod_phase(&admin, ns, "a", phase, reason).await.unwrap();
     let (b, won, _) = first_leader(vec![b]).await;
     eprintln!("{phase}/{reason:?} -> new leader: {:?}", won - terminated);
+    // The leader's process still runs and has not released the lock: only the Pod's grace
+    // since its terminal phase was seen proves that its containers are gone.
+    assert!(
+        won - terminated >= GRACE_PROOF,
+        "{phase}/{reason:?}: taken over {:?} after the terminal phase, before the grace proof ({GRACE_PROOF:?})",
+        won - terminated
+    );
     assert_eq!(b.identity(), "b");
     assert_lock_held_by(&admin, ns, "lock", &b).await;
     // A leader whose Pod is terminal steps down at once (here its process still runs).
@@ -732,8 +784,7 @@ async fn restricted_user_elects(logs: Logs) {
 
     // The leader's Pod pretends to run on a Node, so that b's opt-in NotReady check reads it:
     // the example Role does not allow that, which must disable the check with one warning.
-    let mut a_pod = pod("a");
-    a_pod.spec.as_mut().unwrap().node_name = Some(format!("{ns}-node"));
+    let a_pod = test_pod("a", Some(&format!("{ns}-node")));
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &a_pod)
         .await
@@ -900,8 +951,7 @@ async fn a_leader_on_a_not_ready_node_is_replaced_only_by_opt_in() {
         .await
         .unwrap();
 
-    let mut a_pod = pod("a");
-    a_pod.spec.as_mut().unwrap().node_name = Some(node_name.clone());
+    let a_pod = test_pod("a", Some(&node_name));
     Api::<Pod>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &a_pod)
         .await
@@ -992,8 +1042,9 @@ async fn followers_can_read_and_watch_the_leader() {
 }
 
 /// Failover times over many rounds, printed for the closing note (no timing assertion beyond a
-/// sanity bound): from the admin deleting the lock, and from deleting the leader's Pod, to the
-/// waiting candidate's `become_leader` returning.
+/// sanity bound): from the admin deleting the lock, and from a graceful deletion of the leader's
+/// Pod (the leader steps down and releases), to the waiting candidate's `become_leader`
+/// returning.
 #[tokio::test]
 async fn failover_times_over_twelve_rounds() {
     init_tracing();
@@ -1005,7 +1056,8 @@ async fn failover_times_over_twelve_rounds() {
     for round in 0..12 {
         let lock = format!("lock-{round}");
         let [a, b, c] = ["a", "b", "c"].map(|p| format!("{p}-{round}"));
-        create_pods(&admin, ns, &[&a, &b, &c]).await;
+        create_pods(&admin, ns, &[&a, &c]).await;
+        create_test_pod(&admin, ns, &test_pod(&b, Some(NOWHERE))).await;
         let leader = candidate(&admin, ns, &lock, &a)
             .become_leader(&cancel)
             .await
@@ -1019,14 +1071,21 @@ async fn failover_times_over_twelve_rounds() {
         let (second, won, _) = first_leader(vec![waiting]).await;
         by_lock.push(won - t0);
 
-        // The leader's Pod is deleted: c takes over.
+        // The leader's Pod is deleted (gracefully: it is bound to a Node): the leader steps
+        // down and releases, as the sidecar does once COMMAND has stopped; c takes over.
         let waiting = spawn(candidate(&admin, ns, &lock, &c), &c, &cancel);
         tokio::time::sleep(Duration::from_millis(700)).await;
         let t0 = Instant::now();
-        delete_pod_now(&admin, ns, &b).await;
+        let releasing = release_on_loss(second);
+        Api::<Pod>::namespaced(admin.clone(), ns)
+            .delete(&b, &DeleteParams::default())
+            .await
+            .unwrap();
         let (third, won, _) = first_leader(vec![waiting]).await;
         by_pod.push(won - t0);
-        drop((leader, second, third));
+        releasing.await.unwrap();
+        delete_pod_now(&admin, ns, &b).await;
+        drop((leader, third));
     }
     let summary = |name: &str, v: &mut Vec<Duration>| {
         v.sort();

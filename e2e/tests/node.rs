@@ -303,6 +303,9 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     let next_start = deployed.start_after(&next, filled);
     // The kubelet kills an evicted Pod's containers with grace period 0 (SIGKILL) for a limit
     // eviction; a leader for life that saw its own Pod fail stopped COMMAND gracefully before.
+    // Its successor takes over once that leader marked its lock released (after COMMAND
+    // stopped); if the SIGKILL came first, only the Pod's grace (30 s in deploy/) plus 2 s since
+    // the successor saw the Pod Failed proves the containers gone (within `leader_after`'s 90 s).
     let end = deployed
         .logs
         .end_of(&leader, filled)

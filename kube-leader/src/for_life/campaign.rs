@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::{ForLifeConfig, INITIAL_BACKOFF},
-    decide::{decide, Decision, Inputs, Policy, Stale, Waiting},
+    decide::{dead_pod_to_delete, decide, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting},
     elector::{cm_op, pod_op, uid_precondition, ForLife},
     fencing::fencing_token_of,
     node::NodeCheck,
@@ -78,6 +78,9 @@ pub(super) struct Election<'a> {
     pub(super) lock_state: LockState,
     pub(super) lock_watch_failing: bool,
     pub(super) leader_pod: Option<LeaderPodWatch>,
+    /// What this candidate saw of the end of the lock's owner, or (while there is no lock) of
+    /// the last owner it saw.
+    pub(super) fate: Option<Fate>,
     pub(super) node: Option<NodeCheck>,
     /// When to re-read the lock (and leader Pod) with GET instead of waiting for the watches:
     /// the fallback after an action, a transient error, or while a watch fails.
@@ -103,6 +106,7 @@ impl<'a> Election<'a> {
             lock_state: LockState::Unseen,
             lock_watch_failing: false,
             leader_pod: None,
+            fate: None,
             node: None,
             retry_at: None,
             last_wait: None,
@@ -129,33 +133,45 @@ impl<'a> Election<'a> {
                 let record = state.as_ref().map(LockRecord::from_config_map);
                 self.track_leader_pod(record.as_ref());
                 self.track_node();
+                let now = Instant::now();
+                self.track_fate(record.as_ref(), now);
                 let unknown = LeaderPod::Unknown;
-                let decision = decide(Inputs {
+                let inputs = Inputs {
                     lock: record.as_ref(),
                     leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
                     node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
+                    fate: self.fate.as_ref(),
                     me: &self.me,
-                    now: Instant::now(),
+                    now,
                     policy: self.policy(),
-                });
+                };
+                let (decision, dead_pod) = (decide(inputs), dead_pod_to_delete(&inputs));
                 match decision {
                     Decision::Create => {
                         self.last_wait = None;
-                        if let Some(won) = self.create().await? {
-                            return Ok(won);
+                        match self.confirm_before_create().await? {
+                            Confirmed::Yes => {
+                                dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
+                                if let Some(won) = self.create().await? {
+                                    return Ok(won);
+                                }
+                            }
+                            Confirmed::Changed => continue,
+                            Confirmed::Unknown => {}
                         }
                     }
                     Decision::Continue => return Ok(self.continue_as_leader(state.unwrap_or_default())),
                     Decision::DeleteLock {
                         lock_uid,
                         why,
+                        proof,
                         delete_pod,
                     } => {
                         self.last_wait = None;
                         match self.confirm_leader_pod().await? {
                             // The Pod is as decided on: the lock is stale.
                             Confirmed::Yes => {
-                                if self.delete_stale(&lock_uid, &why, delete_pod).await? {
+                                if self.delete_stale(&lock_uid, &why, proof, delete_pod).await? {
                                     continue;
                                 }
                             }
@@ -181,9 +197,13 @@ impl<'a> Election<'a> {
     }
 
     /// Watches the Pod named by the lock's owner (if it is not this candidate), and only it.
+    /// While there is no lock, the last owner's Pod stays watched: its end may be unproven.
     fn track_leader_pod(&mut self, record: Option<&LockRecord>) {
+        let Some(record) = record else { return };
         let wanted = record
-            .and_then(|r| r.owner.as_ref().ok())
+            .owner
+            .as_ref()
+            .ok()
             .filter(|o| o.name != self.me.name)
             .map(|o| o.name.clone());
         match wanted {
@@ -204,6 +224,30 @@ impl<'a> Election<'a> {
                 self.leader_pod = None;
                 self.node = None;
             }
+        }
+    }
+
+    /// Keeps [`Fate`] for the lock's owner: a new one for a new owner, none for a lock without
+    /// one, and the last one while there is no lock. A former Pod of this candidate's own name
+    /// is gone (this Pod has its name), and was never watched.
+    fn track_fate(&mut self, record: Option<&LockRecord>, now: Instant) {
+        if let Some(record) = record {
+            let Ok(owner) = record.owner.as_ref() else {
+                self.fate = None;
+                return;
+            };
+            if self.fate.as_ref().is_none_or(|f| &f.owner != owner) {
+                self.fate = Some(Fate::new(owner.clone()));
+            }
+            if let Some(f) = self.fate.as_mut() {
+                f.released = record.released;
+            }
+        }
+        let Some(fate) = self.fate.as_mut() else { return };
+        if fate.owner.name == self.me.name {
+            fate.observe(&LeaderPod::Absent, now);
+        } else if let Some(p) = self.leader_pod.as_ref().filter(|p| p.name == fate.owner.name) {
+            fate.observe(&p.state, now);
         }
     }
 
@@ -392,6 +436,16 @@ impl<'a> Election<'a> {
         }
     }
 
+    /// Before creating a lock that went without its leader's release mark: reads the last
+    /// leader's Pod afresh, since the lock watch can bring the garbage collector's deletion
+    /// before the Pod watch brings the Pod's end.
+    async fn confirm_before_create(&mut self) -> Result<Confirmed> {
+        if self.fate.as_ref().is_some_and(|f| !f.released) {
+            return self.confirm_leader_pod().await;
+        }
+        Ok(Confirmed::Yes)
+    }
+
     /// Reads the leader Pod afresh right before a stale-lock deletion: the watched state can be
     /// old (a Pod watch that fails keeps the last state it saw, e.g. across an API server
     /// restart), and a Pod re-created under the same name may lead with a new lock meanwhile,
@@ -426,25 +480,25 @@ impl<'a> Election<'a> {
         }
     }
 
+    /// Deletes a dead leader's Pod in the background (best effort, UID precondition).
+    fn delete_dead_pod(&self, pod: PodRef) {
+        let (pods, ns) = (self.pods.clone(), self.lock.namespace.clone());
+        let task = delete_dead_pod(pods, ns, pod, self.config().api_timeout);
+        tokio::spawn(task.instrument(tracing::Span::current()));
+    }
+
     /// Deletes a stale lock (UID precondition) and, by policy, the dead leader's Pod (in the
     /// background). `true`: the lock is gone, so decide again at once.
     async fn delete_stale(
         &mut self,
         lock_uid: &str,
         why: &Stale,
+        proof: Proof,
         delete_pod: Option<PodRef>,
     ) -> Result<bool> {
-        info!(reason = %why, lock_uid, "the lock is stale; deleting it");
+        info!(reason = %why, %proof, lock_uid, "the lock is stale; deleting it");
         if let Some(pod) = delete_pod {
-            tokio::spawn(
-                delete_dead_pod(
-                    self.pods.clone(),
-                    self.lock.namespace.clone(),
-                    pod,
-                    self.config().api_timeout,
-                )
-                .instrument(tracing::Span::current()),
-            );
+            self.delete_dead_pod(pod);
         }
         let params = uid_precondition(lock_uid);
         let timeout = self.config().api_timeout;

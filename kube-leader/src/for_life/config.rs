@@ -25,9 +25,11 @@ pub enum OutsideCluster {
 }
 
 /// What a waiting candidate does with the Pod of a dead leader (phase `Failed` or
-/// `Succeeded`), after deleting that leader's stale lock.
+/// `Succeeded`), once it takes over that leader's stale lock.
 ///
-/// The lock is deleted in every case, so failover never waits for the Pod to go; this only
+/// The lock is taken over in every case once the dead leader's containers are known to be gone
+/// (its release, or its grace period since the terminal phase was seen: see
+/// [`ForLife`](crate::ForLife)), so failover never waits for the Pod object to go; this only
 /// decides whether the dead Pod object is cleaned up as well (with a UID precondition, so a
 /// new Pod of the same name is never deleted). Deleting needs the `delete pods` permission.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

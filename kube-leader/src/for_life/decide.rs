@@ -6,8 +6,18 @@ use tokio::time::Instant;
 
 use super::{
     config::DeadLeaderPod,
-    record::{LeaderPod, LockRecord, Malformed, PodRef, PodView},
+    record::{LeaderPod, LockRecord, Malformed, PodRef, PodView, DEFAULT_GRACE},
 };
+
+/// The kubelet's shortest grace period when it stops a container without an override
+/// (`minimumGracePeriodInSeconds`, pkg/kubelet/kuberuntime/kuberuntime_manager.go in 1.20).
+pub(crate) const KUBELET_MIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Added to a leader Pod's grace before its containers are taken to be gone by time alone: the
+/// kubelet starts the kill in the same step as it writes the terminal status (its status write
+/// reaches the API server after the kill began), and the runtime's SIGKILL at the end of the
+/// grace takes milliseconds; this leaves room for a loaded node.
+pub(crate) const KILL_MARGIN: Duration = Duration::from_secs(2);
 
 /// The options that shape a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +37,9 @@ pub(crate) struct Inputs<'a> {
     /// Since when (by this candidate's clock) the leader Pod's Node has been seen not `Ready`;
     /// `None` if it was seen `Ready` or is not being checked.
     pub(crate) node_not_ready_since: Option<Instant>,
+    /// What this candidate saw of the end of the lock's owner (or, with no lock, of the last
+    /// owner it saw): `None` if it saw none.
+    pub(crate) fate: Option<&'a Fate>,
     /// This candidate.
     pub(crate) me: &'a PodRef,
     pub(crate) now: Instant,
@@ -45,6 +58,7 @@ pub(crate) enum Decision {
     DeleteLock {
         lock_uid: String,
         why: Stale,
+        proof: Proof,
         delete_pod: Option<PodRef>,
     },
     /// Somebody else leads, or the lock cannot be judged: wait for a change. If `recheck_at`
@@ -71,6 +85,8 @@ pub(crate) enum Stale {
         phase: String,
         reason: Option<String>,
     },
+    /// The leader marked the lock released after its work stopped, and did not (yet) delete it.
+    Released { holder: String },
     /// Opt-in policy: the owner Pod's Node has not been `Ready` for at least the grace.
     LeaderNodeNotReady {
         holder: String,
@@ -112,6 +128,7 @@ impl fmt::Display for Stale {
             } => {
                 write!(f, "the leader Pod {holder} has terminated (phase {phase})")
             }
+            Stale::Released { holder } => write!(f, "the leader Pod {holder} released the lock"),
             Stale::LeaderNodeNotReady { holder, node, for_ } => {
                 write!(
                     f,
@@ -119,6 +136,97 @@ impl fmt::Display for Stale {
                 )
             }
         }
+    }
+}
+
+/// What shows that nothing of a stale lock's term still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Proof {
+    /// The leader's Pod is gone (or replaced) after its graceful deletion was seen: the kubelet
+    /// deletes a Pod for good only once its containers have stopped.
+    PodDeletionCompleted,
+    /// The leader marked the lock released: its work had stopped.
+    Released,
+    /// The Pod's grace (plus [`KILL_MARGIN`]) has passed, by this candidate's clock, since it
+    /// saw the Pod end (terminal, gone or replaced): the kubelet has killed its containers.
+    GraceElapsed { waited: Duration },
+    /// No proof: the opt-in NotReady takeover, whose risk its documentation states.
+    OptIn,
+}
+
+impl fmt::Display for Proof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Proof::PodDeletionCompleted => f.write_str(
+                "its Pod's graceful deletion completed, which the kubelet does after its containers stopped",
+            ),
+            Proof::Released => f.write_str("its leader marked it released after its work stopped"),
+            Proof::GraceElapsed { waited } => {
+                write!(
+                    f,
+                    "its Pod's grace period and the kill margin have passed ({waited:?})"
+                )
+            }
+            Proof::OptIn => f.write_str("the opt-in NotReady takeover"),
+        }
+    }
+}
+
+/// What a waiting candidate saw of the end of a leader Pod, kept across decisions: on 1.20 the
+/// kubelet leaves little proof that a Pod's containers are gone (an eviction writes phase
+/// `Failed` without `containerStatuses` and only then kills them, and a terminal Pod's status is
+/// never synced again; a force-deleted Pod vanishes while its containers run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fate {
+    /// The leader Pod (from the lock's owner reference).
+    pub(crate) owner: PodRef,
+    /// The Pod's grace as last seen ([`PodView::grace`]); `None` if it was never seen.
+    pub(crate) grace: Option<Duration>,
+    /// A graceful deletion of this Pod was seen ([`PodView::graceful_deletion`]).
+    pub(crate) deletion_seen: bool,
+    /// When this candidate first saw the Pod terminal, gone or replaced.
+    pub(crate) ended_since: Option<Instant>,
+    /// The lock was last seen marked released by this leader.
+    pub(crate) released: bool,
+}
+
+// === impl Fate ===
+
+impl Fate {
+    /// Nothing seen yet of `owner`'s end.
+    pub(crate) fn new(owner: PodRef) -> Self {
+        Self {
+            owner,
+            grace: None,
+            deletion_seen: false,
+            ended_since: None,
+            released: false,
+        }
+    }
+
+    /// Takes in what the owner's Pod is now (seen at `now`).
+    pub(crate) fn observe(&mut self, pod: &LeaderPod, now: Instant) {
+        match pod {
+            LeaderPod::Unknown => {}
+            LeaderPod::Present(v) if v.uid == self.owner.uid => {
+                self.grace = Some(v.grace);
+                self.deletion_seen |= v.graceful_deletion;
+                if v.is_terminal() {
+                    self.ended_since.get_or_insert(now);
+                }
+            }
+            // Gone, or replaced by another Pod of that name.
+            _ => {
+                self.ended_since.get_or_insert(now);
+            }
+        }
+    }
+
+    /// When the grace proof holds: the grace (at least the kubelet's minimum, the API server's
+    /// default if the Pod was never seen) plus [`KILL_MARGIN`] after the end was first seen.
+    pub(crate) fn grace_deadline(&self) -> Option<Instant> {
+        let grace = self.grace.unwrap_or(DEFAULT_GRACE).max(KUBELET_MIN_GRACE);
+        self.ended_since.map(|t| t + grace + KILL_MARGIN)
     }
 }
 
@@ -131,6 +239,9 @@ pub(crate) enum Waiting {
     LeaderPodUnknown { holder: String },
     /// The leader Pod is being deleted but still runs; its lock goes with it.
     LeaderTerminating { holder: String },
+    /// The leader Pod has ended (`how`: terminal, gone, replaced), but nothing proves yet that
+    /// its containers have stopped.
+    LeaderMayRun { holder: String, how: String },
     /// The leader's Node is not `Ready`; the opt-in takeover waits for its grace.
     LeaderNodeNotReady { holder: String, node: String },
     /// The lock is being deleted.
@@ -153,6 +264,11 @@ impl fmt::Display for Waiting {
                     "the Node {node} of the leader Pod {holder} is not Ready; waiting for the takeover grace"
                 )
             }
+            Waiting::LeaderMayRun { holder, how } => write!(
+                f,
+                "the leader Pod {holder} {how}, but its containers may still run; waiting until its \
+                 leader releases the lock, its Pod's deletion completes, or its grace period has passed"
+            ),
             Waiting::LockTerminating => f.write_str("the lock is being deleted"),
             Waiting::Malformed(m) => write!(f, "{m}; waiting, never taking it over"),
         }
@@ -160,13 +276,17 @@ impl fmt::Display for Waiting {
 }
 
 /// Decides what a waiting candidate does, given what it has observed.
+///
+/// A leader Pod that has ended (terminal, gone, replaced) makes its lock stale only with a
+/// [`Proof`] that nothing of its term runs any more; until then the candidate waits
+/// ([`Waiting::LeaderMayRun`], rechecking when the grace proof will hold).
 pub(crate) fn decide(i: Inputs<'_>) -> Decision {
     let wait = |why| Decision::Wait {
         why,
         recheck_at: None,
     };
     let Some(lock) = i.lock else {
-        return Decision::Create;
+        return decide_without_lock(&i);
     };
     if lock.deleting {
         return wait(Waiting::LockTerminating);
@@ -178,25 +298,107 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
     if owner == i.me {
         return Decision::Continue;
     }
-    let stale = |why| Decision::DeleteLock {
+    let holder = owner.name.clone();
+    let fate = i.fate.filter(|f| &f.owner == owner);
+    let stale = |why, proof| Decision::DeleteLock {
         lock_uid: lock.uid.clone(),
         why,
+        proof,
         delete_pod: None,
     };
-    let holder = owner.name.clone();
+    let ended = |why: Stale, how: &str, vanished: bool| match proof(&i, fate, vanished) {
+        Ok(proof) => stale(why, proof),
+        Err(recheck_at) => may_run(holder.clone(), how, recheck_at),
+    };
+    if lock.released {
+        // The leader's own word: its work has stopped. The dead Pod is cleaned up by policy.
+        let delete_pod = match i.leader_pod {
+            LeaderPod::Present(pod) if pod.uid == owner.uid && pod.is_terminal() => {
+                deletes_pod(&i, pod).then(|| owner.clone())
+            }
+            _ => None,
+        };
+        return Decision::DeleteLock {
+            lock_uid: lock.uid.clone(),
+            why: Stale::Released { holder },
+            proof: Proof::Released,
+            delete_pod,
+        };
+    }
     if owner.name == i.me.name {
-        // Pod names are unique in a namespace: the owner is a former Pod of this name.
-        return stale(Stale::FormerPodOfMine {
+        // Pod names are unique in a namespace: the owner is a former Pod of this name, gone
+        // by some deletion this candidate did not see.
+        let why = Stale::FormerPodOfMine {
             uid: owner.uid.clone(),
-        });
+        };
+        return ended(why, "is gone (a former Pod of this name)", true);
     }
     let pod = match i.leader_pod {
         LeaderPod::Unknown => return wait(Waiting::LeaderPodUnknown { holder }),
-        LeaderPod::Absent => return stale(Stale::LeaderPodGone { holder }),
-        LeaderPod::Present(pod) if pod.uid != owner.uid => return stale(Stale::LeaderPodReplaced { holder }),
+        LeaderPod::Absent => {
+            return ended(
+                Stale::LeaderPodGone {
+                    holder: holder.clone(),
+                },
+                "is gone",
+                true,
+            )
+        }
+        LeaderPod::Present(pod) if pod.uid != owner.uid => {
+            let why = Stale::LeaderPodReplaced {
+                holder: holder.clone(),
+            };
+            return ended(
+                why,
+                "was deleted (a Pod of that name with another UID exists)",
+                true,
+            );
+        }
         LeaderPod::Present(pod) => pod,
     };
-    decide_on_pod(&i, lock, owner, pod, holder)
+    decide_on_pod(&i, lock, owner, fate, pod, holder)
+}
+
+/// With no lock: create it, unless the last owner this candidate saw has ended without proof
+/// (a force-deleted leader Pod, whose lock the garbage collector deleted at once) or is being
+/// deleted (its lock gone before it: an admin, or a foreground deletion).
+fn decide_without_lock(i: &Inputs<'_>) -> Decision {
+    let Some(fate) = i.fate.filter(|f| !f.released) else {
+        return Decision::Create;
+    };
+    let holder = fate.owner.name.clone();
+    let how = match i.leader_pod {
+        _ if fate.owner.name == i.me.name => "is gone (a former Pod of this name)".to_string(),
+        LeaderPod::Unknown => return Decision::Create,
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.is_terminal() => terminated(pod),
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.deleting => {
+            return Decision::Wait {
+                why: Waiting::LeaderTerminating { holder },
+                recheck_at: None,
+            };
+        }
+        // A live leader whose lock an admin deleted: it learns so from its lock watch.
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid => return Decision::Create,
+        _ => "is gone".to_string(),
+    };
+    let vanished = !matches!(i.leader_pod, LeaderPod::Present(p) if p.uid == fate.owner.uid);
+    match proof(i, Some(fate), vanished) {
+        Ok(_) => Decision::Create,
+        Err(recheck_at) => may_run(holder, &how, recheck_at),
+    }
+}
+
+/// With no lock (and a [`Decision::Create`]): the last leader's Pod if it is dead and the policy
+/// deletes it. Its lock may be gone before this candidate saw the release mark, which would
+/// otherwise have carried the deletion ([`Decision::DeleteLock`]).
+pub(crate) fn dead_pod_to_delete(i: &Inputs<'_>) -> Option<PodRef> {
+    let fate = i.fate.filter(|_| i.lock.is_none())?;
+    match i.leader_pod {
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.is_terminal() && deletes_pod(i, pod) => {
+            Some(fate.owner.clone())
+        }
+        _ => None,
+    }
 }
 
 /// The rest of [`decide`], once the leader Pod is known to be the lock's owner: its phase, its
@@ -205,6 +407,7 @@ fn decide_on_pod(
     i: &Inputs<'_>,
     lock: &LockRecord,
     owner: &PodRef,
+    fate: Option<&Fate>,
     pod: &PodView,
     holder: String,
 ) -> Decision {
@@ -212,26 +415,19 @@ fn decide_on_pod(
         why,
         recheck_at: None,
     };
-    let stale = |why| Decision::DeleteLock {
-        lock_uid: lock.uid.clone(),
-        why,
-        delete_pod: None,
-    };
     if pod.is_terminal() {
-        let delete = !pod.deleting
-            && match i.policy.dead_leader_pod {
-                DeadLeaderPod::Keep => false,
-                DeadLeaderPod::DeleteEvicted => pod.is_evicted(),
-                DeadLeaderPod::DeleteTerminal => true,
-            };
-        return Decision::DeleteLock {
-            lock_uid: lock.uid.clone(),
-            why: Stale::LeaderPodTerminated {
-                holder,
-                phase: pod.phase.clone().unwrap_or_default(),
-                reason: pod.reason.clone(),
+        return match proof(i, fate, false) {
+            Ok(proof) => Decision::DeleteLock {
+                lock_uid: lock.uid.clone(),
+                why: Stale::LeaderPodTerminated {
+                    holder,
+                    phase: pod.phase.clone().unwrap_or_default(),
+                    reason: pod.reason.clone(),
+                },
+                proof,
+                delete_pod: deletes_pod(i, pod).then(|| owner.clone()),
             },
-            delete_pod: delete.then(|| owner.clone()),
+            Err(recheck_at) => may_run(holder, &terminated(pod), recheck_at),
         };
     }
     // The Pod may be running: only the opt-in policy takes over, and only from a Pod on a Node
@@ -243,11 +439,16 @@ fn decide_on_pod(
     ) {
         let for_ = i.now.saturating_duration_since(since);
         if for_ >= grace {
-            return stale(Stale::LeaderNodeNotReady {
-                holder,
-                node: node.clone(),
-                for_,
-            });
+            return Decision::DeleteLock {
+                lock_uid: lock.uid.clone(),
+                why: Stale::LeaderNodeNotReady {
+                    holder,
+                    node: node.clone(),
+                    for_,
+                },
+                proof: Proof::OptIn,
+                delete_pod: None,
+            };
         }
         return Decision::Wait {
             why: Waiting::LeaderNodeNotReady {
@@ -261,6 +462,63 @@ fn decide_on_pod(
         return wait(Waiting::LeaderTerminating { holder });
     }
     wait(Waiting::Leader { holder })
+}
+
+/// The proof that an ended leader Pod (`vanished`: gone or replaced, rather than terminal)
+/// runs nothing, or when the grace proof will hold.
+///
+/// What proves it: a Pod that vanished after its graceful deletion was seen (the kubelet
+/// deletes a Pod for good only once its containers have stopped), or its grace period (plus
+/// [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase (the 1.20
+/// kubelet writes `Failed`/`Evicted` before it kills the containers), a missing, empty or
+/// "terminated" `containerStatuses` list (the kubelet's TerminatePod marks every container
+/// terminated without looking), a Pod that vanished without a graceful deletion seen (a force
+/// deletion).
+fn proof(i: &Inputs<'_>, fate: Option<&Fate>, vanished: bool) -> Result<Proof, Instant> {
+    let Some(fate) = fate else {
+        // Not tracked (only in unit tests of other rules): wait a default grace from now.
+        return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);
+    };
+    if vanished && fate.deletion_seen {
+        return Ok(Proof::PodDeletionCompleted);
+    }
+    let (Some(since), Some(deadline)) = (fate.ended_since, fate.grace_deadline()) else {
+        return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);
+    };
+    if i.now >= deadline {
+        return Ok(Proof::GraceElapsed {
+            waited: i.now.saturating_duration_since(since),
+        });
+    }
+    Err(deadline)
+}
+
+/// Whether the policy deletes this dead leader Pod (never one already being deleted).
+fn deletes_pod(i: &Inputs<'_>, pod: &PodView) -> bool {
+    !pod.deleting
+        && match i.policy.dead_leader_pod {
+            DeadLeaderPod::Keep => false,
+            DeadLeaderPod::DeleteEvicted => pod.is_evicted(),
+            DeadLeaderPod::DeleteTerminal => true,
+        }
+}
+
+fn terminated(pod: &PodView) -> String {
+    let phase = pod.phase.as_deref().unwrap_or_default();
+    match &pod.reason {
+        Some(reason) => format!("has terminated (phase {phase}, reason {reason})"),
+        None => format!("has terminated (phase {phase})"),
+    }
+}
+
+fn may_run(holder: String, how: &str, recheck_at: Instant) -> Decision {
+    Decision::Wait {
+        why: Waiting::LeaderMayRun {
+            holder,
+            how: how.to_string(),
+        },
+        recheck_at: Some(recheck_at),
+    }
 }
 
 #[cfg(test)]

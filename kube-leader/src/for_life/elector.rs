@@ -45,7 +45,9 @@ pub(crate) const RBAC_HINT: &str =
 /// that Pod. It leads until the lock goes: normally when its Pod is deleted and Kubernetes'
 /// garbage collector deletes the lock with it. Waiting candidates watch the lock and the
 /// leader's Pod, and take over as soon as the lock is deleted, or delete it themselves (with a
-/// UID precondition) once the leader Pod is gone or has terminated.
+/// UID precondition) once the leader Pod is gone or has terminated and its containers are known
+/// to be gone: its leader [released](crate::Leadership::release) the lock, its graceful deletion
+/// completed, or its grace period (plus 2 s) has passed since that end was seen.
 ///
 /// ```no_run
 /// # async fn run(client: kube::Client) -> kube_leader::Result<()> {

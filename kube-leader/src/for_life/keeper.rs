@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::Api;
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Pod},
+    jiff::Timestamp,
+};
+use kube::{api::PostParams, Api};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -12,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::{
     config::INITIAL_BACKOFF,
     elector::{cm_op, pod_op, uid_precondition},
-    record::{LockRecord, LockState, PodRef, PodView},
+    record::{LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
 };
 use crate::{
     api::{call, Failure},
@@ -162,42 +165,82 @@ impl Keeper {
         handle.lose(LossReason::PodEnding { why });
     }
 
-    /// Explicit step-down: deletes the lock if it is still this term's (UID precondition).
+    /// Explicit step-down, once this term's work has stopped: marks the lock released
+    /// ([`RELEASED_ANNOTATION`]), then deletes it, both only if it is still this term's (UID).
+    /// The mark is what tells a waiting candidate that nothing of this term runs any more, also
+    /// when this Pod is terminal or gone and its containers might otherwise still run.
     async fn release(&self) -> Result<()> {
         let started = Instant::now();
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
-        let params = uid_precondition(&self.lock_uid);
-        let mut attempt = 0;
+        let (mut failures, mut marked) = (0, false);
         loop {
-            attempt += 1;
-            match call(
-                cm_op(&self.lock, "delete"),
-                self.api_timeout,
-                self.configmaps.delete(&self.lock.name, &params),
-            )
-            .await
-            {
-                Ok(_) => {
-                    info!("released: deleted the lock");
+            let step = if marked {
+                self.delete_lock().await
+            } else {
+                self.mark_released().await
+            };
+            match step {
+                Ok(true) if marked => {
+                    info!("released: marked the lock released and deleted it");
                     return Ok(());
                 }
-                Err(Failure::NotFound | Failure::Conflict) => {
+                Ok(true) => marked = true,
+                // Re-read and mark again (an update raced this one).
+                Err(Failure::Conflict) if !marked => {}
+                Ok(false) | Err(Failure::NotFound | Failure::Conflict) => {
                     info!("released: the lock was already gone or replaced");
                     return Ok(());
                 }
                 Err(Failure::Fatal(e)) => return Err(e),
-                Err(Failure::Transient(e)) if attempt >= 3 => {
+                Err(Failure::Transient(e)) if failures >= 2 => {
                     return Err(Error::Unreachable {
                         elapsed: started.elapsed(),
                         source: e,
                     });
                 }
                 Err(Failure::Transient(e)) => {
+                    failures += 1;
                     let delay = backoff.next_delay();
-                    debug!(error = %e, ?delay, "deleting the lock failed; retrying");
+                    debug!(error = %e, ?delay, "releasing the lock failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
             }
+        }
+    }
+
+    /// Marks the lock released if it is still this term's. `false`: it is gone or replaced.
+    async fn mark_released(&self) -> Result<bool, Failure> {
+        let get = self.configmaps.get_opt(&self.lock.name);
+        let Some(mut cm) = call(cm_op(&self.lock, "get"), self.api_timeout, get).await? else {
+            return Ok(false);
+        };
+        let record = LockRecord::from_config_map(&cm);
+        if record.uid != self.lock_uid || !record.is_owned_by(&self.me) {
+            return Ok(false);
+        }
+        if record.released {
+            return Ok(true);
+        }
+        cm.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(RELEASED_ANNOTATION.to_string(), Timestamp::now().to_string());
+        // The update carries the resourceVersion just read: a 409 means re-read.
+        let params = PostParams::default();
+        let update = self.configmaps.replace(&self.lock.name, &params, &cm);
+        call(cm_op(&self.lock, "update"), self.api_timeout, update).await?;
+        Ok(true)
+    }
+
+    /// Deletes the lock if it is still this term's (UID precondition). `false`: gone or
+    /// replaced.
+    async fn delete_lock(&self) -> Result<bool, Failure> {
+        let params = uid_precondition(&self.lock_uid);
+        let delete = self.configmaps.delete(&self.lock.name, &params);
+        match call(cm_op(&self.lock, "delete"), self.api_timeout, delete).await {
+            Ok(_) => Ok(true),
+            Err(Failure::NotFound | Failure::Conflict) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 }

@@ -43,7 +43,11 @@
 //!   16 s, 20% jitter) only paces retries after errors, re-reads while a watch fails, and
 //!   re-reads of a malformed lock.
 //! - A leader Pod that is gone, replaced, `Failed` (any reason) or `Succeeded` makes its lock
-//!   stale; the lock is deleted with a UID precondition, so a newer lock is never deleted.
+//!   stale once its containers are known to be gone: its leader released the lock (marked
+//!   `kube-leader.io/released-at`), its graceful deletion completed, or its grace period plus
+//!   2 s has passed since that end was seen (the 1.20 kubelet writes `Failed`/`Evicted` before
+//!   it kills the containers, and a force-deleted Pod vanishes while they run). The lock is
+//!   deleted with a UID precondition, so a newer lock is never deleted.
 //! - A leader on a NotReady Node is never replaced, unless the opt-in
 //!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
 //! - The leader keeps watching its lock and learns when it is deleted or replaced.

@@ -1,7 +1,11 @@
 //! The lock ConfigMap: how it is written, and what a candidate reads from it and from the leader
 //! Pod.
 
-use std::{collections::BTreeMap, fmt, time::SystemTime};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Pod},
@@ -13,6 +17,16 @@ use crate::lock::{
     LockRef, ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL,
     STRATEGY_LABEL,
 };
+
+/// Set on the lock by its leader right before it deletes the lock on release, once its work
+/// has stopped (the value is the leader's wall clock, RFC 3339, for people): the leader's own
+/// word that nothing of its term runs any more. A waiting candidate that sees it takes over at
+/// once, also when the leader Pod is terminal or gone and its containers might otherwise still
+/// run.
+pub(crate) const RELEASED_ANNOTATION: &str = "kube-leader.io/released-at";
+
+/// The API server's default `terminationGracePeriodSeconds`, for a Pod whose spec was never seen.
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// A Pod by name and UID: a candidate, or the owner of a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -90,6 +104,8 @@ pub(crate) struct LockRecord {
     pub(crate) acquired_at: Option<SystemTime>,
     /// `metadata.deletionTimestamp` is set: the lock is going.
     pub(crate) deleting: bool,
+    /// [`RELEASED_ANNOTATION`] is set: its leader's work has stopped.
+    pub(crate) released: bool,
 }
 
 // === impl LockRecord ===
@@ -127,6 +143,7 @@ impl LockRecord {
                 .and_then(|v| v.parse::<Timestamp>().ok())
                 .map(SystemTime::from),
             deleting: meta.deletion_timestamp.is_some(),
+            released: annotation(RELEASED_ANNOTATION).is_some(),
         }
     }
 
@@ -207,7 +224,16 @@ pub(crate) struct PodView {
     pub(crate) phase: Option<String>,
     pub(crate) reason: Option<String>,
     pub(crate) deleting: bool,
+    /// Being deleted with a grace period above zero: a graceful deletion, which the kubelet
+    /// completes (deletes the Pod for good) only once the containers have stopped. A force
+    /// deletion also shows `deletionTimestamp` for a moment, with a grace period of zero,
+    /// right before the Pod vanishes (seen on the 1.20 API server).
+    pub(crate) graceful_deletion: bool,
     pub(crate) node_name: Option<String>,
+    /// The longest grace period the kubelet gives this Pod's containers when it stops them:
+    /// `spec.terminationGracePeriodSeconds` or `metadata.deletionGracePeriodSeconds`, whichever
+    /// is longer ([`DEFAULT_GRACE`] if neither is set; negative values count as zero).
+    pub(crate) grace: Duration,
 }
 
 // === impl PodView ===
@@ -220,11 +246,14 @@ impl PodView {
             phase: status.and_then(|s| s.phase.clone()),
             reason: status.and_then(|s| s.reason.clone()),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            graceful_deletion: pod.metadata.deletion_timestamp.is_some()
+                && pod.metadata.deletion_grace_period_seconds.is_some_and(|s| s > 0),
             node_name: pod
                 .spec
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
+            grace: grace_of(pod),
         }
     }
 
@@ -236,6 +265,17 @@ impl PodView {
     /// Phase `Failed` with reason `Evicted` (operator-sdk's `isPodEvicted`).
     pub(crate) fn is_evicted(&self) -> bool {
         self.phase.as_deref() == Some("Failed") && self.reason.as_deref() == Some("Evicted")
+    }
+}
+
+/// See [`PodView::grace`].
+fn grace_of(pod: &Pod) -> Duration {
+    let spec = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds);
+    let deletion = pod.metadata.deletion_grace_period_seconds;
+    let secs = |s: i64| Duration::from_secs(s.max(0).unsigned_abs());
+    match (spec, deletion) {
+        (None, None) => DEFAULT_GRACE,
+        (a, b) => secs(a.unwrap_or(0).max(b.unwrap_or(0))),
     }
 }
 

@@ -24,6 +24,7 @@ fn lock(owner: Result<PodRef, Malformed>) -> LockRecord {
         fencing_token: Some(9),
         acquired_at: None,
         deleting: false,
+        released: false,
     }
 }
 
@@ -33,8 +34,17 @@ fn pod(uid: &str, phase: &str, reason: Option<&str>) -> LeaderPod {
         phase: Some(phase.into()),
         reason: reason.map(Into::into),
         deleting: false,
+        graceful_deletion: false,
         node_name: Some("node-a".into()),
+        grace: GRACE,
     })
+}
+
+/// The leader Pod's grace in these tests.
+const GRACE: Duration = Duration::from_secs(10);
+/// When the grace proof holds for an end first seen at `t`.
+fn proven_at(t: Instant) -> Instant {
+    t + GRACE + KILL_MARGIN
 }
 
 const SEED: Policy = Policy {
@@ -48,10 +58,56 @@ fn run(lock: Option<&LockRecord>, leader_pod: &LeaderPod, policy: Policy) -> Dec
         lock,
         leader_pod,
         node_not_ready_since: None,
+        fate: None,
         me: &me(),
         now,
         policy,
     })
+}
+
+/// Decides at `now` with what was seen of the owner's end (`fate` observed `leader_pod`, as the
+/// campaign does before every decision).
+fn run_at(
+    lock: Option<&LockRecord>,
+    leader_pod: &LeaderPod,
+    fate: &mut Fate,
+    policy: Policy,
+    now: Instant,
+) -> Decision {
+    fate.observe(leader_pod, now);
+    decide(Inputs {
+        lock,
+        leader_pod,
+        node_not_ready_since: None,
+        fate: Some(fate),
+        me: &me(),
+        now,
+        policy,
+    })
+}
+
+/// The leader's fate, seen running (with its grace) before it ended.
+fn seen_running() -> Fate {
+    let mut f = Fate::new(leader());
+    f.observe(&pod("leader-1", "Running", None), Instant::now());
+    f
+}
+
+fn proof(d: &Decision) -> Option<Proof> {
+    match d {
+        Decision::DeleteLock { proof, .. } => Some(*proof),
+        _ => None,
+    }
+}
+
+fn may_run(d: &Decision) -> Option<Instant> {
+    match d {
+        Decision::Wait {
+            why: Waiting::LeaderMayRun { .. },
+            recheck_at,
+        } => *recheck_at,
+        _ => None,
+    }
 }
 
 fn deletes(d: &Decision) -> Option<(&Stale, &Option<PodRef>)> {
@@ -60,6 +116,7 @@ fn deletes(d: &Decision) -> Option<(&Stale, &Option<PodRef>)> {
             lock_uid,
             why,
             delete_pod,
+            ..
         } => {
             assert_eq!(lock_uid, "lock-1", "the UID precondition is the lock's");
             Some((why, delete_pod))
@@ -82,15 +139,29 @@ fn own_lock_by_uid_continues() {
 }
 
 #[test]
-fn same_name_other_uid_is_not_mine_and_is_stale() {
+fn same_name_other_uid_is_not_mine_and_is_stale_once_its_grace_has_passed() {
     let former = PodRef {
         name: "me".into(),
         uid: "me-0".into(),
     };
-    let d = run(Some(&lock(Ok(former))), &LeaderPod::Unknown, SEED);
+    let l = lock(Ok(former.clone()));
+    let mut fate = Fate::new(former);
+    // The campaign observes a former Pod of this name as gone: it was never watched, so its
+    // graceful deletion was not seen either, and its grace is the API server's default.
+    let t0 = Instant::now();
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, t0);
+    let until = t0 + DEFAULT_GRACE + KILL_MARGIN;
+    assert_eq!(may_run(&d), Some(until), "{d:?}");
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, until);
     let (why, delete_pod) = deletes(&d).expect("stale");
     assert_eq!(why, &Stale::FormerPodOfMine { uid: "me-0".into() });
     assert_eq!(delete_pod, &None, "never delete a Pod of my own name");
+    assert_eq!(
+        proof(&d),
+        Some(Proof::GraceElapsed {
+            waited: DEFAULT_GRACE + KILL_MARGIN
+        })
+    );
 }
 
 #[test]
@@ -115,87 +186,6 @@ fn live_leader_waits() {
             ..
         }
     ));
-}
-
-#[test]
-fn gone_or_replaced_leader_is_stale() {
-    let l = lock(Ok(leader()));
-    let d = run(Some(&l), &LeaderPod::Absent, SEED);
-    assert_eq!(
-        deletes(&d).unwrap().0,
-        &Stale::LeaderPodGone {
-            holder: "leader".into()
-        }
-    );
-    let d = run(Some(&l), &pod("leader-2", "Running", None), SEED);
-    assert_eq!(
-        deletes(&d).unwrap().0,
-        &Stale::LeaderPodReplaced {
-            holder: "leader".into()
-        }
-    );
-    assert_eq!(
-        deletes(&d).unwrap().1,
-        &None,
-        "the new Pod of that name is not touched"
-    );
-}
-
-#[test]
-fn every_terminal_phase_is_stale_and_the_pod_is_deleted_by_policy() {
-    let l = lock(Ok(leader()));
-    let cases = [
-        ("Failed", Some("Evicted"), [false, true, true]),
-        ("Failed", Some("Preempting"), [false, false, true]),
-        ("Failed", Some("NodeShutdown"), [false, false, true]),
-        ("Failed", None, [false, false, true]),
-        ("Succeeded", None, [false, false, true]),
-    ];
-    let policies = [
-        DeadLeaderPod::Keep,
-        DeadLeaderPod::DeleteEvicted,
-        DeadLeaderPod::DeleteTerminal,
-    ];
-    for (phase, reason, deleted) in cases {
-        for (policy, deleted) in policies.into_iter().zip(deleted) {
-            let policy = Policy {
-                dead_leader_pod: policy,
-                ..SEED
-            };
-            let d = run(Some(&l), &pod("leader-1", phase, reason), policy);
-            let (why, delete_pod) = deletes(&d).unwrap_or_else(|| panic!("{phase} {reason:?}: {d:?}"));
-            assert!(matches!(why, Stale::LeaderPodTerminated { .. }), "{why:?}");
-            assert_eq!(delete_pod.is_some(), deleted, "{phase} {reason:?} {policy:?}");
-            if deleted {
-                assert_eq!(delete_pod.as_ref(), Some(&leader()), "deleted by UID");
-            }
-        }
-    }
-}
-
-#[test]
-fn a_pod_already_being_deleted_is_not_deleted_again() {
-    let l = lock(Ok(leader()));
-    let LeaderPod::Present(mut view) = pod("leader-1", "Failed", Some("Evicted")) else {
-        unreachable!()
-    };
-    view.deleting = true;
-    let d = run(Some(&l), &LeaderPod::Present(view.clone()), SEED);
-    assert_eq!(deletes(&d).unwrap().1, &None);
-    // A running Pod being deleted still runs: wait for the garbage collector.
-    view.phase = Some("Running".into());
-    view.reason = None;
-    let d = run(Some(&l), &LeaderPod::Present(view), SEED);
-    assert!(
-        matches!(
-            d,
-            Decision::Wait {
-                why: Waiting::LeaderTerminating { .. },
-                ..
-            }
-        ),
-        "{d:?}"
-    );
 }
 
 #[test]
@@ -248,6 +238,7 @@ fn not_ready_node_is_never_taken_over_by_default() {
         lock: Some(&l),
         leader_pod: &pod("leader-1", "Running", None),
         node_not_ready_since: Some(since),
+        fate: None,
         me: &me(),
         now,
         policy: SEED,
@@ -278,6 +269,7 @@ async fn not_ready_takeover_after_the_grace_by_the_local_clock() {
             lock: Some(&l),
             leader_pod: &pod("leader-1", "Running", None),
             node_not_ready_since: Some(since),
+            fate: None,
             me: &me(),
             now,
             policy,
@@ -311,6 +303,7 @@ async fn not_ready_takeover_after_the_grace_by_the_local_clock() {
         lock: Some(&l),
         leader_pod: &pod("leader-1", "Running", None),
         node_not_ready_since: None,
+        fate: None,
         me: &me(),
         now: Instant::now(),
         policy,
@@ -341,3 +334,5 @@ fn messages() {
         "the lock has 2 owner references (it must have exactly one, a Pod); waiting, never taking it over"
     );
 }
+
+mod proof;

@@ -118,7 +118,9 @@ fn pod_phases() {
         phase: Some(phase.into()),
         reason: reason.map(Into::into),
         deleting: false,
+        graceful_deletion: false,
         node_name: None,
+        grace: DEFAULT_GRACE,
     };
     assert!(view("Failed", Some("Evicted")).is_evicted());
     assert!(view("Failed", Some("Evicted")).is_terminal());
@@ -128,6 +130,50 @@ fn pod_phases() {
     assert!(!view("Running", None).is_terminal());
     assert!(!view("Pending", None).is_terminal());
     assert!(!view("Running", Some("Evicted")).is_evicted());
+}
+
+#[test]
+fn the_grace_is_the_longer_of_the_pods_and_its_deletions() {
+    let grace = |spec: Option<i64>, deletion: Option<i64>| {
+        let mut pod = Pod::default();
+        pod.spec.get_or_insert_default().termination_grace_period_seconds = spec;
+        pod.metadata.deletion_grace_period_seconds = deletion;
+        PodView::from_pod(&pod).grace
+    };
+    let s = Duration::from_secs;
+    assert_eq!(grace(None, None), DEFAULT_GRACE);
+    assert_eq!(grace(Some(7), None), s(7));
+    assert_eq!(grace(Some(7), Some(3)), s(7));
+    assert_eq!(grace(Some(0), Some(3)), s(3));
+    assert_eq!(grace(Some(-5), None), s(0));
+    assert_eq!(PodView::from_pod(&Pod::default()).grace, DEFAULT_GRACE);
+}
+
+#[test]
+fn only_a_deletion_with_a_grace_is_graceful() {
+    let view = |deleting: bool, grace: Option<i64>| {
+        let mut pod = Pod::default();
+        pod.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
+        pod.metadata.deletion_grace_period_seconds = grace;
+        let v = PodView::from_pod(&pod);
+        (v.deleting, v.graceful_deletion)
+    };
+    assert_eq!(view(false, None), (false, false));
+    assert_eq!(view(true, Some(30)), (true, true));
+    // A force deletion (or the kubelet's final one): deletionTimestamp with grace 0.
+    assert_eq!(view(true, Some(0)), (true, false));
+    assert_eq!(view(true, None), (true, false));
+}
+
+#[test]
+fn the_released_mark_is_read() {
+    let mut cm = lock_config_map(&lock(), &me(), Timestamp::now());
+    assert!(!LockRecord::from_config_map(&cm).released);
+    cm.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(RELEASED_ANNOTATION.into(), "2024-05-06T07:08:09Z".into());
+    assert!(LockRecord::from_config_map(&cm).released);
 }
 
 /// Fuzzing of what a lock ConfigMap can say (issue 5): arbitrary owner references and
