@@ -8,6 +8,7 @@
 //! - [`schedule`]: timers (renewals, deadlines) and the queue of writes;
 //! - [`writes`]: the API calls (acquire, renew, release, read, membership);
 //! - [`answers`]: what the API server answered; [`acquired`]: a term begins;
+//! - [`counts`]: the other candidates' shard counts;
 //! - [`handover`]: the end of a term (lost, handed over, given up, released);
 //! - [`rebalance`]: the fair share and which shards to take or hand over.
 
@@ -52,6 +53,7 @@ use crate::{
 
 mod acquired;
 mod answers;
+mod counts;
 mod handover;
 mod rebalance;
 mod schedule;
@@ -79,6 +81,8 @@ pub(super) struct Engine {
     member: Member,
     /// Other candidates' membership Leases, by Lease name.
     members: BTreeMap<String, Observed>,
+    /// Those of them seen with another shard count (see [`counts`]).
+    foreign: BTreeMap<String, counts::Foreign>,
     timers: Timers,
     calls: FuturesUnordered<BoxFuture<'static, Reply>>,
     in_flight: usize,
@@ -193,6 +197,7 @@ impl Engine {
             },
             slots: (0..s.count).map(|_| Slot::default()).collect(),
             members: BTreeMap::new(),
+            foreign: BTreeMap::new(),
             timers: Timers::default(),
             calls: FuturesUnordered::new(),
             in_flight: 0,

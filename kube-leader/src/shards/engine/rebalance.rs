@@ -20,7 +20,11 @@ impl Engine {
         let fallback = self.cfg.lease.lease_duration;
         let mut live = vec![self.identity.clone()];
         let mut soonest: Option<Instant> = None;
-        for obs in self.members.values() {
+        for (name, obs) in &self.members {
+            if self.is_foreign(name) {
+                // Another shard count: it does not share these shards (see `counts`).
+                continue;
+            }
             let Some(holder) = obs.record.holder.as_ref() else {
                 continue;
             };
@@ -75,9 +79,13 @@ impl Engine {
         if !self.synced || self.stopping || self.fatal.is_some() {
             return;
         }
+        let count_unsure = self.judge_counts(now);
+        if self.fatal.is_some() {
+            return;
+        }
         let quota = self.fair_share(now);
         let (active, holding) = self.holding();
-        let ready = self.acquire_from.is_some_and(|t| now >= t);
+        let ready = self.acquire_from.is_some_and(|t| now >= t) && !count_unsure;
         let free = if holding.len() < quota as usize && ready {
             self.free(now)
         } else {
