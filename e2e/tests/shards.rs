@@ -10,12 +10,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{api::ListParams, Api};
 use kube_leader::{
     lease::LeaseRecord,
-    shards::{Shards, ROLE_LABEL, SHARDS_LABEL},
+    shards::{ROLE_LABEL, SHARDS_LABEL},
 };
 use kube_leader_e2e::shard_fleet::{ShardFleet, Timings};
 use kube_leader_testenv::ControlPlane;
 use nix::sys::signal::Signal;
-use tokio_util::sync::CancellationToken;
 
 const T: Timings = Timings {
     lease: Duration::from_secs(2),
@@ -360,141 +359,4 @@ while true; do sleep 0.05; done
     );
     assert!(read("a").contains("stop") && read("b").contains("stop"));
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Lease timings of the in-process candidates below: those of the fleet.
-fn short_lease() -> kube_leader::LeaseConfig {
-    kube_leader::LeaseConfig::new(T.lease, T.renew, T.retry)
-}
-
-/// An in-process candidate of the set `set` with `count` shards.
-fn counted(client: &kube::Client, ns: &str, set: &str, identity: &str, count: u32) -> Shards {
-    Shards::new(client.clone(), set, count)
-        .namespace(ns)
-        .identity(identity)
-        .lease_config(short_lease())
-}
-
-/// Candidates of one set with different shard counts (issue 21, item 7) used to hold nothing
-/// and say nothing. The membership Lease carries the count: the candidate that joins a set
-/// with another count fails, naming both counts, both identities and the set, and holds no
-/// shard; the candidate already there keeps its shards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_candidate_with_another_shard_count_fails_naming_both() {
-    let cp = ControlPlane::shared();
-    let ns = cp.namespace().await;
-    let client = cp.client().await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
-    let shutdown = CancellationToken::new();
-    let mut four = counted(&client, ns.name(), "counted", "four", 4)
-        .start(&shutdown)
-        .unwrap();
-    let mut held = four.held();
-    tokio::time::timeout(SOON, held.wait_for(|s| s.held.len() == 4))
-        .await
-        .expect("the first candidate takes all 4 shards")
-        .unwrap();
-    let mut guards = Vec::new();
-    while guards.len() < 4 {
-        guards.push(four.next().await.expect("4 shards"));
-    }
-
-    let five = counted(&client, ns.name(), "counted", "five", 5)
-        .start(&shutdown)
-        .unwrap();
-    let mut five_held = five.held();
-    let err = tokio::time::timeout(SOON, five.finish())
-        .await
-        .expect("the candidate with 5 shards must fail, not wait silently")
-        .expect_err("the candidate with 5 shards must fail");
-    let msg = err.to_string();
-    println!("{msg}");
-    for want in [
-        "counted",
-        ns.name(),
-        "\"four\"",
-        "\"five\"",
-        "4 shards",
-        "5 shards",
-    ] {
-        assert!(msg.contains(want), "{msg:?} should name {want}");
-    }
-    assert!(
-        five_held.borrow_and_update().held.is_empty(),
-        "the failed candidate holds nothing"
-    );
-    // The first candidate goes on with its 4 shards, and nobody else took one.
-    tokio::time::sleep(T.lease).await;
-    assert_eq!(held.borrow().held.len(), 4, "{:?}", held.borrow());
-    for i in 0..4 {
-        let l = leases.get(&format!("counted-{i}")).await.unwrap();
-        assert_eq!(LeaseRecord::from_lease(&l).holder.as_deref(), Some("four"));
-    }
-    if let Some(l) = leases.get_opt("counted-4").await.unwrap() {
-        assert_eq!(LeaseRecord::from_lease(&l).holder, None, "counted-4 is not held");
-    }
-    shutdown.cancel();
-    drop(guards);
-    four.finish().await.unwrap();
-}
-
-/// `kube-leader run --shards 5` beside a candidate of the set with 4 shards: it exits 2
-/// (a configuration error) with the message naming both counts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sidecar_with_another_shard_count_exits_2() {
-    let cp = ControlPlane::shared();
-    let ns = cp.namespace().await;
-    let client = cp.client().await;
-    let shutdown = CancellationToken::new();
-    let mut four = counted(&client, ns.name(), "mixed", "four", 4)
-        .start(&shutdown)
-        .unwrap();
-    let mut held = four.held();
-    tokio::time::timeout(SOON, held.wait_for(|s| s.held.len() == 4))
-        .await
-        .expect("the first candidate takes all 4 shards")
-        .unwrap();
-    let bin = kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_shard-candidate"));
-    let out = tokio::time::timeout(
-        SOON,
-        tokio::process::Command::new(&bin)
-            .args([
-                "run",
-                "--strategy",
-                "lease",
-                "--lock",
-                "mixed",
-                "--namespace",
-                ns.name(),
-            ])
-            .args(["--identity", "five", "--shards", "5"])
-            .args([
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1s",
-                "--retry-period",
-                "200ms",
-            ])
-            .args(["--", "sleep", "600"])
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env_remove("POD_NAMESPACE")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("kube-leader run --shards 5 must exit, not wait silently")
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stderr}");
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    for want in ["mixed", "\"four\"", "\"five\"", "4 shards", "5 shards"] {
-        assert!(stderr.contains(want), "{stderr:?} should name {want}");
-    }
-    assert_eq!(held.borrow().held.len(), 4);
-    shutdown.cancel();
-    while let Some(shard) = four.next().await {
-        drop(shard);
-    }
-    four.finish().await.unwrap();
 }

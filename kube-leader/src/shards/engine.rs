@@ -63,7 +63,11 @@ mod writes;
 use answers::Reply;
 
 const RESOURCE: &str = "leases.coordination.k8s.io";
-const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
+/// The Role shards need: create, list and watch Leases; get and update on the shard Leases
+/// `SET-0` .. `SET-<M-1>`; get, update and delete on the membership Leases.
+const RBAC_HINT: &str = "the one `kube-leader rbac --shards M --lock SET` prints (create, list and \
+     watch leases; get and update on the shard Leases SET-0 .. SET-<M-1>; get, update and delete \
+     on the membership Leases SET-member-<identity>-<hash>)";
 /// Longest watch call (as for one Lease: kube-runtime needs less than the client's 295 s).
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
