@@ -260,6 +260,17 @@ pub(crate) struct RbacArgs {
     /// Also grant what `run --label-pod` needs (patch pods).
     #[arg(long)]
     pub(crate) label_pod: bool,
+
+    /// The Role of `run --shards M` (shard Leases LOCK-0 .. LOCK-<M-1> and the membership
+    /// Leases; --strategy does not apply).
+    #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) shards: Option<u32>,
+
+    /// With --shards: a candidate's identity (repeatable), so that the Role names its
+    /// membership Lease; without any, the membership Leases need get, update and delete on every
+    /// Lease of the namespace (their names contain the identities).
+    #[arg(long = "identity", value_name = "ID", requires = "shards", value_parser = parse_identity)]
+    pub(crate) identities: Vec<String>,
 }
 
 /// `kube-leader completions`.

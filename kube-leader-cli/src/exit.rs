@@ -22,7 +22,8 @@ Exit codes:
   0        COMMAND exited with 0, or kube-leader was stopped (SIGTERM/SIGINT) before it led
   1-255    COMMAND's own exit code once it exited by itself or after a forwarded signal
            (128+N if it died of signal N); the lease is released first
-  2        usage or configuration error (bad flag, invalid lock name, bad duration, missing COMMAND)
+  2        usage or configuration error (bad flag, invalid lock name, bad duration, missing COMMAND,
+           --shards M unlike the set's other candidates)
   3        leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace; or the
            supervisor died and COMMAND with it (the lock is not released)
   4        the cluster could not be used: no configuration, unreachable, or a missing permission
@@ -56,6 +57,8 @@ pub(crate) fn for_error(e: &kube_leader::Error) -> u8 {
     match e {
         E::InvalidConfig { .. } | E::InvalidLockName { .. } | E::NoNamespace { .. } | E::NoPodName => USAGE,
         E::OwnPodNotFound { .. } => USAGE,
+        // `--shards M` disagrees with the set's other candidates: a configuration error.
+        E::ShardCountMismatch { .. } => USAGE,
         _ => CLUSTER,
     }
 }
@@ -115,5 +118,14 @@ mod tests {
             hint: "the one `kube-leader rbac --strategy lease` prints",
         };
         assert_eq!(for_error(&forbidden), CLUSTER);
+        let mismatch = kube_leader::Error::ShardCountMismatch {
+            set: "s".into(),
+            namespace: "ns".into(),
+            identity: "b".into(),
+            ours: 5,
+            other: "a".into(),
+            theirs: 4,
+        };
+        assert_eq!(for_error(&mismatch), USAGE);
     }
 }

@@ -1,4 +1,5 @@
-//! `kube-leader rbac`: the least-privilege Role and RoleBinding for `run` with given options.
+//! `kube-leader rbac`: the least-privilege Role and RoleBinding for `run` with given options
+//! (`--shards M`: for `run --shards M`).
 //!
 //! Every verb printed is one the code uses, and nothing else is needed; the end-to-end tests
 //! bind the printed Role to a restricted user and run the election with it, and check that
@@ -38,6 +39,65 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
             verbs: &["patch"],
         });
     }
+    rules
+}
+
+/// The rules of `run --shards count` for the set `set`, whose candidates are `identities`
+/// (none: any).
+pub(crate) fn shards_rules(set: &str, count: u32, identities: &[String]) -> Vec<Rule> {
+    let shards: Vec<String> = (0..count).map(|i| format!("{set}-{i}")).collect();
+    let mut rules = vec![
+        Rule {
+            why: "create: the shard Leases and each candidate's membership Lease (create cannot be \
+                  limited by name)",
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            resource_names: vec![],
+            verbs: &["create"],
+        },
+        Rule {
+            why: "list, watch: one list/watch of the set's Leases by their label \
+                  kube-leader.io/shards (a label-selected list cannot be limited by name)",
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            resource_names: vec![],
+            verbs: &["list", "watch"],
+        },
+    ];
+    if identities.is_empty() {
+        rules.push(Rule {
+            why: "get: re-reads after a conflict; update: take over, renew and release the shards, \
+                  renew the membership Lease; delete: remove the membership Lease on shutdown. \
+                  Every Lease of the namespace: the membership Leases are named after each \
+                  candidate's identity (SET-member-<identity>-<hash>), unknown when the Role is \
+                  written; pass --identity for each candidate (a StatefulSet's Pod names) to limit \
+                  this to the set's own Leases",
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            resource_names: vec![],
+            verbs: &["get", "update", "delete"],
+        });
+        return rules;
+    }
+    rules.push(Rule {
+        why: "the shard Leases: get (re-reads after a conflict); update: take over, renew and \
+              release",
+        api_group: "coordination.k8s.io",
+        resource: "leases",
+        resource_names: shards,
+        verbs: &["get", "update"],
+    });
+    rules.push(Rule {
+        why: "the membership Lease of each candidate: get (re-read after a conflict), update \
+              (renew), delete (on shutdown)",
+        api_group: "coordination.k8s.io",
+        resource: "leases",
+        resource_names: identities
+            .iter()
+            .map(|id| kube_leader::shards::member_lease_name(set, id))
+            .collect(),
+        verbs: &["get", "update", "delete"],
+    });
     rules
 }
 
@@ -114,27 +174,50 @@ pub(crate) fn role_name(strategy: StrategyArg, lock: &str) -> String {
     format!("kube-leader-{}-{lock}", strategy.as_str())
 }
 
-/// The YAML `kube-leader rbac` prints.
-pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
+/// What `kube-leader rbac` prints for: the Role's name, the command line, the `run` it serves
+/// and the rules.
+fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rule>) {
     let strategy = args.lock.strategy;
     let lock = &args.lock.lock;
-    let name = role_name(strategy, lock);
-    let mut y = String::new();
-    let mut command = format!(
-        "kube-leader rbac --strategy {} --lock {lock} --namespace {namespace}",
-        strategy.as_str()
-    );
+    let (name, mut command, run, mut rules) = match args.shards {
+        Some(m) => (
+            format!("kube-leader-shards-{lock}"),
+            format!("kube-leader rbac --shards {m} --lock {lock} --namespace {namespace}"),
+            format!("kube-leader run --strategy lease --lock {lock} --shards {m}"),
+            shards_rules(lock, m, &args.identities),
+        ),
+        None => (
+            role_name(strategy, lock),
+            format!(
+                "kube-leader rbac --strategy {} --lock {lock} --namespace {namespace}",
+                strategy.as_str()
+            ),
+            format!("kube-leader run --strategy {} --lock {lock}", strategy.as_str()),
+            rules(strategy, lock, false),
+        ),
+    };
+    for id in &args.identities {
+        command.push_str(&format!(" --identity {id}"));
+    }
     if args.service_account != "default" {
         command.push_str(&format!(" --service-account {}", args.service_account));
     }
     if args.label_pod {
         command.push_str(" --label-pod");
+        rules.extend(
+            self::rules(StrategyArg::Lease, lock, true)
+                .into_iter()
+                .filter(|r| r.resource == "pods"),
+        );
     }
-    let _ = writeln!(
-        y,
-        "# Least privilege for `kube-leader run --strategy {} --lock {lock}`",
-        strategy.as_str()
-    );
+    (name, command, run, rules)
+}
+
+/// The YAML `kube-leader rbac` prints.
+pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
+    let (name, command, run, rules) = role_of(args, namespace);
+    let mut y = String::new();
+    let _ = writeln!(y, "# Least privilege for `{run}`");
     let _ = writeln!(
         y,
         "# in namespace {namespace}, for ServiceAccount {}.",
@@ -145,7 +228,7 @@ pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
     let _ = writeln!(y, "kind: Role");
     let _ = writeln!(y, "metadata:\n  name: {name}\n  namespace: {namespace}");
     let _ = writeln!(y, "rules:");
-    for rule in rules(strategy, lock, args.label_pod) {
+    for rule in rules {
         let _ = writeln!(y, "  # {}", rule.why);
         let _ = writeln!(y, "  - apiGroups: [{}]", quote(rule.api_group));
         let _ = writeln!(y, "    resources: [{}]", quote(rule.resource));
@@ -245,6 +328,32 @@ mod tests {
         for s in ["namespace-wide", "any Pod", "image"] {
             assert!(y.contains(s), "the --label-pod rule should say {s}: {y}");
         }
+    }
+
+    #[test]
+    fn shards_rules_name_the_shard_and_membership_leases() {
+        let y = yaml(
+            &args("kube-leader rbac --shards 3 --lock work --identity a"),
+            "ns",
+        );
+        assert!(y.contains("name: kube-leader-shards-work"), "{y}");
+        assert!(
+            y.contains("resourceNames: [\"work-0\", \"work-1\", \"work-2\"]"),
+            "{y}"
+        );
+        let member = kube_leader::shards::member_lease_name("work", "a");
+        assert!(y.contains(&format!("resourceNames: [\"{member}\"]")), "{y}");
+        assert!(y.contains("verbs: [\"list\", \"watch\"]"), "{y}");
+        assert!(!y.contains("events"), "shards write no Events: {y}");
+        assert!(
+            y.contains("--shards 3 --lock work --namespace ns --identity a"),
+            "{y}"
+        );
+        // Without identities, the membership Leases cannot be named.
+        let y = yaml(&args("kube-leader rbac --shards 3 --lock work"), "ns");
+        assert!(!y.contains("resourceNames"), "{y}");
+        assert!(y.contains("verbs: [\"get\", \"update\", \"delete\"]"), "{y}");
+        assert!(y.contains("--identity"), "the rule says how to limit it: {y}");
     }
 
     #[test]

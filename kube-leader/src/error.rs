@@ -117,6 +117,32 @@ pub enum Error {
         message: String,
     },
 
+    /// Shards: another live candidate of the same set was started with another number of
+    /// shards. Every candidate of a set must have the same count (the shard Leases are
+    /// `<set>-0` .. `<set>-<count-1>` and the fair shares are computed from it). Of two
+    /// candidates that disagree, the one that joined the set later fails with this error
+    /// (after handing back, as on shutdown, anything it held); the other goes on. To change
+    /// the count, stop every candidate of the set first.
+    #[error(
+        "shard set {namespace}/{set}: this candidate {identity:?} has {ours} shards, but the \
+         live candidate {other:?} has {theirs} shards; every candidate of a set needs the same \
+         count: stop all candidates of the set before changing it"
+    )]
+    ShardCountMismatch {
+        /// The set's name.
+        set: String,
+        /// The set's namespace.
+        namespace: String,
+        /// This candidate's identity.
+        identity: String,
+        /// This candidate's number of shards.
+        ours: u32,
+        /// The other candidate's identity.
+        other: String,
+        /// The other candidate's number of shards, from its membership Lease.
+        theirs: u32,
+    },
+
     /// The wait for leadership was cancelled by the caller's token.
     #[error("cancelled while waiting for leadership of {lock}")]
     Cancelled {

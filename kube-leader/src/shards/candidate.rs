@@ -28,6 +28,11 @@ use crate::{
 pub const SHARDS_LABEL: &str = "kube-leader.io/shards";
 /// The label telling a shard Lease (`shard`) from a membership Lease (`member`).
 pub const ROLE_LABEL: &str = "kube-leader.io/shard-role";
+/// The annotation of a membership Lease telling the number of shards its candidate was
+/// started with. A candidate that sees a live member with another count fails with
+/// [`Error::ShardCountMismatch`] if that member joined the set before it, and ignores it
+/// otherwise (that member fails). Candidates of earlier releases neither write nor read it.
+pub const SHARD_COUNT_ANNOTATION: &str = "kube-leader.io/shard-count";
 
 /// A candidate for a set of shard Leases `<name>-0` .. `<name>-<M-1>`.
 ///

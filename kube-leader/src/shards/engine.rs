@@ -8,6 +8,7 @@
 //! - [`schedule`]: timers (renewals, deadlines) and the queue of writes;
 //! - [`writes`]: the API calls (acquire, renew, release, read, membership);
 //! - [`answers`]: what the API server answered; [`acquired`]: a term begins;
+//! - [`counts`]: the other candidates' shard counts;
 //! - [`handover`]: the end of a term (lost, handed over, given up, released);
 //! - [`rebalance`]: the fair share and which shards to take or hand over.
 
@@ -52,6 +53,7 @@ use crate::{
 
 mod acquired;
 mod answers;
+mod counts;
 mod handover;
 mod rebalance;
 mod schedule;
@@ -61,7 +63,11 @@ mod writes;
 use answers::Reply;
 
 const RESOURCE: &str = "leases.coordination.k8s.io";
-const RBAC_HINT: &str = "deploy/rbac-lease.yaml (or `kube-leader rbac --strategy lease`)";
+/// The Role shards need: create, list and watch Leases; get and update on the shard Leases
+/// `SET-0` .. `SET-<M-1>`; get, update and delete on the membership Leases.
+const RBAC_HINT: &str = "the one `kube-leader rbac --shards M --lock SET` prints (create, list and \
+     watch leases; get and update on the shard Leases SET-0 .. SET-<M-1>; get, update and delete \
+     on the membership Leases SET-member-<identity>-<hash>)";
 /// Longest watch call (as for one Lease: kube-runtime needs less than the client's 295 s).
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
@@ -79,6 +85,8 @@ pub(super) struct Engine {
     member: Member,
     /// Other candidates' membership Leases, by Lease name.
     members: BTreeMap<String, Observed>,
+    /// Those of them seen with another shard count (see [`counts`]).
+    foreign: BTreeMap<String, counts::Foreign>,
     timers: Timers,
     calls: FuturesUnordered<BoxFuture<'static, Reply>>,
     in_flight: usize,
@@ -102,6 +110,17 @@ pub(super) struct Engine {
     next_gen: u64,
     quota: u32,
     live: usize,
+}
+
+// === impl Held ===
+
+impl Held {
+    /// Not ours any more, and its `Shard` still kept: a term that guards nothing. It does not
+    /// block the shard: the shard is taken again (a new term, whose `hold` drops this one)
+    /// once its lease has expired as this candidate saw it, as another candidate's would be.
+    fn orphaned(&self) -> bool {
+        self.state == State::Gone && !self.done
+    }
 }
 
 /// What this candidate knows and holds of one shard.
@@ -133,7 +152,8 @@ enum State {
     Leaving { until: Instant, release: bool },
     /// The release write is in flight.
     Releasing,
-    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop.
+    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop, but
+    /// not blocking the shard (see [`Held::orphaned`]).
     Gone,
 }
 
@@ -193,6 +213,7 @@ impl Engine {
             },
             slots: (0..s.count).map(|_| Slot::default()).collect(),
             members: BTreeMap::new(),
+            foreign: BTreeMap::new(),
             timers: Timers::default(),
             calls: FuturesUnordered::new(),
             in_flight: 0,

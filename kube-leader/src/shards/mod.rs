@@ -15,5 +15,5 @@ mod scheduler;
 /// The annotation telling which process wrote a Lease (shared with the Lease strategy).
 pub use crate::lease::INSTANCE_ANNOTATION;
 pub use assignments::{Assignments, Shard, ShardSet};
-pub use candidate::{member_lease_name, Shards, ROLE_LABEL, SHARDS_LABEL};
+pub use candidate::{member_lease_name, Shards, ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION};
 pub use config::{ShardsConfig, MAX_SHARDS};

@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Engine, State};
+use super::{Engine, Held, State};
 use crate::{
     leadership::LossReason,
     lease::decide::{decide, decide_absent, Absent, Decision},
@@ -20,7 +20,11 @@ impl Engine {
         let fallback = self.cfg.lease.lease_duration;
         let mut live = vec![self.identity.clone()];
         let mut soonest: Option<Instant> = None;
-        for obs in self.members.values() {
+        for (name, obs) in &self.members {
+            if self.is_foreign(name) {
+                // Another shard count: it does not share these shards (see `counts`).
+                continue;
+            }
             let Some(holder) = obs.record.holder.as_ref() else {
                 continue;
             };
@@ -42,8 +46,15 @@ impl Engine {
     fn decision(&mut self, index: u32, now: Instant) -> Decision {
         let fallback = self.cfg.lease.lease_duration;
         let slot = &mut self.slots[index as usize];
-        // A record naming this identity but written by another process is not ours.
-        let identity: &str = if slot.foreign_self { "" } else { &self.identity };
+        // A record naming this identity but written by another process is not ours; nor is
+        // one of a term that ended while its `Shard` is still kept: it is waited out like
+        // another holder's.
+        let orphaned = slot.term.as_ref().is_some_and(Held::orphaned);
+        let identity: &str = if slot.foreign_self || orphaned {
+            ""
+        } else {
+            &self.identity
+        };
         match (&slot.observed, &slot.deleted) {
             (Some(obs), _) => {
                 let d = decide(Some(obs), identity, now, fallback);
@@ -75,9 +86,13 @@ impl Engine {
         if !self.synced || self.stopping || self.fatal.is_some() {
             return;
         }
+        let count_unsure = self.judge_counts(now);
+        if self.fatal.is_some() {
+            return;
+        }
         let quota = self.fair_share(now);
         let (active, holding) = self.holding();
-        let ready = self.acquire_from.is_some_and(|t| now >= t);
+        let ready = self.acquire_from.is_some_and(|t| now >= t) && !count_unsure;
         let free = if holding.len() < quota as usize && ready {
             self.free(now)
         } else {
@@ -117,6 +132,7 @@ impl Engine {
                     holding.push(i);
                 }
                 None if slot.busy => holding.push(i),
+                Some(t) if slot.busy && t.orphaned() => holding.push(i),
                 _ => {}
             }
         }
@@ -129,7 +145,7 @@ impl Engine {
         let mut soonest: Option<Instant> = None;
         for i in 0..self.count {
             let slot = &self.slots[i as usize];
-            if slot.term.is_some() || slot.busy {
+            if slot.term.as_ref().is_some_and(|t| !t.orphaned()) || slot.busy {
                 continue;
             }
             if let Some(nb) = slot.not_before.filter(|t| *t > now) {

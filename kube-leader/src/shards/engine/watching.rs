@@ -55,6 +55,7 @@ impl Engine {
             }
         }
         self.members.retain(|n, _| names.contains(n));
+        self.foreign.retain(|n, _| names.contains(n));
         if !names.contains(&self.member.name) {
             self.member.lease = None;
         }
@@ -94,6 +95,7 @@ impl Engine {
             Some(Role::Member) if name == self.member.name => self.member.lease = None,
             Some(Role::Member) => {
                 self.members.remove(&name);
+                self.foreign.remove(&name);
                 self.dirty = true;
             }
             None => {}
@@ -140,6 +142,7 @@ impl Engine {
                 let prev = self.members.get(&name);
                 let changed_holder = prev.is_none_or(|p| p.record.holder != record.holder);
                 let next = Observed::update(prev, record, rv, now);
+                self.note_count(&name, &lease, now);
                 self.members.insert(name, next);
                 if changed_holder {
                     self.dirty = true;

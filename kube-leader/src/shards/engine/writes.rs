@@ -20,7 +20,7 @@ use crate::{
         decide::{record_for, Decision},
         record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
     },
-    shards::candidate::{ROLE_LABEL, SHARDS_LABEL},
+    shards::candidate::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
 };
 
 // === impl Engine ===
@@ -307,10 +307,15 @@ impl Engine {
         lease
     }
 
-    /// Labels a Lease as one of the set's, with its `role`.
+    /// Labels a Lease as one of the set's, with its `role`; a membership Lease also
+    /// announces this candidate's shard count.
     fn label(&self, lease: &mut Lease, role: &str) {
         let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
         labels.insert(SHARDS_LABEL.to_string(), self.name.clone());
         labels.insert(ROLE_LABEL.to_string(), role.to_string());
+        if role == "member" {
+            let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            annotations.insert(SHARD_COUNT_ANNOTATION.to_string(), self.count.to_string());
+        }
     }
 }
