@@ -22,11 +22,46 @@ use tower::{BoxError, ServiceBuilder, ServiceExt as _};
 /// How often an HTTP/2 connection is PINGed, and how long an answer may take.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
-/// A client for `config`: HTTP/2 where the server offers it (see the module docs).
-pub(crate) fn build(config: Config) -> kube::Result<Client> {
-    if config.proxy_url.is_some() || std::env::var_os("KUBE_LEADER_HTTP1").is_some_and(|v| v == "1") {
-        return Client::try_from(config);
+/// The renew deadline whose bounds a command that does not campaign (`status`) uses.
+pub(crate) const ONE_OFF_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Bounds derived from the renew deadline (not applied yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Liveness {
+    /// TCP connect and TLS handshake.
+    pub(crate) connect: Duration,
+    /// Response headers.
+    pub(crate) headers: Duration,
+    /// HTTP/2 PINGs.
+    pub(crate) keep_alive: Duration,
+}
+
+impl Liveness {
+    /// The bounds for `renew_deadline`.
+    pub(crate) fn for_renew_deadline(renew_deadline: Duration) -> Self {
+        Self {
+            connect: renew_deadline / 2,
+            headers: renew_deadline,
+            keep_alive: renew_deadline / 3,
+        }
     }
+}
+
+/// A client for `config`: HTTP/2 where the server offers it (see the module docs).
+pub(crate) fn build(config: Config, liveness: Liveness) -> kube::Result<Client> {
+    if config.proxy_url.is_some() || std::env::var_os("KUBE_LEADER_HTTP1").is_some_and(|v| v == "1") {
+        return http1(config, liveness);
+    }
+    http2(config, liveness)
+}
+
+/// kube's own client.
+pub(crate) fn http1(config: Config, _liveness: Liveness) -> kube::Result<Client> {
+    Client::try_from(config)
+}
+
+/// The HTTP/2 pool.
+pub(crate) fn http2(config: Config, _liveness: Liveness) -> kube::Result<Client> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(config.connect_timeout);

@@ -50,7 +50,7 @@ pub(crate) use signal::parse_signal;
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, notify: Signal) -> Result<u8, Fail> {
     let mut stops = StopSignals::new().or_exit(1)?;
-    let client = run::connect(args.connect_timeout).await?;
+    let client = run::connect(args.connect_timeout, args.renew_deadline).await?;
     let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let identity = run::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(
