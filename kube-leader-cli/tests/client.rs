@@ -75,6 +75,10 @@ async fn a_server_that_never_answers_tls_fails_the_connection_within_the_bound()
     for (name, client) in clients(&format!("https://{addr}"), liveness) {
         let (e, took) = fails_within(name, liveness.connect, client.apiserver_version()).await;
         eprintln!("{name}: TLS handshake never answered: failed after {took:?}: {e}");
+        assert!(
+            e.to_string().contains("cannot connect to the API server"),
+            "{name}: {e}"
+        );
     }
 }
 
