@@ -5,12 +5,12 @@ use std::fmt::Debug;
 use futures::{stream::BoxStream, StreamExt};
 use kube::{
     runtime::{watcher, WatchStreamExt},
-    Api, Resource,
+    Api, Resource, ResourceExt,
 };
 use serde::de::DeserializeOwned;
 
-use tokio::sync::watch;
-use tracing::warn;
+use tokio::{sync::watch, time::Instant};
+use tracing::{debug, warn};
 
 use crate::{
     api::{call, classify_watch, Failure, Op},
@@ -19,21 +19,39 @@ use crate::{
     lock::LockRef,
 };
 
-/// Bound on a one-off read of the lock.
+/// Bound on a one-off read of the lock, and on the read of a silent watch's object.
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Longest watch call; kube-runtime's watcher requires less than the client's 295 s read timeout.
-/// An idle watch therefore costs one request every 290 s (about 0.2 requests per minute).
+/// Longest watch call, as the API server counts it (`timeoutSeconds`): kube-runtime's default,
+/// which its watcher also takes as the stream's idle timeout (plus 5 s). An idle watch
+/// therefore costs one request every 290 s (about 0.2 requests per minute).
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
+/// A watch that delivered nothing (no event, no error) for this long may be stalled: the
+/// object is read once (one GET per silent period). A 1.20 API server sends nothing on an
+/// idle watch, so silence alone cannot tell a stalled watch from an idle one; 90 s keeps an
+/// idle watch at under one GET a minute while bounding a stalled one far below the 295 s of
+/// kube-runtime's idle timeout.
+const SILENCE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// The watch stream kube-runtime's watcher gives.
+type EventStream<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
 /// A watch on a single object by name, with relist and backoff on errors (kube-runtime's
-/// watcher), reduced to "the object as it is now, or absent".
+/// watcher), reduced to "the object as it is now, or absent". A watch silent for [`SILENCE`]
+/// is checked with a GET; if the object changed meanwhile the watch is restarted.
 pub(crate) struct ObjectWatch<K: 'static> {
-    stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    api: Api<K>,
+    name: String,
+    stream: EventStream<K>,
     current: Option<K>,
     init: Option<Option<K>>,
     synced: bool,
     op: OwnedOp,
+    /// When the stream last delivered (or the object was last read).
+    heard_at: Instant,
+    /// Whether a silent watch is checked with a GET (off once a GET was refused).
+    check_silence: bool,
 }
 
 /// A change of the watched object.
@@ -90,17 +108,24 @@ where
             name: op.name.to_string(),
             hint: op.hint,
         };
-        let config = watcher::Config::default()
-            .fields(&format!("metadata.name={name}"))
-            .timeout(WATCH_TIMEOUT_SECS);
-        let stream = watcher(api, config).default_backoff().boxed();
         Self {
-            stream,
+            stream: Self::watch(&api, name),
+            api,
+            name: name.to_string(),
             current: None,
             init: None,
             synced: false,
             op,
+            heard_at: Instant::now(),
+            check_silence: true,
         }
+    }
+
+    fn watch(api: &Api<K>, name: &str) -> EventStream<K> {
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(WATCH_TIMEOUT_SECS);
+        watcher(api.clone(), config).default_backoff().boxed()
     }
 
     /// The object as last seen (`None`: absent, or not yet synced).
@@ -113,7 +138,8 @@ where
         self.synced
     }
 
-    /// Waits for the next change of the object (or the end of the initial list).
+    /// Waits for the next change of the object (or the end of the initial list, or a change
+    /// that a read after [`SILENCE`] found).
     ///
     /// An error means the watch failed; the next call retries it after kube-runtime's backoff.
     /// A permission error is [`Failure::Fatal`].
@@ -126,13 +152,30 @@ where
 
     /// As [`changed`](Self::changed), and whether the state comes from a (re)list rather than
     /// from a watch event: an object absent on a relist was not seen going (a 410 or a broken
-    /// watch hid how), unlike one whose deletion event arrived.
+    /// watch hid how), unlike one whose deletion event arrived. The object as read after a
+    /// silence counts as a relist too.
     ///
     /// # Cancellation safety
-    /// Cancel-safe: no event is lost if the future is dropped.
+    /// Cancel-safe: no event is lost if the future is dropped (a read of a silent watch's
+    /// object cut short is made again after the next silent period).
     pub(crate) async fn change(&mut self) -> Result<Change<'_, K>, Failure> {
         loop {
-            let Some(event) = self.stream.next().await else {
+            let silent_until = self.heard_at + SILENCE;
+            let event = tokio::select! {
+                biased;
+                event = self.stream.next() => event,
+                () = tokio::time::sleep_until(silent_until), if self.check_silence => {
+                    if self.on_silence().await? {
+                        return Ok(Change {
+                            object: self.current.as_ref(),
+                            relisted: true,
+                        });
+                    }
+                    continue;
+                }
+            };
+            self.heard_at = Instant::now();
+            let Some(event) = event else {
                 // The watcher stream never ends; treat an end as a transient failure.
                 return Err(Failure::Transient(kube::Error::Service(
                     "watch stream ended".into(),
@@ -165,6 +208,52 @@ where
                 }
             }
         }
+    }
+
+    /// The watch was silent for [`SILENCE`]. Not yet synced: its list never came; it starts
+    /// over (an error for the caller). Synced: the object is read; `true` if it differs from
+    /// what the watch showed, which then starts over (it missed a change).
+    async fn on_silence(&mut self) -> Result<bool, Failure> {
+        self.heard_at = Instant::now();
+        if !self.synced {
+            self.restart();
+            return Err(Failure::Transient(kube::Error::Service(
+                format!(
+                    "{} {} {}/{}: no answer within {SILENCE:?}; watching again",
+                    self.op.verb, self.op.resource, self.op.namespace, self.op.name
+                )
+                .into(),
+            )));
+        }
+        let get = Op {
+            verb: "get",
+            ..self.op.op()
+        };
+        let read = match call(get, READ_TIMEOUT, self.api.get_opt(&self.name)).await {
+            Ok(k) => k,
+            Err(Failure::NotFound) => None,
+            Err(Failure::Fatal(e)) => {
+                warn!(error = %e, "cannot read the watched object; a silent watch is not checked");
+                self.check_silence = false;
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        let version = |k: Option<&K>| k.map(|k| k.resource_version());
+        if version(read.as_ref()) == version(self.current.as_ref()) {
+            return Ok(false);
+        }
+        debug!(object = %self.name, "a silent watch missed a change; watching again");
+        self.current = read;
+        self.restart();
+        Ok(true)
+    }
+
+    /// Drops the watch stream and starts a new one (its list comes as a relist).
+    fn restart(&mut self) {
+        self.stream = Self::watch(&self.api, &self.name);
+        self.init = None;
+        self.heard_at = Instant::now();
     }
 }
 

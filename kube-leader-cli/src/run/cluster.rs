@@ -8,10 +8,14 @@ use kube_leader::discovery;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::exit::{self, Fail, OrExit};
+use crate::{
+    client::Liveness,
+    exit::{self, Fail, OrExit},
+};
 
-/// A client, once the API server answers (or `timeout` has passed: exit code 4).
-pub(crate) async fn connect(timeout: Duration) -> Result<Client, Fail> {
+/// A client, once the API server answers (or `timeout` has passed: exit code 4). Its
+/// liveness bounds come from `renew_deadline` (see [`crate::client::Liveness`]).
+pub(crate) async fn connect(timeout: Duration, renew_deadline: Duration) -> Result<Client, Fail> {
     let config = kube::Config::infer().await.map_err(|e| {
         Fail::new(
             exit::CLUSTER,
@@ -19,7 +23,8 @@ pub(crate) async fn connect(timeout: Duration) -> Result<Client, Fail> {
         )
     })?;
     let url = config.cluster_url.to_string();
-    let client = crate::client::build(config).or_exit(exit::CLUSTER)?;
+    let client =
+        crate::client::build(config, Liveness::for_renew_deadline(renew_deadline)).or_exit(exit::CLUSTER)?;
     let deadline = Instant::now() + timeout;
     let mut delay = Duration::from_millis(100);
     loop {
