@@ -175,8 +175,9 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) allow_grace_beyond_lease: bool,
 
-    /// Serve status, health and metrics over HTTP on this address (IP:PORT, or :PORT for
-    /// 127.0.0.1:PORT). Off by default.
+    /// Serve status, health and metrics over HTTP on this address: IP:PORT, or :PORT for every
+    /// interface (0.0.0.0:PORT, as Go servers read it; kubelet probes need it). 127.0.0.1:PORT
+    /// stays on loopback. Off by default.
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub(crate) status_addr: Option<SocketAddr>,
 
