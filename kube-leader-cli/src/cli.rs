@@ -3,7 +3,7 @@
 //! This file holds the flag definitions; [`values`] parses single values, [`validate`] checks
 //! the flags of `run` together, [`parse`] reads the command line and the environment.
 
-use std::{ffi::OsString, net::SocketAddr, time::Duration};
+use std::{ffi::OsString, net::SocketAddr, path::PathBuf, sync::OnceLock, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -31,7 +31,8 @@ use values::{parse_identity, parse_lock_name, parse_namespace};
     long_about = "Run any program only while it leads a Kubernetes leader election: leader for life \
                   (a ConfigMap owned by the leader's Pod, operator-sdk's leader.Become) or a \
                   client-go compatible coordination.k8s.io/v1 Lease.\n\n\
-                  Cluster access: in-cluster configuration, or KUBECONFIG / ~/.kube/config. \
+                  Cluster access: in-cluster configuration, or KUBECONFIG / ~/.kube/config \
+                  (--kubeconfig and --context choose). \
                   Durations are written like 500ms, 2s, 1m. Logs go to stderr; RUST_LOG overrides \
                   the log filter (an invalid RUST_LOG is an error). Every flag of `run` (and \
                   --log-format) can also be set with an environment variable KUBE_LEADER_<FLAG>, \
@@ -138,11 +139,48 @@ pub(crate) struct LockArgs {
     pub(crate) strategy: StrategyArg,
 }
 
+/// How `run` and `status` reach the API server.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ClusterArgs {
+    /// The kubeconfig file [default: the in-cluster configuration, else KUBECONFIG, else
+    /// ~/.kube/config].
+    #[arg(long, value_name = "PATH")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context [default: its current-context]. Without --kubeconfig, from
+    /// KUBECONFIG or ~/.kube/config (not the in-cluster configuration).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) context: Option<String>,
+
+    /// Speak HTTP/1.1 to the API server (kube's own client: a connection per open watch, no
+    /// PINGs) instead of HTTP/2; a proxy in the kubeconfig always does.
+    #[arg(long)]
+    pub(crate) http1: bool,
+}
+
+/// `--kubeconfig`, `--context` and `--http1` of this process's `run` or `status`, recorded once
+/// by [`parse`], so that the client is built from them without every caller of
+/// `run::connect` passing them on.
+static CLUSTER: OnceLock<ClusterArgs> = OnceLock::new();
+
+/// Records the cluster flags; only the first call counts.
+fn set_cluster_args(args: ClusterArgs) {
+    let _ = CLUSTER.set(args);
+}
+
+/// The cluster flags recorded by [`parse`]; none given if it has not run (unit tests).
+pub(crate) fn cluster_args() -> ClusterArgs {
+    CLUSTER.get().cloned().unwrap_or_default()
+}
+
 /// `kube-leader run`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
+
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
 
     /// This candidate's identity, unique among candidates [default: POD_NAME, else the host
     /// name]. Leader for life needs the name of this candidate's Pod.
@@ -175,8 +213,9 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) allow_grace_beyond_lease: bool,
 
-    /// Serve status, health and metrics over HTTP on this address (IP:PORT, or :PORT for
-    /// 127.0.0.1:PORT). Off by default.
+    /// Serve status, health and metrics over HTTP on this address: IP:PORT, or :PORT for every
+    /// interface (0.0.0.0:PORT, as Go servers read it; kubelet probes need it). 127.0.0.1:PORT
+    /// stays on loopback. Off by default.
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub(crate) status_addr: Option<SocketAddr>,
 
@@ -238,6 +277,9 @@ pub(crate) struct StatusArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
 
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, value_name = "FORMAT")]
     pub(crate) output: OutputFormat,
@@ -253,7 +295,9 @@ pub(crate) struct RbacArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
 
-    /// The ServiceAccount the RoleBinding grants the Role to.
+    /// The ServiceAccount the RoleBinding grants the Role to, named in the output's first
+    /// comment lines; `default` is the namespace's ServiceAccount of every Pod that sets no
+    /// serviceAccountName.
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_lock_name)]
     pub(crate) service_account: String,
 

@@ -16,7 +16,7 @@
 //!   closed if the answer takes longer than that again, so a dead connection (and every watch
 //!   on it) fails at most twice that after its last frame: well inside a term.
 //!
-//! `KUBE_LEADER_HTTP1=1`, or a proxy in the configuration, keeps kube's own HTTP/1.1 client,
+//! `--http1` (or `KUBE_LEADER_HTTP1=true`), or a proxy in the configuration, keeps kube's own HTTP/1.1 client,
 //! with the same connect and response-headers bounds. It has no PINGs: a connection that dies
 //! under an open watch is noticed by the watch's own idle timeout (kube-runtime: the watch
 //! timeout plus 5 s), and leader for life also reads its objects when a watch stays silent
@@ -77,9 +77,9 @@ impl Liveness {
 }
 
 /// A client for `config`: HTTP/2 where the server offers it, kube's own HTTP/1.1 client behind
-/// a proxy or with `KUBE_LEADER_HTTP1=1` (see the module docs).
-pub(crate) fn build(config: Config, liveness: Liveness) -> kube::Result<Client> {
-    if config.proxy_url.is_some() || std::env::var_os("KUBE_LEADER_HTTP1").is_some_and(|v| v == "1") {
+/// a proxy or with `use_http1` (`--http1`; see the module docs).
+pub(crate) fn build(config: Config, liveness: Liveness, use_http1: bool) -> kube::Result<Client> {
+    if use_http1 || config.proxy_url.is_some() {
         http1(config, liveness)
     } else {
         http2(config, liveness)

@@ -290,6 +290,22 @@ mod tests {
     use crate::cli::{Cli, Command};
     use clap::Parser;
 
+    #[test]
+    fn the_header_names_the_service_account_it_binds() {
+        let y = yaml(&args("kube-leader rbac --lock l"), "ns");
+        assert!(
+            y.lines()
+                .take(3)
+                .any(|l| l.contains("for ServiceAccount default.")),
+            "{y}"
+        );
+        let y = yaml(&args("kube-leader rbac --lock l --service-account app"), "ns");
+        assert!(
+            y.lines().take(3).any(|l| l.contains("for ServiceAccount app.")),
+            "{y}"
+        );
+    }
+
     fn args(s: &str) -> RbacArgs {
         let argv: Vec<&str> = s.split_whitespace().collect();
         match Cli::try_parse_from(argv).unwrap().command {

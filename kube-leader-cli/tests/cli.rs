@@ -1759,3 +1759,71 @@ async fn a_frozen_tree_thawed_after_the_deadline_kills_command_first() {
     assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
     let _ = fs::remove_dir_all(dir);
 }
+
+// === --kubeconfig, --context, --http1 ===
+
+/// `kube-leader status` with `--kubeconfig` only: KUBECONFIG unset and HOME without a
+/// ~/.kube/config, so the flag is the only way to the cluster; the same with `--http1`.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_reads_the_kubeconfig_flag_without_kubeconfig_env() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let home = scratch_dir("kubeconfig-flag");
+    let kubeconfig = cp.kubeconfig_path().to_str().unwrap();
+    for extra in [&[][..], &["--http1"][..]] {
+        let mut args = vec![
+            "status",
+            "--lock",
+            "kc",
+            "-n",
+            ns.name(),
+            "--strategy",
+            "lease",
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(&["--kubeconfig", kubeconfig]);
+        args.extend_from_slice(extra);
+        let out = Command::new(BIN)
+            .args(&args)
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBE_LEADER_HTTP1")
+            .env("HOME", &home)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["exists"], false, "{s}");
+        assert_eq!(s["namespace"], ns.name(), "{s}");
+    }
+    let _ = fs::remove_dir_all(home);
+}
+
+/// A `--context` the kubeconfig lacks: exit code 4, one message naming the context and the file.
+#[test]
+fn a_missing_context_exits_4_naming_it() {
+    let cp = ControlPlane::shared();
+    let kubeconfig = cp.kubeconfig_path().to_str().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "status",
+            "--lock",
+            "kc",
+            "-n",
+            "default",
+            "--context",
+            "no-such-ctx",
+        ])
+        .args(["--kubeconfig", kubeconfig, "--connect-timeout", "1s"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("--context no-such-ctx") && stderr.contains(kubeconfig),
+        "{stderr}"
+    );
+    assert!(stderr.contains("has no such context"), "{stderr}");
+}

@@ -20,10 +20,15 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => usage_error(&one_line(&e)),
     };
-    if let Command::Run(run) = &cli.command {
-        if let Err(msg) = run.validate() {
-            usage_error(&msg);
+    match &cli.command {
+        Command::Run(run) => {
+            if let Err(msg) = run.validate() {
+                usage_error(&msg);
+            }
+            super::set_cluster_args(run.cluster.clone());
         }
+        Command::Status(status) => super::set_cluster_args(status.cluster.clone()),
+        _ => {}
     }
     cli
 }
@@ -33,9 +38,9 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
 /// The prefix of the environment variables that set `run`'s flags.
 pub(crate) const ENV_PREFIX: &str = "KUBE_LEADER_";
 
-/// The command line definition, with every flag of `run` and the global `--log-format` also read
-/// from `KUBE_LEADER_<FLAG>` (`--lease-duration`: `KUBE_LEADER_LEASE_DURATION`), shown in
-/// `--help`. Added here rather than flag by flag, so that no flag can be forgotten. Boolean
+/// The command line definition, with every flag of `run`, `--http1` of `status` and the global
+/// `--log-format` also read from `KUBE_LEADER_<FLAG>` (`--lease-duration`:
+/// `KUBE_LEADER_LEASE_DURATION`; `--http1`: `KUBE_LEADER_HTTP1`), shown in `--help`. Added here rather than flag by flag, so that no flag can be forgotten. Boolean
 /// flags take true/false, 1/0, yes/no, on/off.
 pub(crate) fn command() -> clap::Command {
     fn with_env(arg: clap::Arg) -> clap::Arg {
@@ -65,6 +70,7 @@ pub(crate) fn command() -> clap::Command {
     Cli::command()
         .mut_arg("log_format", with_env)
         .mut_subcommand("run", |run| run.mut_args(with_env))
+        .mut_subcommand("status", |status| status.mut_arg("http1", with_env))
 }
 
 /// Parses `args` with [`command`]: flags from the command line, else from the environment.

@@ -73,7 +73,11 @@ fn durations() {
 
 #[test]
 fn addresses() {
-    assert_eq!(parse_addr(":4040").unwrap(), "127.0.0.1:4040".parse().unwrap());
+    assert_eq!(parse_addr(":4040").unwrap(), "0.0.0.0:4040".parse().unwrap());
+    assert_eq!(
+        parse_addr("127.0.0.1:4040").unwrap(),
+        "127.0.0.1:4040".parse().unwrap()
+    );
     assert_eq!(parse_addr("0.0.0.0:80").unwrap(), "0.0.0.0:80".parse().unwrap());
     assert_eq!(parse_addr("[::1]:80").unwrap(), "[::1]:80".parse().unwrap());
     assert!(parse_addr("localhost").is_err());

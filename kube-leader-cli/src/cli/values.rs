@@ -50,11 +50,11 @@ pub(super) fn parse_identity(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-/// `IP:PORT`, or `:PORT` for `127.0.0.1:PORT`.
+/// `IP:PORT`, or `:PORT` for every IPv4 interface (`0.0.0.0:PORT`), as Go servers read it.
 pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     if let Some(port) = s.strip_prefix(':') {
         let port: u16 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
     }
     s.parse()
         .map_err(|_| "expected IP:PORT (for example 127.0.0.1:4040) or :PORT".to_string())

@@ -3,28 +3,39 @@
 use std::time::Duration;
 
 use anyhow::anyhow;
-use kube::Client;
+use kube::{
+    config::{KubeConfigOptions, Kubeconfig},
+    Client, Config,
+};
 use kube_leader::discovery;
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::{
+    cli::ClusterArgs,
     client::Liveness,
     exit::{self, Fail, OrExit},
 };
 
-/// A client, once the API server answers (or `timeout` has passed: exit code 4). Its
-/// liveness bounds come from `renew_deadline` (see [`crate::client::Liveness`]).
+/// A client, once the API server answers (or `timeout` has passed: exit code 4), from the
+/// cluster flags of this process's `run` or `status` ([`crate::cli::cluster_args`]). See
+/// [`connect_with`].
 pub(crate) async fn connect(timeout: Duration, renew_deadline: Duration) -> Result<Client, Fail> {
-    let config = kube::Config::infer().await.map_err(|e| {
-        Fail::new(
-            exit::CLUSTER,
-            anyhow!(e).context("no cluster configuration (in-cluster, or KUBECONFIG)"),
-        )
-    })?;
+    connect_with(&crate::cli::cluster_args(), timeout, renew_deadline).await
+}
+
+/// A client for `args`' configuration ([`config`]), once the API server answers (or `timeout`
+/// has passed: exit code 4). Its liveness bounds come from `renew_deadline` (see
+/// [`crate::client::Liveness`]).
+pub(crate) async fn connect_with(
+    args: &ClusterArgs,
+    timeout: Duration,
+    renew_deadline: Duration,
+) -> Result<Client, Fail> {
+    let config = config(args).await?;
     let url = config.cluster_url.to_string();
-    let client =
-        crate::client::build(config, Liveness::for_renew_deadline(renew_deadline)).or_exit(exit::CLUSTER)?;
+    let liveness = Liveness::for_renew_deadline(renew_deadline);
+    let client = crate::client::build(config, liveness, args.http1).or_exit(exit::CLUSTER)?;
     let deadline = Instant::now() + timeout;
     let mut delay = Duration::from_millis(100);
     loop {
@@ -54,6 +65,47 @@ pub(crate) async fn connect(timeout: Duration, renew_deadline: Duration) -> Resu
         tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
         delay = (delay * 2).min(Duration::from_secs(2));
     }
+}
+
+/// The configuration: with `--kubeconfig`, that file; else, with `--context`, KUBECONFIG or
+/// ~/.kube/config; else in-cluster, then KUBECONFIG or ~/.kube/config (kube's `infer`). A
+/// `--context` the kubeconfig lacks is exit code 4, naming the context and the file.
+async fn config(args: &ClusterArgs) -> Result<Config, Fail> {
+    let fail = |e: anyhow::Error| Fail::new(exit::CLUSTER, e);
+    if args.kubeconfig.is_none() && args.context.is_none() {
+        return Config::infer()
+            .await
+            .map_err(|e| fail(anyhow!(e).context("no cluster configuration (in-cluster, or KUBECONFIG)")));
+    }
+    let source = match &args.kubeconfig {
+        Some(path) => format!("--kubeconfig {}", path.display()),
+        None => "KUBECONFIG or ~/.kube/config".to_string(),
+    };
+    let kubeconfig = match &args.kubeconfig {
+        Some(path) => Kubeconfig::read_from(path),
+        None => Kubeconfig::read(),
+    }
+    .map_err(|e| fail(anyhow!(e).context(format!("cannot read the kubeconfig ({source})"))))?;
+    if let Some(name) = &args.context {
+        if !kubeconfig.contexts.iter().any(|c| &c.name == name) {
+            let known: Vec<&str> = kubeconfig.contexts.iter().map(|c| c.name.as_str()).collect();
+            return Err(fail(anyhow!(
+                "--context {name}: the kubeconfig ({source}) has no such context (it has: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+    }
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|e| fail(anyhow!(e).context(format!("cannot use the kubeconfig ({source})"))))
 }
 
 /// `--namespace`, else `POD_NAMESPACE`, else the service-account namespace, else the client's
