@@ -77,7 +77,9 @@
 //! `KUBE_LEADER_CHAOS=long` runs the long mode until the two sets of candidates of a strategy
 //! have made `KUBE_LEADER_CHAOS_TRANSITIONS` (default 1000) leadership transitions together, with
 //! lease timings of 1 s / 600 ms / 100 ms; `KUBE_LEADER_CHAOS_SEED` overrides the seed (printed);
-//! `KUBE_LEADER_CHAOS_KEEP` keeps the logs and timelines. The runs need
+//! `KUBE_LEADER_CHAOS_KEEP` keeps the logs and timelines; `KUBE_LEADER_CHAOS_MAX_SECS` (default
+//! 3600) ends the run early; `KUBE_LEADER_CHAOS_ONLY=stop-group,stall,...` draws only the kinds
+//! named (a set of candidates to which none applies idles). The runs need
 //! `kube-leader` built (`cargo build -p kube-leader-cli`; `cargo test --workspace` builds it).
 
 use std::{
@@ -325,6 +327,8 @@ struct Mode {
     target: usize,
     /// Long mode: give up after this long.
     max: Duration,
+    /// Long mode: draw only these kinds (by name), from `KUBE_LEADER_CHAOS_ONLY` (commas).
+    only: Option<&'static [String]>,
 }
 
 impl Mode {
@@ -343,6 +347,10 @@ impl Mode {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(3600),
             ),
+            only: std::env::var("KUBE_LEADER_CHAOS_ONLY").ok().map(|v| {
+                let kinds: Vec<String> = v.split(',').map(|k| k.trim().to_string()).collect();
+                &*Vec::leak(kinds)
+            }),
         }
     }
 
@@ -1650,7 +1658,12 @@ impl Arena {
     // --- the run ---
 
     async fn run(mut self, restarts: bool) -> (String, Findings, Arena) {
-        let kinds = Kind::applicable(self.strategy, self.flavor, restarts);
+        let mut kinds = Kind::applicable(self.strategy, self.flavor, restarts);
+        if self.mode.long {
+            if let Some(only) = &self.mode.only {
+                kinds.retain(|(k, _)| only.iter().any(|o| o == k.name()));
+            }
+        }
         for slot in 0..CANDIDATES {
             self.start(slot, None).await;
         }
@@ -1684,6 +1697,11 @@ impl Arena {
                         began.elapsed()
                     );
                     last_report = Instant::now();
+                }
+                if kinds.is_empty() {
+                    // KUBE_LEADER_CHAOS_ONLY left this set nothing to draw: it idles.
+                    self.sleep(Duration::from_secs(1)).await;
+                    continue;
                 }
                 let kind = self.rng.weighted(&kinds);
                 self.inject(kind).await;
