@@ -1553,85 +1553,97 @@ impl Arena {
     /// The faults of issue 21 (Safety III) on the leader `leader`, injected at `start`. None of
     /// them freezes every process able to stop COMMAND: none allows a post-pause window.
     async fn inject_safety3(&mut self, kind: Kind, leader: usize, start: u64) {
-        let key = self.procs[leader].key.clone();
-        let t = self.timings;
-        let slot = self.procs[leader].slot;
         match kind {
-            Kind::StopGroup => {
-                // `kill -STOP -PGID` or Ctrl-Z: kube-leader's group, not the supervisor's.
-                let group = Pid::from_raw(self.procs[leader].pid);
-                let stop = if self.rng.chance(0.5) {
-                    Signal::SIGTSTP
-                } else {
-                    Signal::SIGSTOP
-                };
-                let _ = killpg(group, stop);
-                self.until(
-                    "the supervisor to stop COMMAND (group stopped)",
-                    t.renew + SOON,
-                    |a| (!a.leads(&key)).then_some(()),
-                )
-                .await;
-                let stopped = self.term_end(&key).unwrap_or_else(mono_ns);
-                self.group_stops.push(Duration::from_nanos(stopped - start));
-                self.until_another_leader(&key).await;
-                let _ = killpg(group, Signal::SIGCONT);
-            }
-            Kind::StopSupervisor => {
-                // The supervisor alone is stopped, then its leader is cut off: kube-leader's
-                // backstop must kill COMMAND by the last confirmed instant + grace.
-                let command = self.procs[leader].command_pid.expect("COMMAND's pid");
-                let supervisor = parent_of(command);
-                assert!(
-                    supervisor > 1 && supervisor != self.procs[leader].pid,
-                    "{}: COMMAND's parent {supervisor} is not a supervisor",
-                    self.name
-                );
-                let _ = kill(Pid::from_raw(supervisor), Signal::SIGSTOP);
-                self.slots[slot].proxy.set(NetFault::Blackhole);
-                let cut = mono_ns();
-                let died = self.death_of(command, t.lease + SOON).await;
-                self.history.ended(&key, died);
-                self.backstop_kills.push(Duration::from_nanos(died - cut));
-                self.until_another_leader(&key).await;
-                self.slots[slot].proxy.set(NetFault::Pass);
-                let _ = kill(Pid::from_raw(supervisor), Signal::SIGCONT);
-            }
+            Kind::StopGroup => self.stop_group(leader, start).await,
+            Kind::StopSupervisor => self.stop_supervisor(leader).await,
             Kind::Stall => {
                 // Connections accepted and never answered, open ones (watches) silent.
+                let t = self.timings;
                 let hold = match self.strategy {
                     Strategy::Lease => t.lease + t.renew + self.rng.duration(Duration::ZERO, t.lease),
                     Strategy::ForLife => self.rng.duration(Duration::from_secs(1), Duration::from_secs(3)),
                 };
+                let slot = self.procs[leader].slot;
                 self.slots[slot].proxy.set(NetFault::Blackhole);
                 self.sleep(hold).await;
                 self.slots[slot].proxy.set(NetFault::Pass);
             }
-            Kind::EvictThenKill => {
-                // The 1.20 kubelet's order: the terminal status first, the kill after.
-                self.slots[slot].hold = true;
-                let name = self.procs[leader].name.clone();
-                retried("evicting the leader Pod", || {
-                    set_pod_phase(&self.admin, self.ns.name(), &name, "Failed", Some("Evicted"))
-                })
-                .await
-                .expect("evict the leader Pod");
-                let wait = self
-                    .rng
-                    .duration(Duration::from_millis(100), Duration::from_secs(2));
-                self.sleep(wait).await;
-                // Whether it stepped down on its own before the kill (its term ends at the kill
-                // otherwise).
-                let stepped_down = (!self.leads(&key)).then(|| self.term_end(&key)).flatten();
-                self.evict_stepdowns
-                    .push(stepped_down.map(|end| Duration::from_nanos(end.saturating_sub(start))));
-                if self.procs[leader].alive() {
-                    self.kill_all(leader);
-                }
-                self.slots[slot].hold = false;
-            }
+            Kind::EvictThenKill => self.evict_then_kill(leader, start).await,
             _ => unreachable!("not a Safety III fault: {kind:?}"),
         }
+    }
+
+    /// `stop-group`: `kill -STOP -PGID` or Ctrl-Z of kube-leader's process group (the
+    /// supervisor's and COMMAND's are their own): the supervisor must stop COMMAND.
+    async fn stop_group(&mut self, leader: usize, start: u64) {
+        let key = self.procs[leader].key.clone();
+        let group = Pid::from_raw(self.procs[leader].pid);
+        let stop = if self.rng.chance(0.5) {
+            Signal::SIGTSTP
+        } else {
+            Signal::SIGSTOP
+        };
+        let _ = killpg(group, stop);
+        let renew = self.timings.renew;
+        self.until(
+            "the supervisor to stop COMMAND (group stopped)",
+            renew + SOON,
+            |a| (!a.leads(&key)).then_some(()),
+        )
+        .await;
+        let stopped = self.term_end(&key).unwrap_or_else(mono_ns);
+        self.group_stops.push(Duration::from_nanos(stopped - start));
+        self.until_another_leader(&key).await;
+        let _ = killpg(group, Signal::SIGCONT);
+    }
+
+    /// `stop-supervisor`: the supervisor alone is stopped, then its leader is cut off:
+    /// kube-leader's backstop must kill COMMAND by the last confirmed instant + grace.
+    async fn stop_supervisor(&mut self, leader: usize) {
+        let key = self.procs[leader].key.clone();
+        let slot = self.procs[leader].slot;
+        let command = self.procs[leader].command_pid.expect("COMMAND's pid");
+        let supervisor = parent_of(command);
+        assert!(
+            supervisor > 1 && supervisor != self.procs[leader].pid,
+            "{}: COMMAND's parent {supervisor} is not a supervisor",
+            self.name
+        );
+        let _ = kill(Pid::from_raw(supervisor), Signal::SIGSTOP);
+        self.slots[slot].proxy.set(NetFault::Blackhole);
+        let cut = mono_ns();
+        let died = self.death_of(command, self.timings.lease + SOON).await;
+        self.history.ended(&key, died);
+        self.backstop_kills.push(Duration::from_nanos(died - cut));
+        self.until_another_leader(&key).await;
+        self.slots[slot].proxy.set(NetFault::Pass);
+        let _ = kill(Pid::from_raw(supervisor), Signal::SIGCONT);
+    }
+
+    /// `evict-then-kill`: the 1.20 kubelet's order, the terminal status first, the kill after.
+    async fn evict_then_kill(&mut self, leader: usize, start: u64) {
+        let key = self.procs[leader].key.clone();
+        let slot = self.procs[leader].slot;
+        self.slots[slot].hold = true;
+        let name = self.procs[leader].name.clone();
+        retried("evicting the leader Pod", || {
+            set_pod_phase(&self.admin, self.ns.name(), &name, "Failed", Some("Evicted"))
+        })
+        .await
+        .expect("evict the leader Pod");
+        let wait = self
+            .rng
+            .duration(Duration::from_millis(100), Duration::from_secs(2));
+        self.sleep(wait).await;
+        // Whether it stepped down on its own before the kill (its term ends at the kill
+        // otherwise).
+        let stepped_down = (!self.leads(&key)).then(|| self.term_end(&key)).flatten();
+        self.evict_stepdowns
+            .push(stepped_down.map(|end| Duration::from_nanos(end.saturating_sub(start))));
+        if self.procs[leader].alive() {
+            self.kill_all(leader);
+        }
+        self.slots[slot].hold = false;
     }
 
     /// Lease: waits until another candidate than `key` leads; leader for life: 300 ms.
