@@ -1786,9 +1786,9 @@ impl Arena {
              liveness bound {:?}; freeze-kube-leader: COMMAND stopped after {:?} (renew deadline {:?}); \
              kill-kube-leader: COMMAND stopped after {:?}; kill-supervisor: COMMAND died after {:?}; \
              deaf-command: COMMAND killed {:?} after the leader was cut off (lease {:?})\n\
-             stop-group: COMMAND stopped after {:?}; stop-supervisor: COMMAND killed by the backstop {:?} \
-             after the cut; evict-then-kill: stepped down after {:?} (None: still led at the kill); \
-             post-pause windows {:?}\n\
+             stop-group: COMMAND stopped after {}; stop-supervisor: COMMAND killed by the backstop {} \
+             after the cut; evict-then-kill: stepped down after {}, still led at the kill {}; \
+             post-pause windows {}\n\
              exits {:?}; term ends inferred {}; candidate errors {}",
             self.name,
             self.mode.seed,
@@ -1804,14 +1804,17 @@ impl Arena {
             self.supervisor_kill_stops,
             self.deaf_kills,
             self.timings.lease,
-            self.group_stops,
-            self.backstop_kills,
-            self.evict_stepdowns,
-            findings
-                .post_pauses
-                .iter()
-                .filter_map(|p| p.window)
-                .collect::<Vec<_>>(),
+            spread(&self.group_stops),
+            spread(&self.backstop_kills),
+            spread(&self.evict_stepdowns.iter().flatten().copied().collect::<Vec<_>>()),
+            self.evict_stepdowns.iter().filter(|d| d.is_none()).count(),
+            spread(
+                &findings
+                    .post_pauses
+                    .iter()
+                    .filter_map(|p| p.window)
+                    .collect::<Vec<_>>()
+            ),
             self.exit_codes,
             self.inferred_ends.len(),
             self.errors.len(),
@@ -1991,6 +1994,16 @@ impl Arena {
         }
         let transitions = report.transitions;
         assert!(transitions >= 5, "{name}: only {transitions} transitions");
+    }
+}
+
+/// `N× min–median–max` of `ds`, or `-`.
+fn spread(ds: &[Duration]) -> String {
+    let mut ds = ds.to_vec();
+    ds.sort_unstable();
+    match (ds.first(), ds.last()) {
+        (Some(min), Some(max)) => format!("{}× {min:.1?}–{:.1?}–{max:.1?}", ds.len(), ds[ds.len() / 2]),
+        _ => "-".into(),
     }
 }
 
