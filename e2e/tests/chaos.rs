@@ -1877,11 +1877,12 @@ impl Arena {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        // Leader for life: a leader deposed while its process runs (its Pod deleted or evicted
-        // with no kubelet to stop it, its lock deleted) learns it from its watch only, while a
-        // successor creates the lock at once: they may overlap for the watch's delivery delay.
-        // A limit of the strategy (no lease, no fail-stop), reported, not failed; the successor's
-        // fencing token is greater, so the late writes must be refused.
+        // Leader for life: a leader deposed while its process runs (its lock deleted by an
+        // administrator, or by the garbage collector after its Pod was deleted with no kubelet to
+        // stop it) learns it from its watch only, while a successor creates the lock at once:
+        // they may overlap for the watch's delivery delay. A limit of the strategy (no lease, no
+        // fail-stop), reported, not failed; the successor's fencing token is greater, so the late
+        // writes must be refused. An evicted leader is no such case: any overlap fails above.
         if !findings.deposition_overlaps.is_empty() {
             eprintln!(
                 "{name}: KNOWN LIMIT of leader for life: {} deposed leader(s) acted beside their \
