@@ -14,10 +14,13 @@
 //! - `kill`: SIGKILL of the leader, all its processes; a fresh candidate replaces it.
 //! - `kill-kube-leader`: SIGKILL of the `kube-leader` process only: its supervisor must stop
 //!   COMMAND.
-//! - `pause`: SIGSTOP of every process of the leader for longer than the lease (leader for life:
-//!   while its Pod or its lock is deleted), until another leader has written the ledger, then
-//!   SIGCONT (COMMAND first). The resumed leader may act until it learns it lost (the post-pause
-//!   window); its writes then must be refused by fencing.
+//! - `pause`: SIGSTOP of every process of the leader (`kube-leader run`: the process groups of
+//!   kube-leader, its supervisor and COMMAND) for longer than the lease (leader for life: while
+//!   its Pod or its lock is deleted), until another leader has written the ledger, then SIGCONT
+//!   (COMMAND first). The resumed leader may act until it learns it lost (the post-pause window,
+//!   at most [`POST_PAUSE_BOUND`] beside its successor); its writes then must be refused by
+//!   fencing. The only fault with a post-pause window (and `acquire-pause`, the same freeze of a
+//!   follower): the only ones that freeze every process able to stop COMMAND.
 //! - `freeze-kube-leader`: SIGSTOP of the `kube-leader` process only (not its supervisor, not
 //!   COMMAND): the supervisor must stop COMMAND by the renew deadline; the delay is measured.
 //! - `kill-supervisor`: SIGKILL of the leader's supervisor only: COMMAND must die with it at once
@@ -41,17 +44,32 @@
 //!   copied `--identity` would do: it must not lead while the leader renews), `acquire-pause`
 //!   (the leader is asked to stop and a follower is paused right away, past the lease, so that
 //!   an acquiring write may be answered after its renew deadline: that term must not start).
+//! - `stop-group` (`kube-leader run`, issue 21): SIGSTOP or SIGTSTP (Ctrl-Z) of kube-leader's
+//!   process group (`kill -STOP -PGID`; the supervisor and COMMAND have groups of their own):
+//!   the supervisor must stop COMMAND by the renew deadline; 0 overlap.
+//! - `stop-supervisor` (`kube-leader run`, lease, issue 21): SIGSTOP of the leader's supervisor
+//!   alone, then the leader cut off (its proxy blackholed): kube-leader's backstop must kill
+//!   COMMAND by the last confirmed instant + grace, before a successor leads; 0 overlap.
+//! - `stall` (`kube-leader run`, issue 21): the leader's proxy accepts and never answers, and
+//!   its open connections (watches) go silent (lease: past the lease; leader for life: 1-3 s),
+//!   then heals: the client's liveness bounds must notice; 0 overlap, and a leader is back
+//!   within the liveness bound.
 //! - leader for life: `pod-delete` (the leader's Pod deleted, its process alive: no kubelet),
-//!   `evict` (the leader's Pod `Failed`/`Evicted`), `recreate` (the leader's Pod deleted and
+//!   `evict` (the leader's Pod `Failed`/`Evicted`), `evict-then-kill` (issue 21: the 1.20
+//!   kubelet's order, the Pod `Failed`/`Evicted` by a status write while the candidate runs,
+//!   its processes killed 0.1-2 s later; the leader must step down on its own and no successor
+//!   lead before: 0 overlap), `recreate` (the leader's Pod deleted and
 //!   created again under the same name, with a new candidate in it while the old process runs),
 //!   `kill-then-pod-delete` (the leader's processes killed, then its Pod deleted, as a kubelet
 //!   would).
 //!
 //! The checker: terms are the library's `[became leader, lost]` and, for `kube-leader run`, the
 //! life of COMMAND, on CLOCK_MONOTONIC, with frozen spans cut out. Overlaps must be none except
-//! in the window after a whole-candidate pause, and (leader for life, which has no lease) while a
-//! leader deposed with its process running has not yet heard of it from its watch: those are
-//! measured and reported. The fencing token must grow from leader to leader; every write in a
+//! in the window after a whole-candidate pause (each at most [`POST_PAUSE_BOUND`]), and (leader
+//! for life, which has no lease) while a leader whose lock someone else deleted (`lock-delete`,
+//! or the garbage collector after `pod-delete`/`recreate`) with its process running has not yet
+//! heard of it from its watch: those are measured and reported. An evicted leader for life
+//! deletes its lock itself: no overlap is allowed there. The fencing token must grow from leader to leader; every write in a
 //! post-pause window must be refused, and no deposed leader's write accepted after its
 //! successor's; after every fault, a leader must be back within the bound the configuration
 //! implies.
@@ -59,7 +77,9 @@
 //! `KUBE_LEADER_CHAOS=long` runs the long mode until the two sets of candidates of a strategy
 //! have made `KUBE_LEADER_CHAOS_TRANSITIONS` (default 1000) leadership transitions together, with
 //! lease timings of 1 s / 600 ms / 100 ms; `KUBE_LEADER_CHAOS_SEED` overrides the seed (printed);
-//! `KUBE_LEADER_CHAOS_KEEP` keeps the logs and timelines. The runs need
+//! `KUBE_LEADER_CHAOS_KEEP` keeps the logs and timelines; `KUBE_LEADER_CHAOS_MAX_SECS` (default
+//! 3600) ends the run early; `KUBE_LEADER_CHAOS_ONLY=stop-group,stall,...` draws only the kinds
+//! named (a set of candidates to which none applies idles). The runs need
 //! `kube-leader` built (`cargo build -p kube-leader-cli`; `cargo test --workspace` builds it).
 
 use std::{
@@ -101,6 +121,14 @@ const RESTART_DELAY: Duration = Duration::from_millis(300);
 /// What the controller-manager's garbage collector may take to delete the lock of a deleted
 /// leader Pod, on a loaded machine (not configurable: the liveness bound of leader for life).
 const GC_ALLOWANCE: Duration = Duration::from_secs(5);
+/// `terminationGracePeriodSeconds` of the candidates' Pods. Leader for life takes over a Pod
+/// that vanished without a graceful deletion (the harness force-deletes) or turned terminal
+/// without its leader's release only after this grace plus the library's 2 s kill margin, by
+/// the candidate's clock (a killed or frozen leader; docs/library.md): the kubelet's minimum,
+/// rather than the default 30 s, keeps the run short.
+const POD_GRACE_SECS: i64 = 2;
+/// The wait that grace proof implies: [`POD_GRACE_SECS`] + the library's 2 s kill margin.
+const PROOF_WAIT: Duration = Duration::from_secs(POD_GRACE_SECS as u64 + 2);
 /// Scheduling slack for the liveness bound (2-core machine shared with builds).
 const SLACK: Duration = Duration::from_secs(1);
 /// Leader for life, after a restart of kube-apiserver: how long before the lock is taken from a
@@ -109,6 +137,9 @@ const SLACK: Duration = Duration::from_secs(1);
 /// (every backoff cap at most); until then it would lead beside the next leader. (A Lease leader
 /// learns it from its renewals, and the others wait its lease out.)
 const WATCH_SETTLE: Duration = Duration::from_secs(12);
+/// The longest a resumed leader may act beside its successor after a pause of its whole tree
+/// (issue 21: a frozen tree that thaws after the deadline kills COMMAND before anything else).
+const POST_PAUSE_BOUND: Duration = Duration::from_millis(50);
 /// Generous bound for things that happen "at once".
 const SOON: Duration = Duration::from_secs(30);
 
@@ -158,6 +189,10 @@ enum Kind {
     KillSupervisor,
     DeafCommand,
     PauseAcquiring,
+    StopGroup,
+    StopSupervisor,
+    Stall,
+    EvictThenKill,
 }
 
 impl Kind {
@@ -182,6 +217,10 @@ impl Kind {
             Kind::KillSupervisor => "kill-supervisor",
             Kind::DeafCommand => "deaf-command",
             Kind::PauseAcquiring => "pause-acquiring",
+            Kind::StopGroup => "stop-group",
+            Kind::StopSupervisor => "stop-supervisor",
+            Kind::Stall => "stall",
+            Kind::EvictThenKill => "evict-then-kill",
         }
     }
 
@@ -205,6 +244,7 @@ impl Kind {
                 (Kind::KillThenPodDelete, 6),
                 (Kind::PodDelete, 6),
                 (Kind::Evict, 6),
+                (Kind::EvictThenKill, 6),
                 (Kind::Recreate, 4),
                 (Kind::LockDelete, 6),
                 (Kind::Sigterm, 10),
@@ -216,7 +256,11 @@ impl Kind {
         if cli {
             kinds.push((Kind::FreezeKubeLeader, 2));
             kinds.push((Kind::KillSupervisor, 2));
+            kinds.push((Kind::StopGroup, 4));
+            kinds.push((Kind::Stall, 4));
             if strategy == Strategy::Lease {
+                // Leader for life has no confirmed-until for kube-leader's backstop to enforce.
+                kinds.push((Kind::StopSupervisor, 4));
                 kinds.push((Kind::KillKubeLeader, 4));
                 // Leader for life has no lease for a grace to stay within: a successor may
                 // start as soon as the lock is gone.
@@ -234,17 +278,28 @@ impl Kind {
     fn deposes(self, strategy: Strategy) -> bool {
         match self {
             Kind::PartitionFollower | Kind::ApiserverRestart | Kind::Twin => false,
-            Kind::Partition | Kind::Delay => strategy == Strategy::Lease,
+            Kind::Partition | Kind::Delay | Kind::Stall => strategy == Strategy::Lease,
             _ => true,
         }
     }
 
-    /// Faults that take the lock from a leader that is alive and must learn it from its watch.
-    fn deletes_under_a_live_leader(self) -> bool {
+    /// Leader for life: faults that end a living leader's term through its watch (its Pod or
+    /// lock changed under it): they wait until the watches are back from a kube-apiserver
+    /// restart.
+    fn deposes_through_the_watch(self) -> bool {
         matches!(
             self,
-            Kind::LockDelete | Kind::PodDelete | Kind::Evict | Kind::Recreate
+            Kind::LockDelete | Kind::PodDelete | Kind::Evict | Kind::Recreate | Kind::EvictThenKill
         )
+    }
+
+    /// Leader for life: faults whose lock is deleted by someone else than the living leader (an
+    /// administrator, or the garbage collector after its Pod was deleted): the leader learns it
+    /// from its watch while a successor may create the lock at once (see [`Deposition`]). An
+    /// eviction is not one of them: the leader's own Pod turned terminal, it must stop COMMAND
+    /// and delete the lock itself, and no successor may lead before (0 overlap, asserted).
+    fn deletes_under_a_live_leader(self) -> bool {
+        matches!(self, Kind::LockDelete | Kind::PodDelete | Kind::Recreate)
     }
 }
 
@@ -272,6 +327,8 @@ struct Mode {
     target: usize,
     /// Long mode: give up after this long.
     max: Duration,
+    /// Long mode: draw only these kinds (by name), from `KUBE_LEADER_CHAOS_ONLY` (commas).
+    only: Option<&'static [String]>,
 }
 
 impl Mode {
@@ -290,6 +347,10 @@ impl Mode {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(3600),
             ),
+            only: std::env::var("KUBE_LEADER_CHAOS_ONLY").ok().map(|v| {
+                let kinds: Vec<String> = v.split(',').map(|k| k.trim().to_string()).collect();
+                &*Vec::leak(kinds)
+            }),
         }
     }
 
@@ -494,6 +555,14 @@ struct Arena {
     supervisor_kill_stops: Vec<Duration>,
     /// `deaf-command`: from cutting the leader off to its deaf COMMAND's death.
     deaf_kills: Vec<Duration>,
+    /// `stop-group`: from stopping kube-leader's process group to COMMAND's stop.
+    group_stops: Vec<Duration>,
+    /// `stop-supervisor`: from cutting off the leader whose supervisor is stopped to COMMAND's
+    /// death (kube-leader's backstop).
+    backstop_kills: Vec<Duration>,
+    /// `evict-then-kill`: from the eviction's status write to the end of the leader's term, if
+    /// it stepped down before the kill.
+    evict_stepdowns: Vec<Option<Duration>>,
     /// Terms whose end the harness had to infer (the process died without saying).
     inferred_ends: Vec<String>,
     errors: Vec<String>,
@@ -578,6 +647,9 @@ impl Arena {
             orphan_stops: Vec::new(),
             supervisor_kill_stops: Vec::new(),
             deaf_kills: Vec::new(),
+            group_stops: Vec::new(),
+            backstop_kills: Vec::new(),
+            evict_stepdowns: Vec::new(),
             inferred_ends: Vec::new(),
             errors: Vec::new(),
             exit_codes: BTreeMap::new(),
@@ -600,15 +672,17 @@ impl Arena {
             // A follower waits out the lease from its last observation, a takeover write may
             // hang for the API timeout (the renew deadline), retries come every retry period.
             Strategy::Lease => t.lease + t.renew + 2 * t.retry + SLACK,
-            // The garbage collector deletes a dead leader's lock; a waiting candidate whose watch
-            // failed re-reads within the backoff cap (2 s for the library candidates,
+            // The garbage collector deletes a dead leader's lock; a waiting candidate waits for
+            // the proof that the dead leader's containers are gone (its grace period, for a
+            // force-deleted Pod); a waiting candidate whose watch failed re-reads within the
+            // backoff cap (2 s for the library candidates,
             // kube-leader's default 16 s); a frozen kube-leader's COMMAND restarts.
             Strategy::ForLife => {
                 let cap = match self.flavor {
                     Flavor::Library => Duration::from_secs(2),
                     Flavor::Cli => Duration::from_secs(16),
                 };
-                GC_ALLOWANCE + cap + RESTART_DELAY + SLACK
+                GC_ALLOWANCE + PROOF_WAIT + cap + RESTART_DELAY + SLACK
             }
         }
     }
@@ -756,8 +830,12 @@ impl Arena {
     async fn create_pod(&self, name: &str) {
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), self.ns.name());
         let deadline = Instant::now() + API_OUTAGE;
+        let mut object = pod(name);
+        if let Some(spec) = object.spec.as_mut() {
+            spec.termination_grace_period_seconds = Some(POD_GRACE_SECS);
+        }
         loop {
-            match pods.create(&PostParams::default(), &pod(name)).await {
+            match pods.create(&PostParams::default(), &object).await {
                 Ok(_) => return,
                 // The previous Pod of that name is still going away.
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -1024,6 +1102,22 @@ impl Arena {
         g
     }
 
+    /// Every process group of candidate `i`'s tree, in the order to freeze it: kube-leader's,
+    /// the supervisor's (`kube-leader run`: it has a group of its own) and COMMAND's. Thawed in
+    /// reverse, COMMAND first: the worst order.
+    fn tree(&self, i: usize) -> Vec<Pid> {
+        let p = &self.procs[i];
+        let mut g = vec![Pid::from_raw(p.pid)];
+        if let Some(command) = p.command_pid {
+            let supervisor = parent_of(command);
+            if supervisor > 1 && supervisor != p.pid {
+                g.push(Pid::from_raw(supervisor));
+            }
+            g.push(Pid::from_raw(command));
+        }
+        g
+    }
+
     /// SIGKILL to every process of candidate `i`; its term ends now.
     fn kill_all(&mut self, i: usize) {
         for g in self.groups(i) {
@@ -1080,7 +1174,7 @@ impl Arena {
     }
 
     async fn inject_alone(&mut self, kind: Kind) {
-        if self.strategy == Strategy::ForLife && kind.deletes_under_a_live_leader() {
+        if self.strategy == Strategy::ForLife && kind.deposes_through_the_watch() {
             self.let_watches_settle().await;
         }
         let leader = self.stable_leader().await;
@@ -1109,7 +1203,7 @@ impl Arena {
                 ));
             }
             Kind::Pause => {
-                let groups = self.groups(leader);
+                let groups = self.tree(leader);
                 for g in &groups {
                     let _ = killpg(*g, Signal::SIGSTOP);
                 }
@@ -1226,7 +1320,7 @@ impl Arena {
                 let _ = kill(Pid::from_raw(self.procs[leader].pid), Signal::SIGTERM);
                 let wait = self.rng.duration(Duration::ZERO, Duration::from_millis(15));
                 std::thread::sleep(wait);
-                let groups = self.groups(paused);
+                let groups = self.tree(paused);
                 for g in &groups {
                     let _ = killpg(*g, Signal::SIGSTOP);
                 }
@@ -1361,6 +1455,9 @@ impl Arena {
                     let _ = kill(pid, Signal::SIGCONT);
                 }
             }
+            Kind::StopGroup | Kind::StopSupervisor | Kind::Stall | Kind::EvictThenKill => {
+                self.inject_safety3(kind, leader, start).await;
+            }
             Kind::LockDelete => self.delete_lock().await,
             Kind::Sigterm => {
                 let _ = kill(Pid::from_raw(self.procs[leader].pid), Signal::SIGTERM);
@@ -1453,6 +1550,114 @@ impl Arena {
         }
     }
 
+    /// The faults of issue 21 (Safety III) on the leader `leader`, injected at `start`. None of
+    /// them freezes every process able to stop COMMAND: none allows a post-pause window.
+    async fn inject_safety3(&mut self, kind: Kind, leader: usize, start: u64) {
+        match kind {
+            Kind::StopGroup => self.stop_group(leader, start).await,
+            Kind::StopSupervisor => self.stop_supervisor(leader).await,
+            Kind::Stall => {
+                // Connections accepted and never answered, open ones (watches) silent.
+                let t = self.timings;
+                let hold = match self.strategy {
+                    Strategy::Lease => t.lease + t.renew + self.rng.duration(Duration::ZERO, t.lease),
+                    Strategy::ForLife => self.rng.duration(Duration::from_secs(1), Duration::from_secs(3)),
+                };
+                let slot = self.procs[leader].slot;
+                self.slots[slot].proxy.set(NetFault::Blackhole);
+                self.sleep(hold).await;
+                self.slots[slot].proxy.set(NetFault::Pass);
+            }
+            Kind::EvictThenKill => self.evict_then_kill(leader, start).await,
+            _ => unreachable!("not a Safety III fault: {kind:?}"),
+        }
+    }
+
+    /// `stop-group`: `kill -STOP -PGID` or Ctrl-Z of kube-leader's process group (the
+    /// supervisor's and COMMAND's are their own): the supervisor must stop COMMAND.
+    async fn stop_group(&mut self, leader: usize, start: u64) {
+        let key = self.procs[leader].key.clone();
+        let group = Pid::from_raw(self.procs[leader].pid);
+        let stop = if self.rng.chance(0.5) {
+            Signal::SIGTSTP
+        } else {
+            Signal::SIGSTOP
+        };
+        let _ = killpg(group, stop);
+        let renew = self.timings.renew;
+        self.until(
+            "the supervisor to stop COMMAND (group stopped)",
+            renew + SOON,
+            |a| (!a.leads(&key)).then_some(()),
+        )
+        .await;
+        let stopped = self.term_end(&key).unwrap_or_else(mono_ns);
+        self.group_stops.push(Duration::from_nanos(stopped - start));
+        self.until_another_leader(&key).await;
+        let _ = killpg(group, Signal::SIGCONT);
+    }
+
+    /// `stop-supervisor`: the supervisor alone is stopped, then its leader is cut off:
+    /// kube-leader's backstop must kill COMMAND by the last confirmed instant + grace.
+    async fn stop_supervisor(&mut self, leader: usize) {
+        let key = self.procs[leader].key.clone();
+        let slot = self.procs[leader].slot;
+        let command = self.procs[leader].command_pid.expect("COMMAND's pid");
+        let supervisor = parent_of(command);
+        assert!(
+            supervisor > 1 && supervisor != self.procs[leader].pid,
+            "{}: COMMAND's parent {supervisor} is not a supervisor",
+            self.name
+        );
+        let _ = kill(Pid::from_raw(supervisor), Signal::SIGSTOP);
+        self.slots[slot].proxy.set(NetFault::Blackhole);
+        let cut = mono_ns();
+        let died = self.death_of(command, self.timings.lease + SOON).await;
+        self.history.ended(&key, died);
+        self.backstop_kills.push(Duration::from_nanos(died - cut));
+        self.until_another_leader(&key).await;
+        self.slots[slot].proxy.set(NetFault::Pass);
+        let _ = kill(Pid::from_raw(supervisor), Signal::SIGCONT);
+    }
+
+    /// `evict-then-kill`: the 1.20 kubelet's order, the terminal status first, the kill after.
+    async fn evict_then_kill(&mut self, leader: usize, start: u64) {
+        let key = self.procs[leader].key.clone();
+        let slot = self.procs[leader].slot;
+        self.slots[slot].hold = true;
+        let name = self.procs[leader].name.clone();
+        retried("evicting the leader Pod", || {
+            set_pod_phase(&self.admin, self.ns.name(), &name, "Failed", Some("Evicted"))
+        })
+        .await
+        .expect("evict the leader Pod");
+        let wait = self
+            .rng
+            .duration(Duration::from_millis(100), Duration::from_secs(2));
+        self.sleep(wait).await;
+        // Whether it stepped down on its own before the kill (its term ends at the kill
+        // otherwise).
+        let stepped_down = (!self.leads(&key)).then(|| self.term_end(&key)).flatten();
+        self.evict_stepdowns
+            .push(stepped_down.map(|end| Duration::from_nanos(end.saturating_sub(start))));
+        if self.procs[leader].alive() {
+            self.kill_all(leader);
+        }
+        self.slots[slot].hold = false;
+    }
+
+    /// Lease: waits until another candidate than `key` leads; leader for life: 300 ms.
+    async fn until_another_leader(&mut self, key: &str) {
+        if self.strategy == Strategy::Lease {
+            self.until("another leader", SOON, |a| {
+                a.history.leaders().iter().any(|l| *l != key).then_some(())
+            })
+            .await;
+        } else {
+            self.sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     fn term_end(&self, key: &str) -> Option<u64> {
         self.history
             .terms()
@@ -1465,7 +1670,12 @@ impl Arena {
     // --- the run ---
 
     async fn run(mut self, restarts: bool) -> (String, Findings, Arena) {
-        let kinds = Kind::applicable(self.strategy, self.flavor, restarts);
+        let mut kinds = Kind::applicable(self.strategy, self.flavor, restarts);
+        if self.mode.long {
+            if let Some(only) = &self.mode.only {
+                kinds.retain(|(k, _)| only.iter().any(|o| o == k.name()));
+            }
+        }
         for slot in 0..CANDIDATES {
             self.start(slot, None).await;
         }
@@ -1499,6 +1709,11 @@ impl Arena {
                         began.elapsed()
                     );
                     last_report = Instant::now();
+                }
+                if kinds.is_empty() {
+                    // KUBE_LEADER_CHAOS_ONLY left this set nothing to draw: it idles.
+                    self.sleep(Duration::from_secs(1)).await;
+                    continue;
                 }
                 let kind = self.rng.weighted(&kinds);
                 self.inject(kind).await;
@@ -1571,6 +1786,9 @@ impl Arena {
              liveness bound {:?}; freeze-kube-leader: COMMAND stopped after {:?} (renew deadline {:?}); \
              kill-kube-leader: COMMAND stopped after {:?}; kill-supervisor: COMMAND died after {:?}; \
              deaf-command: COMMAND killed {:?} after the leader was cut off (lease {:?})\n\
+             stop-group: COMMAND stopped after {}; stop-supervisor: COMMAND killed by the backstop {} \
+             after the cut; evict-then-kill: stepped down after {}, still led at the kill {}; \
+             post-pause windows {}\n\
              exits {:?}; term ends inferred {}; candidate errors {}",
             self.name,
             self.mode.seed,
@@ -1586,6 +1804,17 @@ impl Arena {
             self.supervisor_kill_stops,
             self.deaf_kills,
             self.timings.lease,
+            spread(&self.group_stops),
+            spread(&self.backstop_kills),
+            spread(&self.evict_stepdowns.iter().flatten().copied().collect::<Vec<_>>()),
+            self.evict_stepdowns.iter().filter(|d| d.is_none()).count(),
+            spread(
+                &findings
+                    .post_pauses
+                    .iter()
+                    .filter_map(|p| p.window)
+                    .collect::<Vec<_>>()
+            ),
             self.exit_codes,
             self.inferred_ends.len(),
             self.errors.len(),
@@ -1648,11 +1877,12 @@ impl Arena {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        // Leader for life: a leader deposed while its process runs (its Pod deleted or evicted
-        // with no kubelet to stop it, its lock deleted) learns it from its watch only, while a
-        // successor creates the lock at once: they may overlap for the watch's delivery delay.
-        // A limit of the strategy (no lease, no fail-stop), reported, not failed; the successor's
-        // fencing token is greater, so the late writes must be refused.
+        // Leader for life: a leader deposed while its process runs (its lock deleted by an
+        // administrator, or by the garbage collector after its Pod was deleted with no kubelet to
+        // stop it) learns it from its watch only, while a successor creates the lock at once:
+        // they may overlap for the watch's delivery delay. A limit of the strategy (no lease, no
+        // fail-stop), reported, not failed; the successor's fencing token is greater, so the late
+        // writes must be refused. An evicted leader is no such case: any overlap fails above.
         if !findings.deposition_overlaps.is_empty() {
             eprintln!(
                 "{name}: KNOWN LIMIT of leader for life: {} deposed leader(s) acted beside their \
@@ -1670,6 +1900,15 @@ impl Arena {
             findings.deposition_writes.1, 0,
             "{name}: a deposed leader's write was accepted after its successor's"
         );
+        for o in &findings.post_pause_overlaps {
+            assert!(
+                o.span.duration() <= POST_PAUSE_BOUND,
+                "{name}: a resumed leader acted beside its successor for {:?} after its pause \
+                 (bound {POST_PAUSE_BOUND:?}): {o}; timeline in {}",
+                o.span.duration(),
+                self.dir.display()
+            );
+        }
         for p in &findings.post_pauses {
             assert!(
                 p.window.is_some(),
@@ -1726,6 +1965,21 @@ impl Arena {
                 self.timings.renew
             );
         }
+        for d in &self.group_stops {
+            assert!(
+                *d <= self.timings.renew + SLACK,
+                "{name}: COMMAND of a kube-leader whose process group was stopped stopped after \
+                 {d:?} (renew deadline {:?})",
+                self.timings.renew
+            );
+        }
+        for d in &self.backstop_kills {
+            assert!(
+                *d <= self.timings.lease + SLACK,
+                "{name}: kube-leader's backstop killed COMMAND {d:?} after the cut (lease {:?})",
+                self.timings.lease
+            );
+        }
         let leaked = self.leaked.lock().unwrap();
         assert!(
             leaked.is_empty(),
@@ -1740,7 +1994,19 @@ impl Arena {
             );
         }
         let transitions = report.transitions;
-        assert!(transitions >= 5, "{name}: only {transitions} transitions");
+        // A set that KUBE_LEADER_CHAOS_ONLY left idle makes none.
+        let idle = self.mode.only.is_some() && self.faults.is_empty();
+        assert!(idle || transitions >= 5, "{name}: only {transitions} transitions");
+    }
+}
+
+/// `N× min–median–max` of `ds`, or `-`.
+fn spread(ds: &[Duration]) -> String {
+    let mut ds = ds.to_vec();
+    ds.sort_unstable();
+    match (ds.first(), ds.last()) {
+        (Some(min), Some(max)) => format!("{}× {min:.1?}–{:.1?}–{max:.1?}", ds.len(), ds[ds.len() / 2]),
+        _ => "-".into(),
     }
 }
 

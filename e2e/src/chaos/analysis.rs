@@ -85,8 +85,9 @@ pub struct Pause {
     pub thawed: u64,
 }
 
-/// A leader that a fault deposed while its process ran on, unaware (leader for life: its Pod or
-/// its lock deleted, its Pod evicted): it acts until its watch tells it.
+/// A leader that a fault deposed while its process ran on, unaware (leader for life: its lock
+/// deleted by someone else, an administrator or the garbage collector after its Pod was deleted):
+/// it acts until its watch tells it. (An evicted leader is none: it deletes its lock itself.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deposition {
     /// The deposed leader.
