@@ -123,7 +123,7 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
 
 /// A new random instance id: 64 bits, hex.
 pub(crate) fn new_instance_id() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    format!("{:016x}", fastrand::u64(..))
 }
 
 /// The fencing token a kube-leader holder stored in its Lease (annotations
