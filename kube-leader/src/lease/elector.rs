@@ -38,7 +38,10 @@ pub enum Recampaign {
 }
 
 /// Why the watchdog thinks this candidate is unhealthy.
+///
+/// Built by [`LeaseElector::check_health`] only; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 #[error("believes it leads {lock} but has not renewed for {since:?} (lease duration {lease_duration:?} + tolerance {tolerance:?})")]
 pub struct Unhealthy {
     /// The lock.
@@ -53,7 +56,10 @@ pub struct Unhealthy {
 
 /// What a candidate's renewals look like, published on [`LeaseElector::renewals`]: a
 /// heartbeat for supervisors, and the figures for metrics.
+///
+/// Built by the elector (or from [`Default`]); the struct may gain fields in a minor release.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Renewals {
     /// Whether this candidate currently leads.
     pub leading: bool,

@@ -16,7 +16,11 @@ use crate::lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
 ///
 /// Parsing is total: null or missing fields, written by anybody, give `None` or 0 rather than an
 /// error, exactly as client-go's `LeaseSpecToLeaderElectionRecord` treats them.
+///
+/// To write one, start from [`Default`] (nobody holds it) and set the fields: the struct may
+/// gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct LeaseRecord {
     /// The holder; `None` when empty or missing (a released or never-held lease).
     pub holder: Option<String>,
