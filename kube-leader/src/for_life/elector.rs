@@ -29,7 +29,6 @@ use crate::{
     backoff::Backoff,
     discovery::{self, NamespaceSource},
     error::{Error, Result},
-    events::EventRecorder,
     leadership::{Leadership, Strategy, Term},
     lock::{self, LockRef},
     observer::{Hooks, Observer},
@@ -113,7 +112,7 @@ impl ForLife {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
-            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
+            hooks: Hooks::new(&client),
             client,
             name: name.into(),
             config: ForLifeConfig::default(),
@@ -136,8 +135,18 @@ impl ForLife {
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.node_check_disabled = Arc::default();
+        self.hooks.set_events(record, &self.client);
+        self
+    }
+
+    /// The component that reports this candidate's Events (their `source.component` and
+    /// `reportingComponent`), e.g. your operator's name. Default: the running binary's file name
+    /// ([`std::env::current_exe`] without its extension), else `kube-leader`.
+    #[must_use]
+    pub fn event_reporter(mut self, reporter: impl Into<String>) -> Self {
+        self.node_check_disabled = Arc::default();
         self.hooks
-            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+            .set_event_reporter(reporter.into().into(), &self.client);
         self
     }
 

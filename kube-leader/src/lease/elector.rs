@@ -15,7 +15,6 @@ use crate::{
     api::Op,
     discovery,
     error::{Error, Result},
-    events::EventRecorder,
     leadership::{LeaderInfo, Leadership, Term},
     lock::LockRef,
     observer::{Hooks, Observer},
@@ -190,7 +189,7 @@ impl LeaseElector {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
-            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
+            hooks: Hooks::new(&client),
             client,
             name: name.into(),
             namespace: None,
@@ -272,8 +271,18 @@ impl LeaseElector {
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.shared = Shared::new();
+        self.hooks.set_events(record, &self.client);
+        self
+    }
+
+    /// The component that reports this candidate's Events (their `source.component` and
+    /// `reportingComponent`), e.g. your operator's name. Default: the running binary's file name
+    /// ([`std::env::current_exe`] without its extension), else `kube-leader`.
+    #[must_use]
+    pub fn event_reporter(mut self, reporter: impl Into<String>) -> Self {
+        self.shared = Shared::new();
         self.hooks
-            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+            .set_event_reporter(reporter.into().into(), &self.client);
         self
     }
 
