@@ -155,6 +155,34 @@ impl Shared {
 /// [`renewals`](Self::renewals) and the instance id with the original (clone it to campaign in
 /// a task and observe from another). Changing a setting (any builder method) makes a new
 /// candidate with state of its own, so `a.clone().identity("b")` shares nothing with `a`.
+///
+/// # Permissions
+///
+/// The Role a candidate for the Lease `my-operator` needs, as
+/// `kube-leader rbac --strategy lease --lock my-operator` prints it (the Events rule only for
+/// [`events`](Self::events), on by default):
+///
+/// ```yaml
+/// apiVersion: rbac.authorization.k8s.io/v1
+/// kind: Role
+/// metadata:
+///   name: kube-leader-lease-my-operator
+/// rules:
+///   # create: the first candidate creates the Lease (create cannot be limited by name)
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["create"]
+///   # get: status and re-reads after a conflict; list, watch: candidates and the leader watch
+///   # the Lease; update: take over, renew and release
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     resourceNames: ["my-operator"]
+///     verbs: ["get", "list", "watch", "update"]
+///   # best-effort LeaderElection Events on the Lease (as client-go records them)
+///   - apiGroups: [""]
+///     resources: ["events"]
+///     verbs: ["create"]
+/// ```
 #[derive(Clone)]
 pub struct LeaseElector {
     client: Client,

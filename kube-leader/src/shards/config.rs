@@ -101,7 +101,7 @@ impl ShardsConfig {
         self
     }
 
-    /// Sets [`join_settle`](Self::join_settle): how long a new candidate waits before it takes
+    /// Sets the `join_settle` field: how long a new candidate waits before it takes
     /// free shards.
     #[must_use]
     pub fn with_join_settle(mut self, join_settle: Duration) -> Self {
