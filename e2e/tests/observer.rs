@@ -205,3 +205,55 @@ async fn for_life_records_client_go_events_and_reports_to_the_observer() {
         "leader for life has no renewals"
     );
 }
+
+/// The `source.component` and `reportingComponent` of the `LeaderElection` Events on `lock`.
+async fn reporters(client: &Client, ns: &str, lock: &str) -> Vec<(Option<String>, Option<String>)> {
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let list = Api::<Event>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().fields(&format!("involvedObject.name={lock}")))
+            .await
+            .unwrap();
+        let got: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(REASON))
+            .map(|e| (e.source.and_then(|s| s.component), e.reporting_component))
+            .collect();
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no Event on {lock}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_name_the_reporter() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    // Named, and kept when Events are turned off and on again after it was set.
+    let named = LeaseElector::new(client.clone(), "named")
+        .namespace(ns.name())
+        .identity("cand-a")
+        .event_reporter("my-operator")
+        .events(false)
+        .events(true);
+    let l = named.become_leader(&CancellationToken::new()).await.unwrap();
+    let want = (Some("my-operator".to_string()), Some("my-operator".to_string()));
+    assert_eq!(reporters(&client, ns.name(), "named").await, [want]);
+    l.release().await.unwrap();
+
+    // Default: the running binary's name (this test binary's, `observer-<hash>`).
+    let exe = std::env::current_exe().unwrap();
+    let stem = exe.file_stem().unwrap().to_str().unwrap().to_string();
+    assert!(stem.starts_with("observer"), "{stem}");
+    let unnamed = LeaseElector::new(client.clone(), "unnamed")
+        .namespace(ns.name())
+        .identity("cand-b");
+    let l = unnamed.become_leader(&CancellationToken::new()).await.unwrap();
+    let want = (Some(stem.clone()), Some(stem));
+    assert_eq!(reporters(&client, ns.name(), "unnamed").await, [want]);
+    l.release().await.unwrap();
+}

@@ -178,14 +178,12 @@ async fn absence_found_by_a_relist_is_waited_out() {
         spec: None,
     };
     let mut spec = k8s_openapi::api::coordination::v1::LeaseSpec::default();
-    LeaseRecord {
-        holder: Some("ghost".into()),
-        lease_duration: Some(Duration::from_secs(2)),
-        acquire_time: Some(k8s_openapi::jiff::Timestamp::now()),
-        renew_time: Some(k8s_openapi::jiff::Timestamp::now()),
-        transitions: 0,
-    }
-    .write_to(&mut spec, 2);
+    let mut record = LeaseRecord::default();
+    record.holder = Some("ghost".into());
+    record.lease_duration = Some(Duration::from_secs(2));
+    record.acquire_time = Some(k8s_openapi::jiff::Timestamp::now());
+    record.renew_time = record.acquire_time;
+    record.write_to(&mut spec, 2);
     ghost.spec = Some(spec);
     api.create(&PostParams::default(), &ghost).await.unwrap();
     let renewing = CancellationToken::new();

@@ -101,11 +101,7 @@ fn candidate(
     let shards = Shards::new(client, args.lock.lock.clone(), count)
         .namespace(namespace)
         .identity(identity)
-        .config(ShardsConfig {
-            lease: args.lease_config(),
-            handover_grace: args.grace(),
-            ..ShardsConfig::default()
-        });
+        .config(ShardsConfig::new(args.lease_config()).with_handover_grace(args.grace()));
     shards.validate().map_err(|e| Fail::new(exit::USAGE, e))?;
     Ok(shards)
 }

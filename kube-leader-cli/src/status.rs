@@ -117,15 +117,12 @@ mod tests {
     fn lease_status() {
         let lock = LockRef::new("ns", "l").unwrap();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let info = LeaderInfo {
-            strategy: Strategy::Lease,
-            lock: lock.clone(),
-            holder: Some("pod-a".into()),
-            fencing_token: Some(3),
-            acquired_at: Some(t0),
-            renewed_at: Some(t0 + Duration::from_secs(10)),
-            lease_duration: Some(Duration::from_secs(15)),
-        };
+        let mut info = LeaderInfo::new(Strategy::Lease, lock.clone());
+        info.holder = Some("pod-a".into());
+        info.fencing_token = Some(3);
+        info.acquired_at = Some(t0);
+        info.renewed_at = Some(t0 + Duration::from_secs(10));
+        info.lease_duration = Some(Duration::from_secs(15));
         let out = StatusOut::new(&lock, "lease", Some(&info));
         assert_eq!(out.expires_at.as_deref(), Some("2027-01-15T08:00:25Z"));
         let text = out.text(t0 + Duration::from_secs(20));

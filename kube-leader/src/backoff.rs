@@ -16,7 +16,7 @@ pub(crate) const JITTER: f64 = 0.2;
 
 /// `d` less up to [`JITTER`], so that candidates retrying after one error spread out.
 pub(crate) fn jittered(d: Duration) -> Duration {
-    d.mul_f64(1.0 - JITTER * rand::random::<f64>())
+    d.mul_f64(1.0 - JITTER * fastrand::f64())
 }
 
 /// An exponential backoff: `initial`, doubling up to exactly `cap`, with 20% jitter below.

@@ -8,6 +8,10 @@
 //! `events.k8s.io` events) for the same information. Best effort: an Event never delays or
 //! fails the election; a refused one (no `create events`) is warned about once and not tried
 //! again by this elector.
+//!
+//! The Events are reported (`source.component` and `reportingComponent`) by the name given to
+//! the elector's `event_reporter` option, by default the running binary's file name
+//! ([`std::env::current_exe`] without its extension), else `kube-leader`.
 
 use std::{
     sync::{
@@ -33,8 +37,8 @@ use crate::leadership::{Strategy, Term};
 /// client-go's reason for leader-election Events.
 pub const REASON: &str = "LeaderElection";
 
-/// The component that reports the Events.
-const COMPONENT: &str = "kube-leader";
+/// The reporter when the running binary's name is not known.
+const FALLBACK_REPORTER: &str = "kube-leader";
 
 /// Bound on one Event's creation.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +47,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub(crate) struct EventRecorder {
     client: Client,
+    /// The component named as the Events' reporter.
+    reporter: Arc<str>,
     /// Set after a refusal: the permission is missing, do not ask again.
     refused: Arc<AtomicBool>,
 }
@@ -50,6 +56,7 @@ pub(crate) struct EventRecorder {
 impl std::fmt::Debug for EventRecorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventRecorder")
+            .field("reporter", &self.reporter)
             .field("refused", &self.refused.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -58,9 +65,11 @@ impl std::fmt::Debug for EventRecorder {
 // === impl EventRecorder ===
 
 impl EventRecorder {
-    pub(crate) fn new(client: Client) -> Self {
+    /// A recorder reporting as `reporter`.
+    pub(crate) fn new(client: Client, reporter: Arc<str>) -> Self {
         Self {
             client,
+            reporter,
             refused: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -73,7 +82,7 @@ impl EventRecorder {
         if self.refused.load(Ordering::Relaxed) {
             return;
         }
-        let event = event(term, lock_uid, message, SystemTime::now());
+        let event = event(term, &self.reporter, lock_uid, message, SystemTime::now());
         let api: Api<Event> = Api::namespaced(self.client.clone(), &term.lock.namespace);
         match tokio::time::timeout(TIMEOUT, api.create(&PostParams::default(), &event)).await {
             Ok(Ok(_)) => debug!(lock = %term.lock, message, "recorded an Event on the lock"),
@@ -91,9 +100,26 @@ impl EventRecorder {
     }
 }
 
+/// The default reporter: the running binary's file name without its extension, else
+/// `kube-leader`.
+pub(crate) fn default_reporter() -> Arc<str> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_stem()?.to_str().map(str::to_string))
+        .filter(|stem| !stem.is_empty())
+        .unwrap_or_else(|| FALLBACK_REPORTER.to_string())
+        .into()
+}
+
 /// The Event, as client-go's recorder builds it: named `<lock>.<hex nanoseconds>`, on the lock
-/// object, reported by `kube-leader` for the candidate's identity.
-pub(crate) fn event(term: &Term, lock_uid: Option<&str>, message: &str, now: SystemTime) -> Event {
+/// object, reported by `reporter` for the candidate's identity.
+pub(crate) fn event(
+    term: &Term,
+    reporter: &str,
+    lock_uid: Option<&str>,
+    message: &str,
+    now: SystemTime,
+) -> Event {
     let (api_version, kind) = match term.strategy {
         Strategy::Lease => ("coordination.k8s.io/v1", "Lease"),
         Strategy::ForLife => ("v1", "ConfigMap"),
@@ -124,13 +150,13 @@ pub(crate) fn event(term: &Term, lock_uid: Option<&str>, message: &str, now: Sys
         message: Some(message.into()),
         type_: Some("Normal".into()),
         source: Some(EventSource {
-            component: Some(COMPONENT.into()),
+            component: Some(reporter.into()),
             host: None,
         }),
         first_timestamp: Some(at.clone()),
         last_timestamp: Some(at),
         count: Some(1),
-        reporting_component: Some(COMPONENT.into()),
+        reporting_component: Some(reporter.into()),
         reporting_instance: Some(term.identity.clone()),
         ..Event::default()
     }
@@ -156,6 +182,7 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let e = event(
             &term(Strategy::Lease, "lock"),
+            "my-operator",
             Some("uid-1"),
             "pod-a became leader",
             now,
@@ -183,7 +210,9 @@ mod tests {
         assert_eq!(e.metadata.namespace.as_deref(), Some("ns"));
         assert!(e.metadata.name.as_deref().unwrap().starts_with("lock."));
         assert_eq!(e.reporting_instance.as_deref(), Some("pod-a"));
-        let e = event(&term(Strategy::ForLife, "lock"), None, "m", now);
+        assert_eq!(e.reporting_component.as_deref(), Some("my-operator"));
+        assert_eq!(e.source.and_then(|s| s.component).as_deref(), Some("my-operator"));
+        let e = event(&term(Strategy::ForLife, "lock"), "r", None, "m", now);
         assert_eq!(e.involved_object.kind.as_deref(), Some("ConfigMap"));
         assert_eq!(e.involved_object.api_version.as_deref(), Some("v1"));
     }
@@ -191,7 +220,14 @@ mod tests {
     #[test]
     fn names_stay_within_the_limit() {
         let long = "a".repeat(253);
-        let e = event(&term(Strategy::Lease, &long), None, "m", SystemTime::now());
+        let e = event(&term(Strategy::Lease, &long), "r", None, "m", SystemTime::now());
         assert!(e.metadata.name.unwrap().len() <= 253);
+    }
+
+    #[test]
+    fn the_default_reporter_is_the_binary() {
+        let exe = std::env::current_exe().unwrap();
+        let stem = exe.file_stem().unwrap().to_str().unwrap();
+        assert_eq!(&*default_reporter(), stem);
     }
 }

@@ -112,7 +112,10 @@ impl fmt::Display for LossReason {
 }
 
 /// What a leader knows about its term.
+///
+/// Built by the electors only; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Term {
     /// This candidate's identity (the Pod name for leader for life).
     pub identity: String,
@@ -128,7 +131,11 @@ pub struct Term {
 }
 
 /// What is known about the current leader of a lock, by anybody who can read it.
+///
+/// Build one with [`LeaderInfo::new`] and set the fields that are known: the struct may gain
+/// fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaderInfo {
     /// The strategy of the lock.
     pub strategy: Strategy,
@@ -146,6 +153,24 @@ pub struct LeaderInfo {
     pub renewed_at: Option<SystemTime>,
     /// The holder's advertised lease duration (Lease only).
     pub lease_duration: Option<Duration>,
+}
+
+// === impl LeaderInfo ===
+
+impl LeaderInfo {
+    /// A lock of `strategy` that nobody holds; set the other fields that are known.
+    #[must_use]
+    pub fn new(strategy: Strategy, lock: LockRef) -> Self {
+        Self {
+            strategy,
+            lock,
+            holder: None,
+            fencing_token: None,
+            acquired_at: None,
+            renewed_at: None,
+            lease_duration: None,
+        }
+    }
 }
 
 /// The sending half of a leadership: held by the strategy's keeper (the background task that

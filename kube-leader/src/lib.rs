@@ -21,6 +21,38 @@
 //!
 //! The library picks no `k8s-openapi` version feature and no TLS stack: enable one of each in
 //! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
+//!
+//! # Quick start
+//!
+//! Lead a Lease named `my-operator` (in the Pod's namespace, as the Pod's name), work while
+//! leading, stop when leadership is lost, and release it on shutdown:
+//!
+//! ```no_run
+//! use kube_leader::LeaseElector;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let client = kube::Client::try_default().await?;
+//!     let shutdown = CancellationToken::new(); // cancel it on SIGTERM
+//!     let leadership = LeaseElector::new(client, "my-operator")
+//!         .become_leader(&shutdown)
+//!         .await?;
+//!     let lost = leadership.lost_token();
+//!     tokio::select! {
+//!         () = lost.cancelled() => eprintln!("leadership lost: {:?}", leadership.loss_reason()),
+//!         () = shutdown.cancelled() => {}
+//!         () = work(leadership.fencing_token()) => {}
+//!     }
+//!     leadership.release().await?; // clears the holder: the next candidate takes over at once
+//!     Ok(())
+//! }
+//!
+//! /// Your controller; `fencing_token` is greater for every later leader.
+//! async fn work(fencing_token: u64) {
+//!     let _ = fencing_token;
+//! }
+//! ```
 
 mod api;
 mod backoff;

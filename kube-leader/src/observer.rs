@@ -39,11 +39,12 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
+use kube::Client;
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
 use crate::{
-    events::EventRecorder,
+    events::{self, EventRecorder},
     leadership::{Leadership, LossReason, Term},
     lease::Renewals,
     lock::LockRef,
@@ -101,6 +102,8 @@ where
 pub(crate) struct Hooks {
     observer: Option<Arc<dyn Observer>>,
     events: Option<EventRecorder>,
+    /// The Events' reporter set by the user; `None`: the running binary's name.
+    event_reporter: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Hooks {
@@ -115,11 +118,13 @@ impl fmt::Debug for Hooks {
 // === impl Hooks ===
 
 impl Hooks {
-    /// Hooks that record Events with `events`, and call no observer yet.
-    pub(crate) fn new(events: Option<EventRecorder>) -> Self {
+    /// Hooks that record Events through `client` as the default reporter, and call no
+    /// observer yet.
+    pub(crate) fn new(client: &Client) -> Self {
         Self {
             observer: None,
-            events,
+            events: Some(EventRecorder::new(client.clone(), events::default_reporter())),
+            event_reporter: None,
         }
     }
 
@@ -128,9 +133,20 @@ impl Hooks {
         self.observer = Some(observer);
     }
 
-    /// Turns Events on or off.
-    pub(crate) fn set_events(&mut self, events: Option<EventRecorder>) {
-        self.events = events;
+    /// Turns Events on (recorded through `client`) or off.
+    pub(crate) fn set_events(&mut self, record: bool, client: &Client) {
+        let reporter = self
+            .event_reporter
+            .clone()
+            .unwrap_or_else(events::default_reporter);
+        self.events = record.then(|| EventRecorder::new(client.clone(), reporter));
+    }
+
+    /// Names the Events' reporter, whether Events are on now or turned on later.
+    pub(crate) fn set_event_reporter(&mut self, reporter: Arc<str>, client: &Client) {
+        self.event_reporter = Some(reporter);
+        let record = self.events.is_some();
+        self.set_events(record, client);
     }
 
     /// Reports a new term and, in a background task, its renewals (Lease: `renewals`) and its

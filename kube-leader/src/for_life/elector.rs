@@ -29,7 +29,6 @@ use crate::{
     backoff::Backoff,
     discovery::{self, NamespaceSource},
     error::{Error, Result},
-    events::EventRecorder,
     leadership::{Leadership, Strategy, Term},
     lock::{self, LockRef},
     observer::{Hooks, Observer},
@@ -81,6 +80,39 @@ pub(crate) const RBAC_HINT: &str =
 ///
 /// A clone is the same candidate (it shares what it learnt, such as Nodes being unreadable);
 /// changing a setting (any builder method) makes a new candidate with state of its own.
+///
+/// # Permissions
+///
+/// The Role a candidate for the lock `my-operator` needs, as
+/// `kube-leader rbac --strategy for-life --lock my-operator` prints it (the Events rule only for
+/// [`events`](Self::events), on by default):
+///
+/// ```yaml
+/// apiVersion: rbac.authorization.k8s.io/v1
+/// kind: Role
+/// metadata:
+///   name: kube-leader-for-life-my-operator
+/// rules:
+///   # create: become leader (create cannot be limited by name)
+///   - apiGroups: [""]
+///     resources: ["configmaps"]
+///     verbs: ["create"]
+///   # the lock only: get, list, watch it (by name, with a field selector); update: write the
+///   # fencing token; delete: remove a stale lock (UID precondition) and step down
+///   - apiGroups: [""]
+///     resources: ["configmaps"]
+///     resourceNames: ["my-operator"]
+///     verbs: ["get", "list", "watch", "update", "delete"]
+///   # get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, watch:
+///   # waiting candidates watch the leader Pod; delete: an evicted leader Pod
+///   - apiGroups: [""]
+///     resources: ["pods"]
+///     verbs: ["get", "list", "watch", "delete"]
+///   # best-effort LeaderElection Events on the lock (as client-go records them)
+///   - apiGroups: [""]
+///     resources: ["events"]
+///     verbs: ["create"]
+/// ```
 #[derive(Clone)]
 pub struct ForLife {
     pub(crate) client: Client,
@@ -113,7 +145,7 @@ impl ForLife {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
-            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
+            hooks: Hooks::new(&client),
             client,
             name: name.into(),
             config: ForLifeConfig::default(),
@@ -136,8 +168,18 @@ impl ForLife {
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.node_check_disabled = Arc::default();
+        self.hooks.set_events(record, &self.client);
+        self
+    }
+
+    /// The component that reports this candidate's Events (their `source.component` and
+    /// `reportingComponent`), e.g. your operator's name. Default: the running binary's file name
+    /// ([`std::env::current_exe`] without its extension), else `kube-leader`.
+    #[must_use]
+    pub fn event_reporter(mut self, reporter: impl Into<String>) -> Self {
+        self.node_check_disabled = Arc::default();
         self.hooks
-            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+            .set_event_reporter(reporter.into().into(), &self.client);
         self
     }
 

@@ -15,7 +15,6 @@ use crate::{
     api::Op,
     discovery,
     error::{Error, Result},
-    events::EventRecorder,
     leadership::{LeaderInfo, Leadership, Term},
     lock::LockRef,
     observer::{Hooks, Observer},
@@ -38,7 +37,10 @@ pub enum Recampaign {
 }
 
 /// Why the watchdog thinks this candidate is unhealthy.
+///
+/// Built by [`LeaseElector::check_health`] only; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 #[error("believes it leads {lock} but has not renewed for {since:?} (lease duration {lease_duration:?} + tolerance {tolerance:?})")]
 pub struct Unhealthy {
     /// The lock.
@@ -53,7 +55,10 @@ pub struct Unhealthy {
 
 /// What a candidate's renewals look like, published on [`LeaseElector::renewals`]: a
 /// heartbeat for supervisors, and the figures for metrics.
+///
+/// Built by the elector (or from [`Default`]); the struct may gain fields in a minor release.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Renewals {
     /// Whether this candidate currently leads.
     pub leading: bool,
@@ -150,6 +155,34 @@ impl Shared {
 /// [`renewals`](Self::renewals) and the instance id with the original (clone it to campaign in
 /// a task and observe from another). Changing a setting (any builder method) makes a new
 /// candidate with state of its own, so `a.clone().identity("b")` shares nothing with `a`.
+///
+/// # Permissions
+///
+/// The Role a candidate for the Lease `my-operator` needs, as
+/// `kube-leader rbac --strategy lease --lock my-operator` prints it (the Events rule only for
+/// [`events`](Self::events), on by default):
+///
+/// ```yaml
+/// apiVersion: rbac.authorization.k8s.io/v1
+/// kind: Role
+/// metadata:
+///   name: kube-leader-lease-my-operator
+/// rules:
+///   # create: the first candidate creates the Lease (create cannot be limited by name)
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["create"]
+///   # get: status and re-reads after a conflict; list, watch: candidates and the leader watch
+///   # the Lease; update: take over, renew and release
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     resourceNames: ["my-operator"]
+///     verbs: ["get", "list", "watch", "update"]
+///   # best-effort LeaderElection Events on the Lease (as client-go records them)
+///   - apiGroups: [""]
+///     resources: ["events"]
+///     verbs: ["create"]
+/// ```
 #[derive(Clone)]
 pub struct LeaseElector {
     client: Client,
@@ -184,7 +217,7 @@ impl LeaseElector {
     #[must_use]
     pub fn new(client: Client, name: impl Into<String>) -> Self {
         Self {
-            hooks: Hooks::new(Some(EventRecorder::new(client.clone()))),
+            hooks: Hooks::new(&client),
             client,
             name: name.into(),
             namespace: None,
@@ -266,8 +299,18 @@ impl LeaseElector {
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.shared = Shared::new();
+        self.hooks.set_events(record, &self.client);
+        self
+    }
+
+    /// The component that reports this candidate's Events (their `source.component` and
+    /// `reportingComponent`), e.g. your operator's name. Default: the running binary's file name
+    /// ([`std::env::current_exe`] without its extension), else `kube-leader`.
+    #[must_use]
+    pub fn event_reporter(mut self, reporter: impl Into<String>) -> Self {
+        self.shared = Shared::new();
         self.hooks
-            .set_events(record.then(|| EventRecorder::new(self.client.clone())));
+            .set_event_reporter(reporter.into().into(), &self.client);
         self
     }
 

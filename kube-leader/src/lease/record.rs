@@ -16,7 +16,11 @@ use crate::lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
 ///
 /// Parsing is total: null or missing fields, written by anybody, give `None` or 0 rather than an
 /// error, exactly as client-go's `LeaseSpecToLeaderElectionRecord` treats them.
+///
+/// To write one, start from [`Default`] (nobody holds it) and set the fields: the struct may
+/// gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct LeaseRecord {
     /// The holder; `None` when empty or missing (a released or never-held lease).
     pub holder: Option<String>,
@@ -123,7 +127,7 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
 
 /// A new random instance id: 64 bits, hex.
 pub(crate) fn new_instance_id() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    format!("{:016x}", fastrand::u64(..))
 }
 
 /// The fencing token a kube-leader holder stored in its Lease (annotations

@@ -131,7 +131,11 @@ impl Shard {
 }
 
 /// The shards a candidate holds now, published by [`Assignments::held`].
+///
+/// Built by the shard engine (or from [`Default`]); the struct may gain fields in a minor
+/// release.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShardSet {
     /// Held shards, by index, with the fencing token of their term. A shard leaves the set the
     /// moment its loss token fires (lost, handed over, or shutdown), before it is released.

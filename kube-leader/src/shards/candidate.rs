@@ -74,6 +74,34 @@ pub const SHARD_COUNT_ANNOTATION: &str = "kube-leader.io/shard-count";
 ///     .await?;
 /// # Ok(()) }
 /// ```
+///
+/// # Permissions
+///
+/// The Role a candidate of the set `my-controller` needs, as
+/// `kube-leader rbac --shards 64 --lock my-controller` prints it (the comments shortened; with
+/// `--identity` for each candidate, the `get`, `update`, `delete` rule is limited to the set's
+/// own Leases by name):
+///
+/// ```yaml
+/// apiVersion: rbac.authorization.k8s.io/v1
+/// kind: Role
+/// metadata:
+///   name: kube-leader-shards-my-controller
+/// rules:
+///   # create: the shard Leases and each candidate's membership Lease
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["create"]
+///   # list, watch: one list/watch of the set's Leases by their label kube-leader.io/shards
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["list", "watch"]
+///   # get: re-reads after a conflict; update: take over, renew and release the shards, renew
+///   # the membership Lease; delete: remove the membership Lease on shutdown
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["get", "update", "delete"]
+/// ```
 #[derive(Clone)]
 pub struct Shards {
     pub(super) client: Client,

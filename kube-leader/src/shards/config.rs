@@ -17,7 +17,20 @@ pub const MAX_SHARDS: u32 = 100_000;
 /// validated with client-go's rules, and its holder stops acting on it exactly as a
 /// [`LeaseElector`](crate::LeaseElector) leader does: when its renew deadline passes without a
 /// successful renewal, per shard.
+///
+/// Build it from [`Default`] or [`ShardsConfig::new`] and the `with_*` methods, or set the
+/// fields of a default one: the struct may gain fields in a minor release.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_leader::{LeaseConfig, ShardsConfig};
+///
+/// let lease = LeaseConfig::new(Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2));
+/// let config = ShardsConfig::new(lease).with_max_in_flight(16);
+/// config.validate().unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShardsConfig {
     /// Timings of every shard Lease and of the membership Lease (default client-go's 15 s /
     /// 10 s / 2 s). `shutdown_grace` bounds the wait for the work on each shard to stop after
@@ -57,6 +70,45 @@ impl Default for ShardsConfig {
 // === impl ShardsConfig ===
 
 impl ShardsConfig {
+    /// The given Lease timings; the other fields as in [`Default`].
+    #[must_use]
+    pub fn new(lease: LeaseConfig) -> Self {
+        Self {
+            lease,
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`lease`](Self::lease): the timings of every shard Lease and of the membership Lease.
+    #[must_use]
+    pub fn with_lease(mut self, lease: LeaseConfig) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets [`max_in_flight`](Self::max_in_flight): most API calls in flight at once.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Sets [`handover_grace`](Self::handover_grace): how long a handed-over shard's work may
+    /// take to stop.
+    #[must_use]
+    pub fn with_handover_grace(mut self, handover_grace: Duration) -> Self {
+        self.handover_grace = handover_grace;
+        self
+    }
+
+    /// Sets the `join_settle` field: how long a new candidate waits before it takes
+    /// free shards.
+    #[must_use]
+    pub fn with_join_settle(mut self, join_settle: Duration) -> Self {
+        self.join_settle = Some(join_settle);
+        self
+    }
+
     /// Checks the Lease timings with client-go's rules ([`LeaseConfig::validate`]) and the
     /// shard settings.
     pub fn validate(&self) -> Result<()> {
