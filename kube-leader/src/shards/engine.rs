@@ -112,17 +112,6 @@ pub(super) struct Engine {
     live: usize,
 }
 
-// === impl Held ===
-
-impl Held {
-    /// Not ours any more, and its `Shard` still kept: a term that guards nothing. It does not
-    /// block the shard: the shard is taken again (a new term, whose `hold` drops this one)
-    /// once its lease has expired as this candidate saw it, as another candidate's would be.
-    fn orphaned(&self) -> bool {
-        self.state == State::Gone && !self.done
-    }
-}
-
 /// What this candidate knows and holds of one shard.
 #[derive(Default)]
 struct Slot {
@@ -152,8 +141,7 @@ enum State {
     Leaving { until: Instant, release: bool },
     /// The release write is in flight.
     Releasing,
-    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop, but
-    /// not blocking the shard (see [`Held::orphaned`]).
+    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop.
     Gone,
 }
 

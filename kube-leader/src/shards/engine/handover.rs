@@ -1,8 +1,6 @@
 //! Handover: the end of a term. A held shard is lost (its renew deadline passed, another holder
 //! wrote it, it was deleted), handed over (rebalancing), given up (its `Shard` dropped) or handed
-//! back on shutdown; it is released once its work has stopped, and only then taken again, but
-//! for a shard lost outright whose `Shard` is still kept: that term guards nothing, and the
-//! shard is taken again once its lease expired (see `Held::orphaned`).
+//! back on shutdown; it is released once its work has stopped, and only then taken again.
 
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -102,8 +100,7 @@ impl Engine {
     }
 
     /// Ends the term of `index` once it is not ours and its work has stopped: `release()`
-    /// returns, and the shard may be taken again. (A lost term whose work never stops ends
-    /// when a new term of the shard begins; its `release()` returns then.)
+    /// returns, and the shard may be taken again.
     pub(super) fn finish_term(&mut self, index: u32) {
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {

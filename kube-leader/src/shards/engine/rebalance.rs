@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Engine, Held, State};
+use super::{Engine, State};
 use crate::{
     leadership::LossReason,
     lease::decide::{decide, decide_absent, Absent, Decision},
@@ -46,15 +46,8 @@ impl Engine {
     fn decision(&mut self, index: u32, now: Instant) -> Decision {
         let fallback = self.cfg.lease.lease_duration;
         let slot = &mut self.slots[index as usize];
-        // A record naming this identity but written by another process is not ours; nor is
-        // one of a term that ended while its `Shard` is still kept: it is waited out like
-        // another holder's.
-        let orphaned = slot.term.as_ref().is_some_and(Held::orphaned);
-        let identity: &str = if slot.foreign_self || orphaned {
-            ""
-        } else {
-            &self.identity
-        };
+        // A record naming this identity but written by another process is not ours.
+        let identity: &str = if slot.foreign_self { "" } else { &self.identity };
         match (&slot.observed, &slot.deleted) {
             (Some(obs), _) => {
                 let d = decide(Some(obs), identity, now, fallback);
@@ -132,7 +125,6 @@ impl Engine {
                     holding.push(i);
                 }
                 None if slot.busy => holding.push(i),
-                Some(t) if slot.busy && t.orphaned() => holding.push(i),
                 _ => {}
             }
         }
@@ -145,7 +137,7 @@ impl Engine {
         let mut soonest: Option<Instant> = None;
         for i in 0..self.count {
             let slot = &self.slots[i as usize];
-            if slot.term.as_ref().is_some_and(|t| !t.orphaned()) || slot.busy {
+            if slot.term.is_some() || slot.busy {
                 continue;
             }
             if let Some(nb) = slot.not_before.filter(|t| *t > now) {
