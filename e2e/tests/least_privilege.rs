@@ -376,7 +376,14 @@ fn for_life_candidate(client: Client, ns: &str, lock: &str, pod: &str) -> ForLif
 /// The lock `lock` held by the Pod `holder` (created here), elected with the admin's rights.
 /// With `evicted`, that Pod is then `Failed`/`Evicted`.
 async fn held_by(admin: &Client, ns: &str, lock: &str, holder: &str, evicted: bool) {
-    create_pod(admin, ns, holder).await.unwrap();
+    // A short grace: an evicted leader is taken over only once its grace (+ 2 s) has passed
+    // since its end was seen (its containers may still run until then).
+    let mut pod = kube_leader_testenv::pod(holder);
+    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(2);
+    Api::<Pod>::namespaced(admin.clone(), ns)
+        .create(&Default::default(), &pod)
+        .await
+        .unwrap();
     let l = for_life_candidate(admin.clone(), ns, lock, holder)
         .become_leader(&CancellationToken::new())
         .await
@@ -679,7 +686,7 @@ async fn bearer_tokens_never_reach_the_logs_and_the_status_server_is_on_loopback
                 "--identity",
                 "a",
                 "--status-addr",
-                ":0",
+                "127.0.0.1:0",
                 "--lease-duration",
                 "2s",
                 "--renew-deadline",
@@ -747,7 +754,8 @@ async fn bearer_tokens_never_reach_the_logs_and_the_status_server_is_on_loopback
         ),
     ];
 
-    // The status server: asked for with `:0`, it listens on 127.0.0.1.
+    // The status server: asked for with `127.0.0.1:0`, it listens on loopback (`:0` would be
+    // every interface).
     let deadline = std::time::Instant::now() + SOON;
     let addr: std::net::SocketAddr = loop {
         let found = procs[0].text().lines().find_map(|l| {
@@ -764,7 +772,10 @@ async fn bearer_tokens_never_reach_the_logs_and_the_status_server_is_on_loopback
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(addr.ip().is_loopback(), "--status-addr :0 listens on {addr}");
+    assert!(
+        addr.ip().is_loopback(),
+        "--status-addr 127.0.0.1:0 listens on {addr}"
+    );
     // Both lease candidates run; let renewals, watches and errors happen for a while.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for p in &mut procs {
