@@ -3,7 +3,7 @@
 //! This file holds the flag definitions; [`values`] parses single values, [`validate`] checks
 //! the flags of `run` together, [`parse`] reads the command line and the environment.
 
-use std::{ffi::OsString, net::SocketAddr, path::PathBuf, sync::OnceLock, time::Duration};
+use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -156,21 +156,6 @@ pub(crate) struct ClusterArgs {
     /// PINGs) instead of HTTP/2; a proxy in the kubeconfig always does.
     #[arg(long)]
     pub(crate) http1: bool,
-}
-
-/// `--kubeconfig`, `--context` and `--http1` of this process's `run` or `status`, recorded once
-/// by [`parse`], so that the client is built from them without every caller of
-/// `run::connect` passing them on.
-static CLUSTER: OnceLock<ClusterArgs> = OnceLock::new();
-
-/// Records the cluster flags; only the first call counts.
-fn set_cluster_args(args: ClusterArgs) {
-    let _ = CLUSTER.set(args);
-}
-
-/// The cluster flags recorded by [`parse`]; none given if it has not run (unit tests).
-pub(crate) fn cluster_args() -> ClusterArgs {
-    CLUSTER.get().cloned().unwrap_or_default()
 }
 
 /// `kube-leader run`.

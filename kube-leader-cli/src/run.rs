@@ -42,7 +42,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
-    let client = connect(args.connect_timeout, args.renew_deadline).await?;
+    let client = connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
     let namespace = resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let identity = resolve_identity(args.identity.as_deref()).ok_or_else(|| {

@@ -57,7 +57,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
-    let client = run::connect(args.connect_timeout, args.renew_deadline).await?;
+    let client = run::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
     let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let identity = run::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(

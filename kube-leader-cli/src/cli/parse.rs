@@ -20,15 +20,10 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => usage_error(&one_line(&e)),
     };
-    match &cli.command {
-        Command::Run(run) => {
-            if let Err(msg) = run.validate() {
-                usage_error(&msg);
-            }
-            super::set_cluster_args(run.cluster.clone());
+    if let Command::Run(run) = &cli.command {
+        if let Err(msg) = run.validate() {
+            usage_error(&msg);
         }
-        Command::Status(status) => super::set_cluster_args(status.cluster.clone()),
-        _ => {}
     }
     cli
 }

@@ -17,17 +17,10 @@ use crate::{
     exit::{self, Fail, OrExit},
 };
 
-/// A client, once the API server answers (or `timeout` has passed: exit code 4), from the
-/// cluster flags of this process's `run` or `status` ([`crate::cli::cluster_args`]). See
-/// [`connect_with`].
-pub(crate) async fn connect(timeout: Duration, renew_deadline: Duration) -> Result<Client, Fail> {
-    connect_with(&crate::cli::cluster_args(), timeout, renew_deadline).await
-}
-
 /// A client for `args`' configuration ([`config`]), once the API server answers (or `timeout`
 /// has passed: exit code 4). Its liveness bounds come from `renew_deadline` (see
 /// [`crate::client::Liveness`]).
-pub(crate) async fn connect_with(
+pub(crate) async fn connect(
     args: &ClusterArgs,
     timeout: Duration,
     renew_deadline: Duration,
