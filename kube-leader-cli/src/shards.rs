@@ -30,7 +30,7 @@
 //! supervisor stops COMMAND then (SIGTERM, then SIGKILL by the grace: gone by the lease
 //! duration after the last renewal with the default grace, before anybody can take it over).
 
-use std::{ffi::OsString, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::anyhow;
 use kube_leader::shards::{Shards, ShardsConfig};
@@ -113,11 +113,6 @@ fn files(set: &str) -> (PathBuf, PathBuf) {
     let ack = file.with_extension("ack");
     let _ = std::fs::remove_file(&ack);
     (file, ack)
-}
-
-/// COMMAND and its arguments, for the supervisor.
-fn command_of(args: &RunArgs) -> Vec<OsString> {
-    args.command.clone()
 }
 
 /// Warns about, and otherwise ignores, a failure to write the shard file.

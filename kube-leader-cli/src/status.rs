@@ -34,7 +34,12 @@ struct StatusOut {
 
 /// `kube-leader status`: returns the exit code.
 pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
-    let client = run::connect(&args.cluster, args.connect_timeout, crate::client::ONE_OFF_RENEW_DEADLINE).await?;
+    let client = run::connect(
+        &args.cluster,
+        args.connect_timeout,
+        crate::client::ONE_OFF_RENEW_DEADLINE,
+    )
+    .await?;
     let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let info = kube_leader::Elector::current_leader(client, args.lock.strategy.into(), &lock)

@@ -1701,7 +1701,10 @@ async fn a_stopped_supervisor_does_not_keep_command_running_after_a_loss() {
         !alive(command) || proc_stat(command).is_some_and(|(state, _, _)| state == 'Z')
     };
     let after = deleted.elapsed();
-    signal(supervisor as u32, "CONT");
+    // The backstop killed the supervisor with COMMAND: a CONT may find it gone.
+    let _ = Command::new("kill")
+        .args(["-CONT", &supervisor.to_string()])
+        .status();
     assert!(
         gone,
         "COMMAND still ran {after:?} after the loss while its supervisor was stopped"

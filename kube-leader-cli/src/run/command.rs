@@ -10,7 +10,7 @@ use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior},
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::signals::{is_stop, Signals};
 use crate::{
@@ -41,8 +41,6 @@ pub(super) struct Running<'a> {
     pub(super) command_pid: Option<u32>,
     /// Whether the supervisor said its last word (`exited`): COMMAND ended in order.
     pub(super) orderly: bool,
-    /// The backstop killed COMMAND: the supervisor is killed too if it has not exited by then.
-    kill_supervisor_at: Option<Instant>,
 }
 
 // === impl Running ===
@@ -84,7 +82,6 @@ impl<'a> Running<'a> {
             stop_signal: false,
             command_pid: None,
             orderly: false,
-            kill_supervisor_at: None,
         }
     }
 
@@ -124,12 +121,6 @@ impl<'a> Running<'a> {
                         Ok(()) => self.on_renewals().await,
                         Err(_) => self.watching = false,
                     }
-                }
-                _ = tokio::time::sleep_until(self.kill_supervisor_at.unwrap_or_else(Instant::now)),
-                    if self.kill_supervisor_at.is_some() => {
-                    warn!(lock = %self.status.lock, "the supervisor did not exit after its COMMAND was killed; killing it");
-                    self.kill_supervisor_at = None;
-                    self.process.kill();
                 }
                 _ = ping.tick(), if !self.lease => {
                     // No renewals to wait for: heartbeats say that kube-leader's loop runs and
@@ -183,7 +174,6 @@ impl<'a> Running<'a> {
                         false,
                     );
                 }
-                self.kill_supervisor_at = Some(Instant::now() + Duration::from_secs(2));
             }
             // COMMAND and what it left are gone: step down now, without waiting for
             // the supervisor's own exit.
@@ -229,23 +219,20 @@ impl<'a> Running<'a> {
         if self.orderly {
             return;
         }
-        let drain = async {
-            while let Some(report) = self.sup.next_report().await {
-                match report {
-                    Report::Expired(_) if !self.lost => {
-                        self.lost = true;
-                        self.status.lose(
-                            self.token,
-                            "the supervisor stopped COMMAND: leadership not confirmed in time",
-                            false,
-                        );
-                    }
-                    Report::Started(pid) => self.command_pid = Some(pid),
-                    Report::Exited(_) => self.orderly = true,
-                    _ => {}
+        for report in self.sup.last_reports().await {
+            match report {
+                Report::Expired(_) if !self.lost => {
+                    self.lost = true;
+                    self.status.lose(
+                        self.token,
+                        "the supervisor stopped COMMAND: leadership not confirmed in time",
+                        false,
+                    );
                 }
+                Report::Started(pid) => self.command_pid = Some(pid),
+                Report::Exited(_) => self.orderly = true,
+                _ => {}
             }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        }
     }
 }

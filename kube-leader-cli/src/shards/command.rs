@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -43,14 +43,10 @@ pub(super) struct Run {
     pub(super) ack_wanted: Option<(u64, Instant)>,
     /// Signal mode: a change told in the file whose signal waits for COMMAND's handler.
     pub(super) untold: Option<Signal>,
-    /// COMMAND's pid (its process group), once started.
-    pid: Option<Pid>,
     /// Asked to stop (or stopped by its supervisor).
     pub(super) stopping: bool,
     /// The deadline last sent to the supervisor.
     sent: Option<Instant>,
-    /// The backstop killed COMMAND: the supervisor is killed too if it has not exited by then.
-    kill_supervisor_at: Option<Instant>,
 }
 
 impl Run {
@@ -71,10 +67,8 @@ impl Run {
             leaving: BTreeSet::new(),
             ack_wanted: None,
             untold: None,
-            pid: None,
             stopping: false,
             sent: Some(until),
-            kill_supervisor_at: None,
         };
         run.control.start(until, env).await;
         Ok(run)
@@ -109,7 +103,10 @@ impl Run {
 
     /// Signal mode: sends `signal` now if COMMAND's handler is installed, else holds it back.
     pub(super) async fn tell(&mut self, signal: Signal) -> bool {
-        let ready = self.pid.is_some_and(|pid| handles(pid, signal));
+        let ready = self
+            .control
+            .command_group()
+            .is_some_and(|pid| handles(pid, signal));
         if ready {
             self.untold = None;
             self.control.signal(signal as i32).await;
@@ -128,20 +125,12 @@ impl Run {
             biased;
             code = self.process.wait() => Some(self.died(code).await),
             report = self.control.report() => self.on_report(report),
-            _ = tokio::time::sleep_until(self.kill_supervisor_at.unwrap_or_else(Instant::now)),
-                if self.kill_supervisor_at.is_some() => {
-                warn!("the supervisor did not exit after its COMMAND was killed; killing it");
-                self.kill_supervisor_at = None;
-                self.process.kill();
-                None
-            }
         }
     }
 
     fn on_report(&mut self, report: Report) -> Option<Ended> {
         match report {
             Report::Started(pid) => {
-                self.pid = i32::try_from(pid).ok().map(Pid::from_raw);
                 info!(pid, shards = ?self.told.keys().collect::<Vec<_>>(), "started COMMAND");
             }
             Report::Expired(since) => {
@@ -151,10 +140,7 @@ impl Run {
                 );
                 self.stopping = true;
             }
-            Report::Backstop => {
-                self.stopping = true;
-                self.kill_supervisor_at = Some(Instant::now() + Duration::from_secs(2));
-            }
+            Report::Backstop => self.stopping = true,
             Report::Failed(code) => debug!(code, "COMMAND could not be started"),
             Report::Exited(code) => {
                 return Some(Ended {
@@ -171,23 +157,19 @@ impl Run {
     /// crashed), COMMAND died with it; its group is killed and waited for.
     async fn died(&mut self, code: u8) -> Ended {
         let mut orderly = false;
-        let drain = async {
-            while let Some(report) = self.control.next_report().await {
-                match report {
-                    Report::Exited(_) => orderly = true,
-                    Report::Started(pid) => self.pid = i32::try_from(pid).ok().map(Pid::from_raw),
-                    Report::Expired(_) => self.stopping = true,
-                    _ => {}
-                }
+        for report in self.control.last_reports().await {
+            match report {
+                Report::Exited(_) => orderly = true,
+                Report::Expired(_) => self.stopping = true,
+                _ => {}
             }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        }
         if !orderly {
             warn!(
                 code,
                 "the supervisor died unexpectedly; killing COMMAND's process group"
             );
-            if let Some(pid) = self.pid {
+            if let Some(pid) = self.control.command_group() {
                 if !kill_group_and_wait(pid, Duration::from_secs(2)).await {
                     warn!(pgid = pid.as_raw(), "COMMAND's process group would not die");
                 }

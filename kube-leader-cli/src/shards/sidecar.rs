@@ -46,15 +46,11 @@ impl StopSignals {
     /// The next stop signal's number.
     async fn recv(&mut self) -> i32 {
         tokio::select! {
-            _ = self.term.recv() => libc_signo(SignalKind::terminate()),
-            _ = self.int.recv() => libc_signo(SignalKind::interrupt()),
-            _ = self.quit.recv() => libc_signo(SignalKind::quit()),
+            _ = self.term.recv() => SignalKind::terminate().as_raw_value(),
+            _ = self.int.recv() => SignalKind::interrupt().as_raw_value(),
+            _ = self.quit.recv() => SignalKind::quit().as_raw_value(),
         }
     }
-}
-
-fn libc_signo(kind: SignalKind) -> i32 {
-    kind.as_raw_value()
 }
 
 /// The shards held for COMMAND, and COMMAND.
@@ -102,7 +98,7 @@ impl Sidecar {
             guards: BTreeMap::new(),
             run: None,
             on_change: args.on_shards_change,
-            command: super::command_of(args),
+            command: args.command.clone(),
             grace: args.grace(),
             renew_deadline: args.renew_deadline,
             log_format,

@@ -32,7 +32,7 @@ pub(crate) enum Report {
     Exited(u8),
     /// kube-leader's backstop fired: COMMAND still ran at the last confirmed instant + grace,
     /// so the supervisor did not stop it (stopped, traced or stuck): kube-leader killed
-    /// COMMAND's process group itself.
+    /// COMMAND's process group, and the supervisor.
     Backstop,
 }
 
@@ -67,6 +67,8 @@ pub(crate) struct Control {
     until: Option<Instant>,
     /// COMMAND's process group, once the supervisor reported it started.
     group: Option<Pid>,
+    /// The supervisor's own pid: the backstop kills it too.
+    supervisor: Option<Pid>,
     /// COMMAND is known to be gone (`exited`), or the backstop fired.
     done: bool,
 }
@@ -96,7 +98,8 @@ impl Supervisor {
             .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .kill_on_drop(false);
         let process = cmd.spawn().context("start the supervisor process")?;
-        if let Some(pid) = process.id().and_then(|p| i32::try_from(p).ok()) {
+        let supervisor = process.id().and_then(|p| i32::try_from(p).ok());
+        if let Some(pid) = supervisor {
             waited_by_handle(pid);
         }
         ours.set_nonblocking(true).context("control socket")?;
@@ -109,6 +112,7 @@ impl Supervisor {
             grace,
             until: None,
             group: None,
+            supervisor: supervisor.map(Pid::from_raw),
             done: false,
         };
         Ok(Self {
@@ -222,14 +226,36 @@ impl Control {
         }
     }
 
-    /// Kills COMMAND's process group: its supervisor did not stop it by its deadline.
+    /// Kills COMMAND's process group, and the supervisor that did not stop it by its deadline
+    /// (stopped or stuck: it cannot end in order any more, so kube-leader's wait for it ends and
+    /// the term is abandoned, not released).
     fn fire_backstop(&mut self) {
         self.done = true;
         if let Some(group) = self.group {
             warn!(pgid = group.as_raw(), grace = %humantime::format_duration(self.grace),
-                "COMMAND still runs past its deadline (its supervisor is stopped or stuck): killing its process group");
+                "COMMAND still runs past its deadline (its supervisor is stopped or stuck): killing its process group and the supervisor");
             send_group(group, Signal::SIGKILL);
         }
+        if let Some(pid) = self.supervisor {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// COMMAND's process group (its pid), once the supervisor reported that it started.
+    pub(crate) fn command_group(&self) -> Option<Pid> {
+        self.group
+    }
+
+    /// The reports still buffered once the supervisor has exited (read for at most 1 s).
+    pub(crate) async fn last_reports(&mut self) -> Vec<Report> {
+        let mut reports = Vec::new();
+        let drain = async {
+            while let Some(report) = self.next_report().await {
+                reports.push(report);
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        reports
     }
 }
 
@@ -237,13 +263,6 @@ impl SupervisorProcess {
     /// Whether it has exited already (a supervisor started in advance may have died).
     pub(crate) fn has_exited(&mut self) -> bool {
         !matches!(self.0.try_wait(), Ok(None))
-    }
-
-    /// Kills the supervisor (SIGKILL); [`wait`](Self::wait) then returns.
-    pub(crate) fn kill(&mut self) {
-        if let Err(e) = self.0.start_kill() {
-            warn!(error = %e, "cannot kill the supervisor");
-        }
     }
 
     /// Waits for the supervisor to exit; returns its exit code.
