@@ -2,13 +2,12 @@
 //! that a real API server produces only by chance (a conflict, then silence) made exact.
 
 use std::{
-    convert::Infallible,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use kube_leader::{LeaseConfig, LeaseElector, LossReason};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -78,25 +77,19 @@ impl Mock {
 
     fn client(&self) -> kube::Client {
         let mock = self.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        support::client(move |method, path, query, body| {
             let mock = mock.clone();
-            async move { Ok::<_, Infallible>(mock.handle(req).await) }
-        });
-        kube::Client::new(service, "ns")
+            async move { mock.handle(method, path, query, body).await }
+        })
     }
 
-    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let body = body.collect_bytes().await.unwrap_or_default();
-        let path = parts.uri.path().to_string();
-        let query = parts.uri.query().unwrap_or_default().to_string();
+    async fn handle(&self, method: Method, path: String, query: String, body: Bytes) -> Response<Body> {
         let hang = {
             let mut s = self.0.lock().unwrap();
             if !query.contains("watch=true") {
-                s.requests
-                    .push((Instant::now(), format!("{} {path}", parts.method)));
+                s.requests.push((Instant::now(), format!("{} {path}", method)));
             }
-            match (&parts.method, path.as_str()) {
+            match (&method, path.as_str()) {
                 (&Method::GET, LEASES) if query.contains("watch=true") => {
                     let (tx, response) = support::watch();
                     s.watchers.push(tx);

@@ -3,13 +3,12 @@
 
 use std::{
     collections::BTreeMap,
-    convert::Infallible,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use kube_leader::{shards::Shards, LeaseConfig, LossReason};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -35,11 +34,10 @@ struct Mock(Arc<Mutex<State>>);
 impl Mock {
     fn client(&self) -> kube::Client {
         let mock = self.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        support::client(move |method, path, query, body| {
             let mock = mock.clone();
-            async move { Ok::<_, Infallible>(mock.handle(req).await) }
-        });
-        kube::Client::new(service, "ns")
+            async move { mock.handle(method, path, query, body).await }
+        })
     }
 
     /// Stores `lease` as a new revision and tells every open watch.
@@ -68,14 +66,10 @@ impl Mock {
             .map(str::to_string)
     }
 
-    async fn handle(&self, req: Request<kube::client::Body>) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let body = body.collect_bytes().await.unwrap_or_default();
-        let path = parts.uri.path().to_string();
-        let query = parts.uri.query().unwrap_or_default().to_string();
+    async fn handle(&self, method: Method, path: String, query: String, body: Bytes) -> Response<Body> {
         let mut s = self.0.lock().unwrap();
         let name = path.strip_prefix(LEASES).and_then(|p| p.strip_prefix('/'));
-        match (&parts.method, name) {
+        match (&method, name) {
             (&Method::GET, None) if query.contains("watch=true") => {
                 let (tx, response) = support::watch();
                 s.watchers.push(tx);

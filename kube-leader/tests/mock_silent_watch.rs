@@ -4,13 +4,12 @@
 
 use std::{
     collections::BTreeMap,
-    convert::Infallible,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use kube_leader::{for_life::Environment, ForLife};
 use serde_json::{json, Value};
 use tokio::{sync::mpsc, time::Instant};
@@ -108,21 +107,10 @@ impl Store {
 impl Mock {
     fn client(&self) -> kube::Client {
         let mock = self.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let mock = mock.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let body = body.collect_bytes().await.unwrap_or_default();
-                let query = parts.uri.query().unwrap_or_default().to_string();
-                let r = mock
-                    .0
-                    .lock()
-                    .unwrap()
-                    .handle(&parts.method, parts.uri.path(), &query, &body);
-                Ok::<_, Infallible>(r)
-            }
-        });
-        kube::Client::new(service, "ns")
+        support::client(move |method, path, query, body| {
+            let r = mock.0.lock().unwrap().handle(&method, &path, &query, &body);
+            async move { r }
+        })
     }
 
     fn pod(&self, name: &str) {

@@ -1,10 +1,10 @@
 //! What the in-process API servers of the mock tests share: JSON answers, `Status` errors, and
 //! watch responses that stream the lines sent to them.
 
-use std::convert::Infallible;
+use std::{convert::Infallible, future::Future};
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -41,4 +41,24 @@ pub(crate) fn watch() -> (mpsc::UnboundedSender<Bytes>, Response<Body>) {
         .body(StreamBody::new(events).boxed())
         .unwrap();
     (tx, response)
+}
+
+/// A client whose every request `handle` answers in-process, from its method, path, query
+/// and body.
+pub(crate) fn client<F, Fut>(handle: F) -> kube::Client
+where
+    F: Fn(Method, String, String, Bytes) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let handle = handle.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect_bytes().await.unwrap_or_default();
+            let query = parts.uri.query().unwrap_or_default().to_string();
+            let path = parts.uri.path().to_string();
+            Ok::<_, Infallible>(handle(parts.method, path, query, body).await)
+        }
+    });
+    kube::Client::new(service, "ns")
 }
