@@ -216,6 +216,17 @@ impl Candidate {
         }
     }
 
+    /// `id` in a process group of its own (as a process manager starts it), its COMMAND the
+    /// work script ending on SIGTERM.
+    fn in_own_group(cp: &ControlPlane, dir: &Path, id: &str, flags: &[&str]) -> Self {
+        let command = work_script(dir, id, "exit 0");
+        let opts = Opts {
+            own_group: true,
+            ..Opts::default()
+        };
+        Self::spawn_opts(cp.kubeconfig_path(), dir, id, flags, &command, &[], opts)
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -1287,18 +1298,7 @@ async fn killing_kube_leaders_process_group_kills_command() {
     let ns = cp.namespace().await;
     let dir = scratch_dir("kill-group");
     let flags = lease_flags("killgroup", ns.name());
-    let a = Candidate::spawn_opts(
-        cp.kubeconfig_path(),
-        &dir,
-        "a",
-        &flags,
-        &work_script(&dir, "a", "exit 0"),
-        &[],
-        Opts {
-            own_group: true,
-            ..Opts::default()
-        },
-    );
+    let a = Candidate::in_own_group(cp, &dir, "a", &flags);
     wait_for("a leads", WAIT, || a.leading().then_some(()));
     let command = a.command_pid().unwrap();
     let killed = Instant::now();
@@ -1637,18 +1637,7 @@ async fn a_stopped_process_group_has_its_command_stopped_by_the_deadline() {
     let ns = cp.namespace().await;
     let dir = scratch_dir("stop-group");
     let flags = wide_lease_flags("stopgroup", ns.name());
-    let mut a = Candidate::spawn_opts(
-        cp.kubeconfig_path(),
-        &dir,
-        "a",
-        &flags,
-        &work_script(&dir, "a", "exit 0"),
-        &[],
-        Opts {
-            own_group: true,
-            ..Opts::default()
-        },
-    );
+    let mut a = Candidate::in_own_group(cp, &dir, "a", &flags);
     wait_for("a leads", WAIT, || a.leading().then_some(()));
     let command = a.command_pid().unwrap();
     let stopped = Instant::now();
@@ -1722,18 +1711,7 @@ async fn a_frozen_tree_thawed_after_the_deadline_kills_command_first() {
     let ns = cp.namespace().await;
     let dir = scratch_dir("freeze-all");
     let flags = wide_lease_flags("freezeall", ns.name());
-    let mut a = Candidate::spawn_opts(
-        cp.kubeconfig_path(),
-        &dir,
-        "a",
-        &flags,
-        &work_script(&dir, "a", "exit 0"),
-        &[],
-        Opts {
-            own_group: true,
-            ..Opts::default()
-        },
-    );
+    let mut a = Candidate::in_own_group(cp, &dir, "a", &flags);
     wait_for("a leads", WAIT, || a.leading().then_some(()));
     let command = a.command_pid().unwrap();
     let supervisor = parent_of(command);

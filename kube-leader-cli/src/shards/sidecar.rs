@@ -66,6 +66,10 @@ pub(super) struct Sidecar {
     command: Vec<OsString>,
     grace: Duration,
     renew_deadline: Duration,
+    retry_period: Duration,
+    /// With no shard, COMMAND is confirmed by this loop's heartbeat: the last one, renewed
+    /// every retry period (as leader for life's in plain `run`), not every tick.
+    beat: Instant,
     log_format: LogFormat,
     env: Vec<(&'static str, String)>,
     file: PathBuf,
@@ -101,6 +105,8 @@ impl Sidecar {
             command: args.command.clone(),
             grace: args.grace(),
             renew_deadline: args.renew_deadline,
+            retry_period: args.retry_period,
+            beat: Instant::now(),
             log_format,
             env,
             file,
@@ -310,7 +316,10 @@ impl Sidecar {
 
     /// COMMAND's deadline: the earliest confirmed-until of the shards it works on; with none,
     /// this loop's own heartbeat.
-    fn deadline(&self) -> Instant {
+    fn deadline(&mut self) -> Instant {
+        if self.beat.elapsed() >= self.retry_period {
+            self.beat = Instant::now();
+        }
         let working: Vec<u32> = self
             .run
             .as_ref()
@@ -329,7 +338,7 @@ impl Sidecar {
                     .unwrap_or(now)
             })
             .min()
-            .unwrap_or(now + self.renew_deadline)
+            .unwrap_or(self.beat + self.renew_deadline)
     }
 
     /// COMMAND is gone: hands every shard back and removes the files.
