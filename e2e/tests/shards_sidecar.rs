@@ -335,3 +335,79 @@ async fn a_killed_shards_sidecar_leaves_no_command_behind() {
     assert!(after < Duration::from_secs(2), "{after:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// COMMAND as a shell script that handles SIGHUP as `--on-shards-change signal:HUP` asks: on
+/// the signal it reads the new set from the file, records it as a new incarnation (its work on
+/// the shards the set no longer lists has stopped), then acknowledges the generation.
+fn signalled_script() -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        r#"echo "start $(date +%s%N) $KUBE_LEADER_SHARD_SET $$" >> "$LOG_FILE"
+on_hup() {
+  g=$(sed -n 's/^generation //p' "$KUBE_LEADER_SHARDS_FILE")
+  s=$(sed -n '2,$p' "$KUBE_LEADER_SHARDS_FILE" | cut -d' ' -f1 | paste -sd, -)
+  echo "start $(date +%s%N) $s $$" >> "$LOG_FILE"
+  echo "$g" > "$KUBE_LEADER_SHARDS_ACK"
+}
+trap on_hup HUP
+trap 'echo "exit $(date +%s%N) TERM" >> "$LOG_FILE"; exit 0' TERM
+while true; do sleep 0.05; done"#
+            .into(),
+    ]
+}
+
+/// `--on-shards-change signal:HUP` with a COMMAND that acknowledges: a joining replica gets
+/// its shards only once the first replica's COMMAND acknowledged a set without them, and that
+/// COMMAND is told, not restarted (one process throughout). Prints the handover time: the
+/// first COMMAND's acknowledgement → the joiner's COMMAND on the shards handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signalled_command_acknowledges_before_its_shards_move() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch("signal");
+    let signal = ["--on-shards-change", "signal:HUP"];
+    let mut a = start(cp, ns.name(), &dir, "a", &signal, &signalled_script());
+    kube_leader_e2e::wait_for("a's COMMAND to work all 4 shards", SOON, || async {
+        (current(&dir, "a")? == [0, 1, 2, 3]).then_some(())
+    })
+    .await;
+    let joined = now_ns();
+    let mut b = start(cp, ns.name(), &dir, "b", &signal, &signalled_script());
+    kube_leader_e2e::wait_for("each COMMAND on 2 shards", SOON, || async {
+        (current(&dir, "a")?.len() == 2 && current(&dir, "b")?.len() == 2).then_some(())
+    })
+    .await;
+    assert_no_overlap(&dir, &["a", "b"], &BTreeMap::new());
+    let records = std::fs::read_to_string(dir.join("a.txt")).unwrap();
+    let pids: std::collections::BTreeSet<&str> = records
+        .lines()
+        .filter(|l| l.starts_with("start"))
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "a's COMMAND was restarted, not signalled:\n{records}"
+    );
+    assert!(!records.contains("exit"), "a's COMMAND stopped:\n{records}");
+    let (a_inc, b_inc) = (incarnations(&dir, "a"), incarnations(&dir, "b"));
+    let acked = a_inc
+        .iter()
+        .find(|i| i.shards.len() == 2)
+        .expect("a's 2-shard set")
+        .start;
+    let b_started = b_inc.last().expect("b's COMMAND").start;
+    println!(
+        "signal mode: a acknowledged its 2-shard set {:.1} ms after b started; b's COMMAND \
+         started on the other 2 {:.1} ms after that acknowledgement\na: {a_inc:?}\nb: {b_inc:?}",
+        (acked - joined) as f64 / 1e6,
+        (b_started as f64 - acked as f64) / 1e6,
+    );
+    assert!(b_started >= acked, "b started before a acknowledged");
+    for child in [&mut b, &mut a] {
+        assert_eq!(stop(child).await.code(), Some(0));
+    }
+    assert_no_overlap(&dir, &["a", "b"], &BTreeMap::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}
