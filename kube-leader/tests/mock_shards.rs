@@ -194,14 +194,9 @@ impl Mock {
 /// one that keys its guards by index and drops them only when the held set it observes says
 /// so (the sidecar did) would, since the held set it observes never listed the shard. The
 /// engine used to wait for that guard forever: the shard was never taken again by this
-/// candidate. Now a lost shard whose guard is kept is taken again once its lease has expired as
-/// this candidate saw it (when any other candidate may take it), as a new `Shard`.
-// Issue 21 item 9 stays open in the library: the fix (an orphaned term, waited out and taken
-// again) broke the shard chaos run's fair spread after a pause (a shard left unheld), and was
-// reverted. `kube-leader run --shards` keeps its guards by index and drops a lost one that
-// COMMAND does not work on, so the sidecar is not exposed; other consumers of `Assignments`
-// must drop a guard whose loss token fired.
-#[ignore = "issue 21 item 9: the library fix was reverted (it broke chaos_shards); see above"]
+/// candidate. Now a lost shard whose guard is kept is taken again once its work had the time to
+/// stop (lease duration minus renew deadline after the loss) and its lease has expired as this
+/// candidate saw it (when any other candidate may take it), as a new `Shard`.
 #[tokio::test(start_paused = true)]
 async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired() {
     let mock = Mock::default();
@@ -355,6 +350,46 @@ async fn a_shard_lost_in_a_freeze_is_taken_again_after_a_failed_takeover() {
     assert_eq!(second.index(), 0);
     assert!(second.leadership().is_leader());
     assert_eq!(mock.holder("set-0").as_deref(), Some("me"));
+    drop(second);
+    finish(&shutdown, assignments).await;
+}
+
+/// A freeze that nobody else used: the lease still names this candidate, expired long ago for
+/// everyone. The consumer keeps its lost guard; it gets the lease duration minus the renew
+/// deadline (1 s) from the loss to stop its work, as the guard's documentation promises, before
+/// the shard is taken again as a new `Shard`; then the shard is taken again though the old
+/// guard is still kept.
+#[tokio::test(start_paused = true)]
+async fn a_shard_lost_in_a_freeze_whose_guard_is_kept_is_taken_again_after_the_stop_grace() {
+    let mock = Mock::default();
+    let shutdown = CancellationToken::new();
+    let (mut assignments, first) = start(&mock, &shutdown).await;
+
+    freeze(&first).await;
+    let lost_at = Instant::now();
+    let second = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+        .await
+        .expect("shard 0 was never taken again while its lost guard was kept")
+        .expect("a new Shard");
+    let waited = lost_at.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "taken again {waited:?} after its loss was told, while its old guard may still work"
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "taken again only {waited:?} after its loss"
+    );
+    assert_eq!(second.index(), 0);
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(!first.leadership().is_leader());
+    assert_eq!(
+        assignments.held().borrow().held.get(&0),
+        Some(&second.fencing_token())
+    );
+    drop(first);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(second.leadership().is_leader());
     drop(second);
     finish(&shutdown, assignments).await;
 }
