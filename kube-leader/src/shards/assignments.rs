@@ -38,6 +38,14 @@ impl Assignments {
     /// The next shard acquired; `None` once the candidate has stopped (after shutdown, or an
     /// error: see [`finish`](Self::finish)).
     ///
+    /// A shard lost between its acquisition and this call is still returned, its loss token
+    /// already cancelled, so that the consumer sees the loss: drop it. Shards come in the order
+    /// they were acquired; a shard lost and taken again comes again as a new [`Shard`] (a new
+    /// fencing token) while the old one may still be kept: keep shards keyed by index and let
+    /// the new one replace the old, or watch each one's [`lost_token`](Shard::lost_token). The
+    /// [`held`](Self::held) set alone cannot tell a consumer of every loss: a shard acquired
+    /// and lost between two looks at it never appears there.
+    ///
     /// # Cancellation safety
     /// Cancel-safe: a shard acquired meanwhile is returned by the next call.
     pub async fn next(&mut self) -> Option<Shard> {
@@ -64,6 +72,17 @@ impl Assignments {
 ///
 /// Dropping it (or [`release`](Self::release)) tells the candidate that the work on this shard
 /// has stopped: a shard that was handed over, or given up on shutdown, is released then.
+///
+/// Once its loss token has fired, a `Shard` guards nothing. A shard handed over or given up on
+/// shutdown is renewed until its `Shard` is dropped, for at most the handover grace or the
+/// shutdown grace. A shard lost outright (its renew deadline passed, another holder wrote it,
+/// it was deleted), or not dropped within that grace, is not waited for forever: while its
+/// `Shard` is still kept, this candidate does not take that shard again for the lease duration
+/// minus the renew deadline from then (the time its work has to stop, as for any Lease
+/// leader), and after that only once its lease has expired as this candidate last saw it, when
+/// any other candidate may take it too. It comes then as a new `Shard`, and the old one's
+/// `release` returns. So a consumer that never saw the loss cannot keep the shard from being
+/// taken again; drop a lost `Shard` as soon as its work has stopped.
 #[derive(Debug)]
 #[must_use = "dropping a Shard gives it up at once"]
 pub struct Shard {

@@ -141,7 +141,8 @@ enum State {
     Leaving { until: Instant, release: bool },
     /// The release write is in flight.
     Releasing,
-    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop.
+    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop, for
+    /// a while only (see [`Held::orphaned_from`]).
     Gone,
 }
 
@@ -152,11 +153,28 @@ struct Held {
     state: State,
     /// The work on it has stopped (the `Shard` was dropped).
     done: bool,
+    /// When it stopped being ours while its work went on (it became `Gone` undone).
+    lost_at: Option<Instant>,
     record: LeaseRecord,
     /// The Lease as last written by us: its resourceVersion is the next write's precondition.
     lease: Lease,
     fencing_token: u64,
     renewal: Renewal,
+}
+
+// === impl Held ===
+
+impl Held {
+    /// When a term that is not ours any more, and whose `Shard` is still kept, stops keeping
+    /// the shard from being taken again: `grace` after its loss was told (the time its work
+    /// has to stop), if it is such a term. From then on it guards nothing: the shard is waited
+    /// out like any other holder's and taken again as a new term, whose `hold` drops this one.
+    fn orphaned_from(&self, grace: Duration) -> Option<Instant> {
+        if self.state != State::Gone || self.done {
+            return None;
+        }
+        self.lost_at.map(|t| t + grace)
+    }
 }
 
 #[derive(Default)]
@@ -236,6 +254,15 @@ impl Engine {
     /// The renew deadline of every Lease of the set.
     fn renew_deadline(&self) -> Duration {
         self.cfg.lease.renew_deadline
+    }
+
+    /// How long the work on a lost shard has to stop once its loss is told: the lease
+    /// duration minus the renew deadline, as for any Lease leader.
+    fn stop_grace(&self) -> Duration {
+        self.cfg
+            .lease
+            .lease_duration
+            .saturating_sub(self.cfg.lease.renew_deadline)
     }
 
     /// Campaigns until shutdown (or an error), then hands every shard back.

@@ -144,6 +144,7 @@ impl Engine {
             released: Some(released),
             state: State::Active,
             done: false,
+            lost_at: None,
             record,
             lease,
             fencing_token,

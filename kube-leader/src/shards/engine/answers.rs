@@ -84,12 +84,16 @@ impl Engine {
     /// An API call returned.
     pub(super) fn on_reply(&mut self, reply: Reply, now: Instant) {
         let index = match &reply {
-            Reply::Renewed { index, .. } | Reply::Read { index, .. } => Some(*index),
+            Reply::Acquired { index, .. } | Reply::Renewed { index, .. } | Reply::Read { index, .. } => {
+                Some(*index)
+            }
             _ => None,
         };
         self.answer(reply, now);
         // What waited for the call on the shard to return: a release goes out now; a term
-        // that is not ours any more and whose work stopped ends.
+        // that is not ours any more and whose work stopped ends (its `Shard` may have been
+        // dropped during the call: during a renewal sent before the loss, or during a failed
+        // attempt to take the shard again), and the shard is looked at again.
         if let Some(index) = index {
             let slot = &self.slots[index as usize];
             if !slot.busy {
@@ -97,7 +101,10 @@ impl Engine {
                     Some(State::Releasing) => {
                         self.queue.insert((1, now, Key::Shard(index)));
                     }
-                    Some(State::Gone) => self.finish_term(index),
+                    Some(State::Gone) => {
+                        self.dirty = true;
+                        self.finish_term(index);
+                    }
                     _ => {}
                 }
             }

@@ -1,6 +1,9 @@
 //! Handover: the end of a term. A held shard is lost (its renew deadline passed, another holder
 //! wrote it, it was deleted), handed over (rebalancing), given up (its `Shard` dropped) or handed
-//! back on shutdown; it is released once its work has stopped, and only then taken again.
+//! back on shutdown; it is released once its work has stopped, and only then taken again, but
+//! for a shard lost outright whose `Shard` is still kept once its work had the time to stop:
+//! that term guards nothing, and the shard is taken again as any other holder's would be (see
+//! `Held::orphaned_from`).
 
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -36,7 +39,7 @@ impl Engine {
     }
 
     /// Shard `index` is not ours any more: its loss token fires, renewals stop.
-    pub(super) fn lose(&mut self, index: u32, reason: LossReason, _now: Instant) {
+    pub(super) fn lose(&mut self, index: u32, reason: LossReason, now: Instant) {
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
@@ -46,6 +49,7 @@ impl Engine {
         info!(shard = index, %reason, "lost shard");
         t.keeper.lose(reason);
         t.state = State::Gone;
+        t.lost_at = Some(now);
         self.dirty = true;
         if t.done {
             self.finish_term(index);
@@ -100,7 +104,8 @@ impl Engine {
     }
 
     /// Ends the term of `index` once it is not ours and its work has stopped: `release()`
-    /// returns, and the shard may be taken again.
+    /// returns, and the shard may be taken again. (A lost term whose work does not stop in
+    /// time ends when a new term of the shard begins; its `release()` returns then.)
     pub(super) fn finish_term(&mut self, index: u32) {
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {

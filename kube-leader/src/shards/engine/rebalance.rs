@@ -113,8 +113,10 @@ impl Engine {
         quota
     }
 
-    /// The shards held and active, and those held or being acquired.
+    /// The shards held and active, and those held or being acquired (a lost term's shard
+    /// with a call in flight may be being taken again).
     fn holding(&self) -> (Vec<u32>, Vec<u32>) {
+        let grace = self.stop_grace();
         let mut active = Vec::new();
         let mut holding = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
@@ -124,6 +126,7 @@ impl Engine {
                     active.push(i);
                     holding.push(i);
                 }
+                Some(t) if slot.busy && t.orphaned_from(grace).is_some() => holding.push(i),
                 None if slot.busy => holding.push(i),
                 _ => {}
             }
@@ -131,14 +134,26 @@ impl Engine {
         (active, holding)
     }
 
-    /// The shards that could be taken now; schedules a look when the next one could be.
+    /// The shards that could be taken now; schedules a look when the next one could be. A
+    /// shard whose term is lost while its `Shard` is still kept counts once the work on it had
+    /// the time to stop (see `Held::orphaned_from`); it is then waited out as any holder's.
     fn free(&mut self, now: Instant) -> Vec<u32> {
+        let grace = self.stop_grace();
         let mut free = Vec::new();
         let mut soonest: Option<Instant> = None;
         for i in 0..self.count {
             let slot = &self.slots[i as usize];
-            if slot.term.is_some() || slot.busy {
+            if slot.busy {
                 continue;
+            }
+            match slot.term.as_ref().map(|t| t.orphaned_from(grace)) {
+                // Held, handed over, being released, or lost with its work stopped.
+                Some(None) => continue,
+                Some(Some(from)) if from > now => {
+                    soonest = Some(soonest.map_or(from, |s| s.min(from)));
+                    continue;
+                }
+                Some(Some(_)) | None => {}
             }
             if let Some(nb) = slot.not_before.filter(|t| *t > now) {
                 soonest = Some(soonest.map_or(nb, |s| s.min(nb)));

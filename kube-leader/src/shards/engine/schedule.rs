@@ -58,6 +58,7 @@ impl Engine {
                     "the work on the shard did not stop in time; not releasing it, its lease will expire"
                 );
                 t.state = State::Gone;
+                t.lost_at = Some(now);
                 if t.done {
                     self.finish_term(index);
                 }
