@@ -114,6 +114,10 @@ pub struct ForLifeConfig {
     pub api_timeout: Duration,
     /// Where the namespace and Pod name come from when not set. Default: this process.
     pub environment: Option<Environment>,
+    /// Not yet used.
+    pub liveness: Option<Duration>,
+    /// Not yet used.
+    pub liveness_grace: Duration,
 }
 
 impl Default for ForLifeConfig {
@@ -128,6 +132,8 @@ impl Default for ForLifeConfig {
             not_ready_takeover: None,
             api_timeout: Duration::from_secs(10),
             environment: None,
+            liveness: None,
+            liveness_grace: Duration::ZERO,
         }
     }
 }

@@ -150,6 +150,8 @@ pub(crate) enum Proof {
     /// The Pod's grace (plus [`KILL_MARGIN`]) has passed, by this candidate's clock, since it
     /// saw the Pod end (terminal, gone or replaced): the kubelet has killed its containers.
     GraceElapsed { waited: Duration },
+    /// Not yet used.
+    LivenessLapsed { waited: Duration },
     /// No proof: the opt-in NotReady takeover, whose risk its documentation states.
     OptIn,
 }
@@ -167,6 +169,7 @@ impl fmt::Display for Proof {
                     "its Pod's grace period and the kill margin have passed ({waited:?})"
                 )
             }
+            Proof::LivenessLapsed { .. } => f.write_str("not yet"),
             Proof::OptIn => f.write_str("the opt-in NotReady takeover"),
         }
     }
@@ -203,6 +206,9 @@ impl Fate {
             released: false,
         }
     }
+
+    /// Not yet used.
+    pub(crate) fn observe_lock(&mut self, _lock: Option<&LockRecord>, _now: Instant) {}
 
     /// Takes in what the owner's Pod is now (seen at `now`).
     pub(crate) fn observe(&mut self, pod: &LeaderPod, now: Instant) {

@@ -248,6 +248,20 @@ impl ForLife {
         self
     }
 
+    /// Not yet used.
+    #[must_use]
+    pub fn liveness(mut self, liveness: Option<Duration>) -> Self {
+        self.config.liveness = liveness;
+        self
+    }
+
+    /// Not yet used.
+    #[must_use]
+    pub fn liveness_grace(mut self, grace: Duration) -> Self {
+        self.config.liveness_grace = grace;
+        self
+    }
+
     /// Sets where the namespace and Pod name come from when not set (see [`Environment`]).
     #[must_use]
     pub fn environment(mut self, environment: Environment) -> Self {

@@ -17,6 +17,8 @@ use crate::lock::{
     LockRef, ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL,
     STRATEGY_LABEL,
 };
+#[cfg(test)]
+use crate::lock::{LIVENESS_ANNOTATION, RENEW_TIME_ANNOTATION};
 
 /// Set on the lock by its leader right before it deletes the lock on release, once its work
 /// has stopped (the value is the leader's wall clock, RFC 3339, for people): the leader's own
@@ -106,6 +108,15 @@ pub(crate) struct LockRecord {
     pub(crate) deleting: bool,
     /// [`RELEASED_ANNOTATION`] is set: its leader's work has stopped.
     pub(crate) released: bool,
+    /// The liveness heartbeat (not read yet).
+    pub(crate) heartbeat: Result<Option<Heartbeat>, String>,
+}
+
+/// A lock's liveness heartbeat as its leader wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Heartbeat {
+    pub(crate) renew_time: String,
+    pub(crate) liveness: Duration,
 }
 
 // === impl LockRecord ===
@@ -144,6 +155,7 @@ impl LockRecord {
                 .map(SystemTime::from),
             deleting: meta.deletion_timestamp.is_some(),
             released: annotation(RELEASED_ANNOTATION).is_some(),
+            heartbeat: Ok(None),
         }
     }
 
