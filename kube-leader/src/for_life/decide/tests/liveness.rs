@@ -201,3 +201,17 @@ fn the_proof_names_the_liveness() {
     };
     assert!(p.to_string().contains("liveness"), "{p}");
 }
+
+#[test]
+fn a_lock_this_candidate_deleted_on_the_proof_is_created_at_once() {
+    // Its own deletion (and the dead Pod's, by policy) is no news about the old leader's work.
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    let l = beating("t1");
+    at(Some(&l), &evicted(), &mut fate, t0);
+    let d = at(Some(&l), &evicted(), &mut fate, lapsed_at(t0));
+    assert!(matches!(proof(&d), Some(Proof::LivenessLapsed { .. })), "{d:?}");
+    fate.proven = true; // as the campaign does once the deletion succeeded
+    let d = at(None, &LeaderPod::Absent, &mut fate, lapsed_at(t0));
+    assert_eq!(d, Decision::Create);
+}
