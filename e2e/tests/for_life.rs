@@ -6,6 +6,8 @@
 //! Test Pods have a grace period of [`POD_GRACE_S`], so a leader Pod that ended without proof
 //! that its containers stopped is taken over [`GRACE_PROOF`] after its end was seen.
 
+#[path = "for_life/liveness.rs"]
+mod liveness;
 #[path = "for_life/proof.rs"]
 mod proof;
 

@@ -18,8 +18,8 @@ mod validate;
 mod values;
 
 pub(crate) use parse::{completions, parse, usage_error};
-pub(crate) use values::{parse_addr, parse_duration, FOR_LIFE_GRACE};
-use values::{parse_identity, parse_lock_name, parse_namespace};
+pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
+use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
 
 /// Run any program only while it leads, on a Kubernetes lock.
 #[derive(Debug, Parser)]
@@ -233,6 +233,16 @@ pub(crate) struct RunArgs {
     /// refused. Needs `get nodes` (a ClusterRole); without it, one warning and no takeover.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) not_ready_takeover: Option<Duration>,
+
+    /// Leader for life: the liveness heartbeat, at least 1s; `off` (or 0) disables it [default:
+    /// 5s]. The leader writes its lock every third of it; COMMAND is stopped (SIGTERM, --grace,
+    /// SIGKILL) once no heartbeat got through for this long, but the lock is kept (a partition
+    /// hands nothing over while the Pod lives). An ended leader Pod (evicted, failed, gone) is
+    /// taken over once its heartbeat has not moved for this + --grace + 2s, rather than its
+    /// grace period + 2s, even when its kube-leader died with COMMAND (no release). Costs one
+    /// update of the lock per heartbeat. Not for --strategy lease.
+    #[arg(long, value_name = "DURATION", value_parser = parse_liveness)]
+    pub(crate) liveness: Option<LivenessArg>,
 
     /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
     /// with its shards: KUBE_LEADER_SHARD_SET (and the file KUBE_LEADER_SHARDS_FILE) at start;

@@ -28,7 +28,10 @@ pub(crate) fn elector(client: Client, args: &RunArgs, lock: &LockRef, identity: 
                     OutsideClusterArg::Skip => OutsideCluster::Skip,
                     OutsideClusterArg::Fail => OutsideCluster::Fail,
                 })
-                .not_ready_takeover(args.not_ready_takeover);
+                .not_ready_takeover(args.not_ready_takeover)
+                // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
+                .liveness(args.liveness())
+                .liveness_grace(args.grace());
             if let Some(ns) = &args.lock.namespace {
                 e = e.namespace(ns.clone());
             }

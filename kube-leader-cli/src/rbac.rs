@@ -143,7 +143,7 @@ fn for_life_rules(lock: &str) -> Vec<Rule> {
         },
         Rule {
             why: "the lock only: get, list, watch it (by name, with a field selector); update: \
-                  write the fencing token; delete: remove a stale lock (UID precondition) and \
+                  write the fencing token and the liveness heartbeat; delete: remove a stale lock (UID precondition) and \
                   step down",
             api_group: "",
             resource: "configmaps",

@@ -432,8 +432,13 @@ impl Leadership {
     /// - Lease and shards: `Some` once the term's first write succeeded; work that must not
     ///   outlive leadership stops by this instant even if the loss is not reported yet (a hung
     ///   renewal is reported only when its deadline passes).
-    /// - Leader for life: `None`: the lock has no expiry, and the term lasts until its loss is
-    ///   reported ([`lost`](Self::lost)).
+    /// - Leader for life with a [liveness heartbeat](crate::ForLifeConfig::liveness): `Some`
+    ///   from the lock's create (or, after a restart, the first heartbeat): the liveness counted
+    ///   from the send of the last successful heartbeat. It lapses while heartbeats cannot be
+    ///   written, without a loss (the term goes on; a successor may take over only once the Pod
+    ///   has ended), and moves on with the next one that gets through.
+    /// - Leader for life without one: `None`: the lock has no expiry, and the term lasts until
+    ///   its loss is reported ([`lost`](Self::lost)).
     /// - A skipped election: `None`.
     ///
     /// [`confirmations`](Self::confirmations) follows it as it moves.

@@ -15,6 +15,14 @@ pub const ACQUIRED_AT_ANNOTATION: &str = "kube-leader.io/acquired-at";
 /// Annotation with the holder's fencing token: the lock's `resourceVersion` at creation (leader
 /// for life), or that of the write that made the holder leader (Lease).
 pub const FENCING_TOKEN_ANNOTATION: &str = "kube-leader.io/fencing-token";
+/// Leader for life with a liveness heartbeat: the holder's wall clock at its last heartbeat
+/// (RFC 3339 with microseconds, as a Lease's `renewTime`). Waiting candidates only compare it
+/// with the value they saw before: it tells that the heartbeat moved, never what time it is.
+pub const RENEW_TIME_ANNOTATION: &str = "kube-leader.io/renew-time";
+/// Leader for life with a liveness heartbeat: whole seconds, counted from when the holder sent
+/// its last successful heartbeat, by which nothing of its term runs any more (its confirmed
+/// window plus the time its work may take to stop), as a Lease's `leaseDurationSeconds`.
+pub const LIVENESS_ANNOTATION: &str = "kube-leader.io/liveness-seconds";
 /// Label marking the lock as kube-leader's (`app.kubernetes.io/managed-by=kube-leader`).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Label naming the strategy of the lock (`kube-leader.io/strategy=for-life`).

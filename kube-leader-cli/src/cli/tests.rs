@@ -208,3 +208,31 @@ fn clap_definition_is_consistent() {
     use clap::CommandFactory;
     Cli::command().debug_assert();
 }
+
+#[test]
+fn liveness_is_for_life_only_on_by_default_and_off_by_word() {
+    let run = |s: &str| {
+        let Command::Run(run) = Cli::try_parse_from(args(s)).unwrap().command else {
+            panic!("not run")
+        };
+        run
+    };
+    let r = run("kube-leader run --lock l -- true");
+    assert_eq!(r.liveness(), Some(Duration::from_secs(5)));
+    r.validate().unwrap();
+    for off in ["off", "0"] {
+        let r = run(&format!("kube-leader run --lock l --liveness {off} -- true"));
+        assert_eq!(r.liveness(), None, "{off}");
+        r.validate().unwrap();
+    }
+    let r = run("kube-leader run --lock l --liveness 3s -- true");
+    assert_eq!(r.liveness(), Some(Duration::from_secs(3)));
+    let r = run("kube-leader run --lock l --liveness 500ms -- true");
+    assert!(r.validate().unwrap_err().contains("--liveness"));
+    let r = run("kube-leader run --lock l --strategy lease -- true");
+    assert_eq!(r.liveness(), None, "a Lease has its renewals");
+    r.validate().unwrap();
+    let r = run("kube-leader run --lock l --strategy lease --liveness 5s -- true");
+    assert!(r.validate().unwrap_err().contains("--liveness"));
+    assert!(Cli::try_parse_from(args("kube-leader run --lock l --liveness soon -- true")).is_err());
+}

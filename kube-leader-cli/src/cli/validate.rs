@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kube_leader::{lease::check_renew_deadline, Error, LeaseConfig};
 
-use super::{RunArgs, StrategyArg, FOR_LIFE_GRACE};
+use super::{RunArgs, StrategyArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 
 impl RunArgs {
     /// Checks the timings together, naming the flags: client-go's rules for a lease, and for
@@ -48,7 +48,37 @@ impl RunArgs {
                 _ => {}
             }
         }
-        self.validate_not_ready_takeover()
+        self.validate_not_ready_takeover()?;
+        self.validate_liveness()
+    }
+
+    /// `--liveness`: leader for life only, and at least the library's 1 s.
+    fn validate_liveness(&self) -> Result<(), String> {
+        if self.liveness.is_some() && self.lock.strategy != StrategyArg::ForLife {
+            return Err(
+                "invalid value for '--liveness': only for --strategy for-life (a Lease \
+                 has its renewals)"
+                    .into(),
+            );
+        }
+        match self.liveness() {
+            Some(l) if l < Duration::from_secs(1) => Err(format!(
+                "invalid value for '--liveness': at least 1s (a heartbeat every third of it), \
+                 or off; got {}",
+                humantime::format_duration(l)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The liveness heartbeat of leader for life: `--liveness`, else [`DEFAULT_LIVENESS`];
+    /// `None` when off, and for a lease.
+    pub(crate) fn liveness(&self) -> Option<Duration> {
+        match (self.lock.strategy, self.liveness) {
+            (StrategyArg::ForLife, Some(l)) => l.0,
+            (StrategyArg::ForLife, None) => Some(DEFAULT_LIVENESS),
+            (StrategyArg::Lease, _) => None,
+        }
     }
 
     /// Flags that have no meaning with `--shards` (a status server, the Pod label and readiness

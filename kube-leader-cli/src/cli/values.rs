@@ -25,6 +25,22 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// 30 s termination grace period, leaves COMMAND time to stop cleanly when its Pod goes away.
 pub(crate) const FOR_LIFE_GRACE: Duration = Duration::from_secs(10);
 
+/// Leader for life's default liveness: a heartbeat every 1.7 s, COMMAND stopped 5 s after the
+/// last one got through, and an ended leader Pod taken over 5 s + --grace + 2 s after its
+/// heartbeat last moved (instead of its grace period + 2 s).
+pub(crate) const DEFAULT_LIVENESS: Duration = Duration::from_secs(5);
+
+/// `--liveness`: a duration, or `off` (also `0`) for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LivenessArg(pub(crate) Option<Duration>);
+
+pub(crate) fn parse_liveness(s: &str) -> Result<LivenessArg, String> {
+    match s.trim() {
+        "off" | "0" => Ok(LivenessArg(None)),
+        s => parse_duration(s).map(|d| LivenessArg((!d.is_zero()).then_some(d))),
+    }
+}
+
 /// The longest duration any flag accepts.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 

@@ -29,8 +29,15 @@ pub(super) struct Running<'a> {
     deadline: Duration,
     process: SupervisorProcess,
     sup: Control,
-    /// Confirmed by the lease's renewals (else by heartbeats from this loop).
+    /// Confirmed by the lease's renewals (else by the library's confirmations, or heartbeats
+    /// from this loop).
     lease: bool,
+    /// Leader for life with a liveness heartbeat: the library's
+    /// [`confirmed_until`](Leadership::confirmed_until), the send of its last successful
+    /// heartbeat plus the liveness, confirms COMMAND (not this loop's own heartbeats).
+    confirmations: Option<watch::Receiver<Option<Instant>>>,
+    /// Confirmed by heartbeats from this loop: leader for life without a liveness heartbeat.
+    pings: bool,
     renewals: watch::Receiver<Renewals>,
     seen: Renewals,
     watching: bool,
@@ -58,8 +65,11 @@ impl<'a> Running<'a> {
         // Lease: leadership is confirmed for the renew deadline counted from when the acquiring
         // write, then each successful renewal, was sent (the library's fail-stop rule, on the
         // same monotonic clock), never from "now": time spent since (a slow answer, a pause)
-        // is not given again. Leader for life: liveness pings from this loop.
+        // is not given again. Leader for life: its liveness heartbeat's confirmations, the same
+        // rule; without one, liveness pings from this loop.
         let lease = renewals.is_some() && !leadership.is_skipped();
+        let confirmations = Some(leadership.confirmations())
+            .filter(|c| !lease && !leadership.is_skipped() && c.borrow().is_some());
         let (renewals, seen) = match renewals {
             Some(r) => {
                 let seen = r.borrow().clone();
@@ -75,6 +85,8 @@ impl<'a> Running<'a> {
             process,
             sup: control,
             lease,
+            pings: !lease && confirmations.is_none(),
+            confirmations,
             renewals,
             seen,
             watching: lease,
@@ -87,11 +99,13 @@ impl<'a> Running<'a> {
 
     /// Starts COMMAND with `env`, confirmed as far as leadership is.
     pub(super) async fn start(&mut self, env: &[(&str, String)]) {
-        let first = match (self.lease, self.seen.leading, self.seen.last_success) {
-            (true, true, Some(sent)) => sent + self.deadline,
+        let confirmed = self.confirmations.as_mut().map(|c| *c.borrow_and_update());
+        let first = match (self.lease, self.seen.leading, self.seen.last_success, confirmed) {
+            (true, true, Some(sent), _) => sent + self.deadline,
             // The lease handle says it leads, but no renewal is known: nothing is confirmed.
-            (true, _, _) => Instant::now(),
-            (false, _, _) => Instant::now() + self.deadline,
+            (true, _, _, _) => Instant::now(),
+            (false, _, _, Some(until)) => until.unwrap_or_else(Instant::now),
+            (false, _, _, None) => Instant::now() + self.deadline,
         };
         self.sup.start(first, env).await;
     }
@@ -122,7 +136,13 @@ impl<'a> Running<'a> {
                         Err(_) => self.watching = false,
                     }
                 }
-                _ = ping.tick(), if !self.lease => {
+                changed = changed_or_pending(self.confirmations.as_mut()) => match changed {
+                    Some(until) if !self.lost => self.sup.confirm_until(until).await,
+                    Some(_) => {}
+                    // The keeper is gone: nothing confirms COMMAND any more.
+                    None => self.confirmations = None,
+                },
+                _ = ping.tick(), if self.pings => {
                     // No renewals to wait for: heartbeats say that kube-leader's loop runs and
                     // the strategy has not reported a loss.
                     if !self.lost {
@@ -234,5 +254,17 @@ impl<'a> Running<'a> {
                 _ => {}
             }
         }
+    }
+}
+
+/// The library's next confirmation; pending without confirmations. `None`: their sender (the
+/// term's keeper) is gone.
+async fn changed_or_pending(c: Option<&mut watch::Receiver<Option<Instant>>>) -> Option<Instant> {
+    match c {
+        Some(c) => {
+            c.changed().await.ok()?;
+            *c.borrow_and_update()
+        }
+        None => std::future::pending().await,
     }
 }

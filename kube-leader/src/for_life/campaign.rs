@@ -1,10 +1,7 @@
 //! A leader-for-life campaign: watch the lock and its holder's Pod, and take the lock the
 //! moment it is free (or stale), as operator-sdk's `leader.Become` does by polling.
 
-use std::{
-    sync::atomic::Ordering,
-    time::{Duration, SystemTime},
-};
+use std::{sync::atomic::Ordering, time::SystemTime};
 
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Pod},
@@ -12,15 +9,16 @@ use k8s_openapi::{
 };
 use kube::{api::PostParams, Api};
 use tokio::time::Instant;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 
 use super::{
     config::{ForLifeConfig, INITIAL_BACKOFF},
-    decide::{dead_pod_to_delete, decide, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting},
-    elector::{cm_op, pod_op, uid_precondition, ForLife},
+    decide::{dead_pod_to_delete, decide, Decision, Fate, Inputs, Policy, Proof, Waiting},
+    elector::{cm_op, pod_op, ForLife},
     fencing::fencing_token_of,
+    heartbeat::adopt,
     node::NodeCheck,
-    record::{lock_config_map, LeaderPod, LockRecord, LockState, PodRef, PodView},
+    record::{lock_config_map, set_heartbeat, LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
 use crate::{
     api::{call, Failure},
@@ -41,6 +39,8 @@ pub(super) struct Won {
     pub(super) restarted: bool,
     /// The lock carries the fencing token already.
     pub(super) token_stored: bool,
+    /// When the write that made this term, with a liveness heartbeat, was sent.
+    pub(super) heartbeat_sent: Option<Instant>,
 }
 
 /// The leader Pod as watched by a waiting candidate.
@@ -52,7 +52,7 @@ pub(super) struct LeaderPodWatch {
 }
 
 /// Whether a fresh read of the leader Pod confirms what a decision was made on.
-enum Confirmed {
+pub(super) enum Confirmed {
     Yes,
     Changed,
     Unknown,
@@ -87,6 +87,8 @@ pub(super) struct Election<'a> {
     pub(super) retry_at: Option<Instant>,
     /// The last reason for waiting that was logged.
     pub(super) last_wait: Option<Waiting>,
+    /// The last unreadable heartbeat that was logged.
+    pub(super) last_bad_heartbeat: Option<String>,
 }
 
 // === impl Election ===
@@ -110,6 +112,7 @@ impl<'a> Election<'a> {
             node: None,
             retry_at: None,
             last_wait: None,
+            last_bad_heartbeat: None,
         }
     }
 
@@ -160,7 +163,11 @@ impl<'a> Election<'a> {
                             Confirmed::Unknown => {}
                         }
                     }
-                    Decision::Continue => return Ok(self.continue_as_leader(state.unwrap_or_default())),
+                    Decision::Continue => {
+                        if let Some(won) = self.continue_as_leader(state.unwrap_or_default()).await? {
+                            return Ok(won);
+                        }
+                    }
                     Decision::DeleteLock {
                         lock_uid,
                         why,
@@ -171,7 +178,13 @@ impl<'a> Election<'a> {
                         match self.confirm_leader_pod().await? {
                             // The Pod is as decided on: the lock is stale.
                             Confirmed::Yes => {
-                                if self.delete_stale(&lock_uid, &why, proof, delete_pod).await? {
+                                // The liveness proof holds for the lock as seen: a heartbeat
+                                // since (a newer version) must stop the deletion.
+                                let version = matches!(proof, Proof::LivenessLapsed { .. })
+                                    .then(|| record.as_ref().and_then(|r| r.resource_version.clone()))
+                                    .flatten();
+                                let precondition = (lock_uid.as_str(), version.as_deref());
+                                if self.delete_stale(precondition, &why, proof, delete_pod).await? {
                                     continue;
                                 }
                             }
@@ -242,13 +255,26 @@ impl<'a> Election<'a> {
             if let Some(f) = self.fate.as_mut() {
                 f.released = record.released;
             }
+            self.log_bad_heartbeat(record);
         }
         let Some(fate) = self.fate.as_mut() else { return };
+        fate.observe_lock(record, now);
         if fate.owner.name == self.me.name {
             fate.observe(&LeaderPod::Absent, now);
         } else if let Some(p) = self.leader_pod.as_ref().filter(|p| p.name == fate.owner.name) {
             fate.observe(&p.state, now);
         }
+    }
+
+    /// Logs an unreadable liveness heartbeat once: it counts as none (only the other proofs).
+    fn log_bad_heartbeat(&mut self, record: &LockRecord) {
+        let bad = record.heartbeat.as_ref().err();
+        if bad.is_some() && bad != self.last_bad_heartbeat.as_ref() {
+            warn!(lock = %self.lock, reason = %bad.cloned().unwrap_or_default(),
+                "the lock's liveness heartbeat cannot be read; ignoring it (only the release mark, \
+                 the Pod's deletion or its grace prove that a dead leader's work stopped)");
+        }
+        self.last_bad_heartbeat = bad.cloned();
     }
 
     /// Logs why this candidate waits, once per reason.
@@ -267,7 +293,7 @@ impl<'a> Election<'a> {
     }
 
     /// Arms the fallback re-read, if not armed.
-    fn arm_retry(&mut self) {
+    pub(super) fn arm_retry(&mut self) {
         if self.retry_at.is_none() {
             self.retry_at = Some(Instant::now() + self.backoff.next_delay());
         }
@@ -381,9 +407,14 @@ impl<'a> Election<'a> {
     /// Tries to create the lock. `None`: not (yet) the leader.
     async fn create(&mut self) -> Result<Option<Won>> {
         let acquired_at = Timestamp::now();
-        let cm = lock_config_map(&self.lock, &self.me, acquired_at);
+        let mut cm = lock_config_map(&self.lock, &self.me, acquired_at);
+        let liveness = self.config().heartbeat();
+        if let Some(l) = liveness {
+            set_heartbeat(&mut cm, Some(l.advertised));
+        }
         let timeout = self.config().api_timeout;
         let params = PostParams::default();
+        let sent = Instant::now();
         let created = call(
             cm_op(&self.lock, "create"),
             timeout,
@@ -398,6 +429,7 @@ impl<'a> Election<'a> {
                     acquired_at: acquired_at.into(),
                     restarted: false,
                     token_stored: false,
+                    heartbeat_sent: liveness.map(|_| sent),
                 }))
             }
             Err(Failure::Conflict) => {
@@ -422,120 +454,36 @@ impl<'a> Election<'a> {
     }
 
     /// The lock is this Pod's own: continue as leader (with the lock's current
-    /// `resourceVersion` as the fencing token if it has none yet).
-    fn continue_as_leader(&mut self, lock: ConfigMap) -> Won {
+    /// `resourceVersion` as the fencing token if it has none yet), once its liveness heartbeat
+    /// says what this process does ([`adopt`]). `None`: that write failed; decide again.
+    async fn continue_as_leader(&mut self, lock: ConfigMap) -> Result<Option<Won>> {
         let record = LockRecord::from_config_map(&lock);
+        let (fencing_token, token_stored) = match record.fencing_token {
+            Some(token) => (token, true),
+            None => (fencing_token_of(&lock), false),
+        };
+        let liveness = self.config().heartbeat();
+        let timeout = self.config().api_timeout;
+        let (lock, heartbeat_sent) = match adopt(&self.configmaps, &self.lock, lock, liveness, timeout).await
+        {
+            Ok(adopted) => adopted,
+            Err(Failure::Fatal(e)) => return Err(e),
+            Err(e) => {
+                debug!(error = ?e, "writing the liveness heartbeat of this Pod's own lock failed; retrying");
+                self.arm_retry();
+                return Ok(None);
+            }
+        };
         info!(lock_uid = %record.uid,
             "found a lock held by this Pod (same UID), likely restarted; continuing as the leader");
-        Won {
-            fencing_token: record.fencing_token.unwrap_or_else(|| fencing_token_of(&lock)),
-            token_stored: record.fencing_token.is_some(),
+        Ok(Some(Won {
+            fencing_token,
+            token_stored,
             acquired_at: record.acquired_at.unwrap_or_else(SystemTime::now),
             lock,
             restarted: true,
-        }
-    }
-
-    /// Before creating a lock that went without its leader's release mark: reads the last
-    /// leader's Pod afresh, since the lock watch can bring the garbage collector's deletion
-    /// before the Pod watch brings the Pod's end.
-    async fn confirm_before_create(&mut self) -> Result<Confirmed> {
-        if self.fate.as_ref().is_some_and(|f| !f.released) {
-            return self.confirm_leader_pod().await;
-        }
-        Ok(Confirmed::Yes)
-    }
-
-    /// Reads the leader Pod afresh right before a stale-lock deletion: the watched state can be
-    /// old (a Pod watch that fails keeps the last state it saw, e.g. across an API server
-    /// restart), and a Pod re-created under the same name may lead with a new lock meanwhile,
-    /// which a stale view would take for "replaced".
-    async fn confirm_leader_pod(&mut self) -> Result<Confirmed> {
-        let timeout = self.config().api_timeout;
-        let Some(p) = self.leader_pod.as_mut() else {
-            // No other Pod to confirm (the lock is this Pod's own earlier one, or has no
-            // owner): the lock's UID precondition guards the deletion.
-            return Ok(Confirmed::Yes);
-        };
-        let op = pod_op(&self.lock.namespace, &p.name, "get");
-        match call(op, timeout, self.pods.get_opt(&p.name)).await {
-            Ok(pod) => {
-                let fresh = pod.as_ref().map_or(LeaderPod::Absent, |pod| {
-                    LeaderPod::Present(PodView::from_pod(pod))
-                });
-                if fresh == p.state {
-                    Ok(Confirmed::Yes)
-                } else {
-                    debug!(holder = %p.name, "the leader Pod changed since it was last seen; deciding again");
-                    p.state = fresh;
-                    Ok(Confirmed::Changed)
-                }
-            }
-            Err(Failure::Fatal(e)) => Err(e),
-            Err(e) => {
-                debug!(error = ?e, holder = %p.name, "cannot read the leader Pod to confirm the lock is stale; waiting");
-                self.arm_retry();
-                Ok(Confirmed::Unknown)
-            }
-        }
-    }
-
-    /// Deletes a dead leader's Pod in the background (best effort, UID precondition).
-    fn delete_dead_pod(&self, pod: PodRef) {
-        let (pods, ns) = (self.pods.clone(), self.lock.namespace.clone());
-        let task = delete_dead_pod(pods, ns, pod, self.config().api_timeout);
-        tokio::spawn(task.instrument(tracing::Span::current()));
-    }
-
-    /// Deletes a stale lock (UID precondition) and, by policy, the dead leader's Pod (in the
-    /// background). `true`: the lock is gone, so decide again at once.
-    async fn delete_stale(
-        &mut self,
-        lock_uid: &str,
-        why: &Stale,
-        proof: Proof,
-        delete_pod: Option<PodRef>,
-    ) -> Result<bool> {
-        info!(reason = %why, %proof, lock_uid, "the lock is stale; deleting it");
-        if let Some(pod) = delete_pod {
-            self.delete_dead_pod(pod);
-        }
-        let params = uid_precondition(lock_uid);
-        let timeout = self.config().api_timeout;
-        let deleted = call(
-            cm_op(&self.lock, "delete"),
-            timeout,
-            self.configmaps.delete(&self.lock.name, &params),
-        );
-        match deleted.await {
-            // Gone: by this delete, or already (the garbage collector, another candidate). Create
-            // at once rather than after the watch says so; the create is atomic anyway.
-            Ok(_) | Err(Failure::NotFound) => {
-                self.lock_state = LockState::Absent;
-                return Ok(true);
-            }
-            // Another lock by now: the watch brings it.
-            Err(Failure::Conflict) => debug!("the lock was replaced before it could be deleted"),
-            Err(Failure::Fatal(e)) => return Err(e),
-            Err(Failure::Transient(e)) => debug!(error = %e, "deleting the stale lock failed; retrying"),
-        }
-        self.arm_retry();
-        Ok(false)
-    }
-}
-
-/// Best effort: deletes a dead leader's Pod, if its UID is still the one seen.
-async fn delete_dead_pod(pods: Api<Pod>, namespace: String, pod: PodRef, timeout: Duration) {
-    info!(holder = %pod.name, "deleting the dead leader Pod");
-    let op = pod_op(&namespace, &pod.name, "delete");
-    match call(op, timeout, pods.delete(&pod.name, &uid_precondition(&pod.uid))).await {
-        Ok(_) | Err(Failure::NotFound | Failure::Conflict) => {}
-        Err(Failure::Fatal(e)) => {
-            warn!(error = %e, holder = %pod.name, "could not delete the dead leader Pod")
-        }
-        Err(Failure::Transient(e)) => {
-            debug!(error = %e, holder = %pod.name, "could not delete the dead leader Pod")
-        }
+            heartbeat_sent: heartbeat_sent.filter(|_| liveness.is_some()),
+        }))
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use super::heartbeat::Liveness;
 use crate::{
     discovery,
     error::{invalid, Result},
@@ -9,6 +10,9 @@ use crate::{
 
 /// The first retry delay of the fallback backoff: operator-sdk's `backoff := time.Second`.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The shortest [`ForLifeConfig::liveness`]: a heartbeat every 333 ms at most.
+pub(crate) const MIN_LIVENESS: Duration = Duration::from_secs(1);
 
 /// What [`ForLife::become_leader`](crate::ForLife::become_leader) does when no namespace can be
 /// found, which means that the process does not run in a cluster.
@@ -114,6 +118,30 @@ pub struct ForLifeConfig {
     pub api_timeout: Duration,
     /// Where the namespace and Pod name come from when not set. Default: this process.
     pub environment: Option<Environment>,
+    /// The liveness heartbeat, opt-in. `Some(liveness)`: the leader writes the lock's
+    /// [`RENEW_TIME_ANNOTATION`](crate::lock::RENEW_TIME_ANNOTATION) every third of
+    /// `liveness` (the first with the lock's create), and
+    /// [`Leadership::confirmed_until`](crate::Leadership::confirmed_until) is the send of the
+    /// last successful write plus `liveness`: **work gated on the term must stop by then** (as
+    /// with a Lease's renew deadline). A heartbeat that cannot be written does not end the term
+    /// (a partition of a live Pod hands nothing over): the confirmation lapses, and moves on
+    /// with the next heartbeat that gets through while the lock is still this term's.
+    ///
+    /// In exchange, a waiting candidate takes over a leader Pod that has ended (terminal, gone
+    /// or replaced; never a live one) once its heartbeat has not moved for the advertised
+    /// `liveness + liveness_grace` (rounded up to whole seconds) plus 2 s, by its own clock,
+    /// rather than after the Pod's grace period plus 2 s: the proof that remains when the
+    /// leader died with its work and wrote no release mark (a limit eviction SIGKILLs both).
+    ///
+    /// Default `None`: no heartbeat and no write while leading, as operator-sdk (one update
+    /// of the lock every `liveness / 3`, and a watch event to every waiting candidate, is the
+    /// cost). At least 1 s.
+    pub liveness: Option<Duration>,
+    /// With [`liveness`](Self::liveness): how long the work may still run after
+    /// [`confirmed_until`](crate::Leadership::confirmed_until) has passed (the sidecar's
+    /// SIGTERM → SIGKILL grace). Advertised in the lock with the liveness, so that successors
+    /// wait for it too. Default zero: the work stops by `confirmed_until`.
+    pub liveness_grace: Duration,
 }
 
 impl Default for ForLifeConfig {
@@ -128,6 +156,8 @@ impl Default for ForLifeConfig {
             not_ready_takeover: None,
             api_timeout: Duration::from_secs(10),
             environment: None,
+            liveness: None,
+            liveness_grace: Duration::ZERO,
         }
     }
 }
@@ -162,6 +192,8 @@ impl ForLifeConfig {
                 "NotReady takeover grace",
                 self.not_ready_takeover,
             ),
+            ("liveness", "liveness", self.liveness),
+            ("liveness_grace", "liveness grace", Some(self.liveness_grace)),
         ] {
             if let Some(d) = d.filter(|d| *d > max) {
                 return bad(field, format!("{what} must be at most {max:?}, got {d:?}"));
@@ -173,6 +205,14 @@ impl ForLifeConfig {
                 "the NotReady takeover grace must be greater than zero".into(),
             );
         }
+        if let Some(l) = self.liveness.filter(|l| *l < MIN_LIVENESS) {
+            return bad(
+                "liveness",
+                format!(
+                    "liveness must be at least {MIN_LIVENESS:?} (a heartbeat every third of it), got {l:?}"
+                ),
+            );
+        }
         if self.namespace.as_deref().is_some_and(|n| n.trim().is_empty()) {
             return bad("namespace", "namespace must not be empty".into());
         }
@@ -180,6 +220,16 @@ impl ForLifeConfig {
             return bad("pod_name", "Pod name must not be empty".into());
         }
         Ok(())
+    }
+}
+
+impl ForLifeConfig {
+    /// The heartbeat's timings, if it is on.
+    pub(super) fn heartbeat(&self) -> Option<Liveness> {
+        self.liveness.map(|confirm| Liveness {
+            confirm,
+            advertised: confirm.saturating_add(self.liveness_grace),
+        })
     }
 }
 
@@ -195,6 +245,7 @@ mod tests {
         assert_eq!(c.outside_cluster, OutsideCluster::Skip);
         assert_eq!(c.dead_leader_pod, DeadLeaderPod::DeleteEvicted);
         assert_eq!(c.not_ready_takeover, None);
+        assert_eq!(c.liveness, None, "no heartbeat: no write while leading");
         c.validate().unwrap();
     }
 
@@ -235,6 +286,20 @@ mod tests {
                     ..Default::default()
                 },
                 "grace must be at most",
+            ),
+            (
+                ForLifeConfig {
+                    liveness: Some(Duration::from_millis(999)),
+                    ..Default::default()
+                },
+                "liveness must be at least 1s",
+            ),
+            (
+                ForLifeConfig {
+                    liveness: Some(Duration::MAX),
+                    ..Default::default()
+                },
+                "liveness must be at most",
             ),
             (
                 ForLifeConfig {

@@ -9,6 +9,10 @@ use super::{
     record::{LeaderPod, LockRecord, Malformed, PodRef, PodView, DEFAULT_GRACE},
 };
 
+mod fate;
+
+pub(crate) use fate::Fate;
+
 /// The kubelet's shortest grace period when it stops a container without an override
 /// (`minimumGracePeriodInSeconds`, pkg/kubelet/kuberuntime/kuberuntime_manager.go in 1.20).
 pub(crate) const KUBELET_MIN_GRACE: Duration = Duration::from_secs(2);
@@ -150,6 +154,11 @@ pub(crate) enum Proof {
     /// The Pod's grace (plus [`KILL_MARGIN`]) has passed, by this candidate's clock, since it
     /// saw the Pod end (terminal, gone or replaced): the kubelet has killed its containers.
     GraceElapsed { waited: Duration },
+    /// The lock's liveness heartbeat has not moved for its advertised liveness (plus
+    /// [`KILL_MARGIN`]), by this candidate's clock since it last saw it move, and the Pod has
+    /// ended: the leader's work, bounded by its own last heartbeat's send plus that liveness,
+    /// has stopped.
+    LivenessLapsed { waited: Duration },
     /// No proof: the opt-in NotReady takeover, whose risk its documentation states.
     OptIn,
 }
@@ -167,66 +176,12 @@ impl fmt::Display for Proof {
                     "its Pod's grace period and the kill margin have passed ({waited:?})"
                 )
             }
+            Proof::LivenessLapsed { waited } => write!(
+                f,
+                "its leader's liveness heartbeat has not moved for its liveness and the kill margin ({waited:?})"
+            ),
             Proof::OptIn => f.write_str("the opt-in NotReady takeover"),
         }
-    }
-}
-
-/// What a waiting candidate saw of the end of a leader Pod, kept across decisions: on 1.20 the
-/// kubelet leaves little proof that a Pod's containers are gone (an eviction writes phase
-/// `Failed` without `containerStatuses` and only then kills them, and a terminal Pod's status is
-/// never synced again; a force-deleted Pod vanishes while its containers run).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Fate {
-    /// The leader Pod (from the lock's owner reference).
-    pub(crate) owner: PodRef,
-    /// The Pod's grace as last seen ([`PodView::grace`]); `None` if it was never seen.
-    pub(crate) grace: Option<Duration>,
-    /// A graceful deletion of this Pod was seen ([`PodView::graceful_deletion`]).
-    pub(crate) deletion_seen: bool,
-    /// When this candidate first saw the Pod terminal, gone or replaced.
-    pub(crate) ended_since: Option<Instant>,
-    /// The lock was last seen marked released by this leader.
-    pub(crate) released: bool,
-}
-
-// === impl Fate ===
-
-impl Fate {
-    /// Nothing seen yet of `owner`'s end.
-    pub(crate) fn new(owner: PodRef) -> Self {
-        Self {
-            owner,
-            grace: None,
-            deletion_seen: false,
-            ended_since: None,
-            released: false,
-        }
-    }
-
-    /// Takes in what the owner's Pod is now (seen at `now`).
-    pub(crate) fn observe(&mut self, pod: &LeaderPod, now: Instant) {
-        match pod {
-            LeaderPod::Unknown => {}
-            LeaderPod::Present(v) if v.uid == self.owner.uid => {
-                self.grace = Some(v.grace);
-                self.deletion_seen |= v.graceful_deletion;
-                if v.is_terminal() {
-                    self.ended_since.get_or_insert(now);
-                }
-            }
-            // Gone, or replaced by another Pod of that name.
-            _ => {
-                self.ended_since.get_or_insert(now);
-            }
-        }
-    }
-
-    /// When the grace proof holds: the grace (at least the kubelet's minimum, the API server's
-    /// default if the Pod was never seen) plus [`KILL_MARGIN`] after the end was first seen.
-    pub(crate) fn grace_deadline(&self) -> Option<Instant> {
-        let grace = self.grace.unwrap_or(DEFAULT_GRACE).max(KUBELET_MIN_GRACE);
-        self.ended_since.map(|t| t + grace + KILL_MARGIN)
     }
 }
 
@@ -267,7 +222,8 @@ impl fmt::Display for Waiting {
             Waiting::LeaderMayRun { holder, how } => write!(
                 f,
                 "the leader Pod {holder} {how}, but its containers may still run; waiting until its \
-                 leader releases the lock, its Pod's deletion completes, or its grace period has passed"
+                 leader releases the lock, its Pod's deletion completes, its liveness heartbeat lapses \
+                 (if its lock has one), or its grace period has passed"
             ),
             Waiting::LockTerminating => f.write_str("the lock is being deleted"),
             Waiting::Malformed(m) => write!(f, "{m}; waiting, never taking it over"),
@@ -363,7 +319,7 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
 /// (a force-deleted leader Pod, whose lock the garbage collector deleted at once) or is being
 /// deleted (its lock gone before it: an admin, or a foreground deletion).
 fn decide_without_lock(i: &Inputs<'_>) -> Decision {
-    let Some(fate) = i.fate.filter(|f| !f.released) else {
+    let Some(fate) = i.fate.filter(|f| !f.released && !f.proven) else {
         return Decision::Create;
     };
     let holder = fate.owner.name.clone();
@@ -468,8 +424,10 @@ fn decide_on_pod(
 /// runs nothing, or when the grace proof will hold.
 ///
 /// What proves it: a Pod that vanished after its graceful deletion was seen (the kubelet
-/// deletes a Pod for good only once its containers have stopped), or its grace period (plus
-/// [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase (the 1.20
+/// deletes a Pod for good only once its containers have stopped), its lock's liveness
+/// heartbeat not moving for its liveness (plus [`KILL_MARGIN`]) since last seen moving (the
+/// leader's work stops by its last heartbeat's send plus that liveness), or its grace period
+/// (plus [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase (the 1.20
 /// kubelet writes `Failed`/`Evicted` before it kills the containers), a missing, empty or
 /// "terminated" `containerStatuses` list (the kubelet's TerminatePod marks every container
 /// terminated without looking), a Pod that vanished without a graceful deletion seen (a force
@@ -485,12 +443,19 @@ fn proof(i: &Inputs<'_>, fate: Option<&Fate>, vanished: bool) -> Result<Proof, I
     let (Some(since), Some(deadline)) = (fate.ended_since, fate.grace_deadline()) else {
         return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);
     };
+    if let (Some(h), Some(lapsed)) = (&fate.heartbeat, fate.liveness_deadline()) {
+        if i.now >= lapsed {
+            return Ok(Proof::LivenessLapsed {
+                waited: i.now.saturating_duration_since(h.since),
+            });
+        }
+    }
     if i.now >= deadline {
         return Ok(Proof::GraceElapsed {
             waited: i.now.saturating_duration_since(since),
         });
     }
-    Err(deadline)
+    Err(fate.liveness_deadline().map_or(deadline, |l| l.min(deadline)))
 }
 
 /// Whether the policy deletes this dead leader Pod (never one already being deleted).

@@ -21,6 +21,7 @@ use super::{
     campaign::{Election, Won},
     config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster, INITIAL_BACKOFF},
     fencing::store_fencing_token,
+    heartbeat::Beat,
     keeper::Keeper,
     record::PodRef,
 };
@@ -46,7 +47,8 @@ pub(crate) const RBAC_HINT: &str =
 /// leader's Pod, and take over as soon as the lock is deleted, or delete it themselves (with a
 /// UID precondition) once the leader Pod is gone or has terminated and its containers are known
 /// to be gone: its leader [released](crate::Leadership::release) the lock, its graceful deletion
-/// completed, or its grace period (plus 2 s) has passed since that end was seen.
+/// completed, its opt-in [liveness heartbeat](Self::liveness) lapsed, or its grace period (plus
+/// 2 s) has passed since that end was seen.
 ///
 /// ```no_run
 /// # async fn run(client: kube::Client) -> kube_leader::Result<()> {
@@ -98,7 +100,8 @@ pub(crate) const RBAC_HINT: &str =
 ///     resources: ["configmaps"]
 ///     verbs: ["create"]
 ///   # the lock only: get, list, watch it (by name, with a field selector); update: write the
-///   # fencing token; delete: remove a stale lock (UID precondition) and step down
+///   # fencing token and the liveness heartbeat; delete: remove a stale lock (UID precondition)
+///   # and step down
 ///   - apiGroups: [""]
 ///     resources: ["configmaps"]
 ///     resourceNames: ["my-operator"]
@@ -248,6 +251,23 @@ impl ForLife {
         self
     }
 
+    /// Sets the liveness heartbeat (see [`ForLifeConfig::liveness`]); `None` (the default): off.
+    #[must_use]
+    pub fn liveness(mut self, liveness: Option<Duration>) -> Self {
+        self.node_check_disabled = Arc::default();
+        self.config.liveness = liveness;
+        self
+    }
+
+    /// Sets how long the work may run past its confirmation (see
+    /// [`ForLifeConfig::liveness_grace`]).
+    #[must_use]
+    pub fn liveness_grace(mut self, grace: Duration) -> Self {
+        self.node_check_disabled = Arc::default();
+        self.config.liveness_grace = grace;
+        self
+    }
+
     /// Sets where the namespace and Pod name come from when not set (see [`Environment`]).
     #[must_use]
     pub fn environment(mut self, environment: Environment) -> Self {
@@ -383,6 +403,21 @@ impl ForLife {
             store_fencing_token(cm, lock, me, won.lock.clone(), token, timeout, cap)
         });
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
+        let beat = self
+            .config
+            .heartbeat()
+            .zip(won.heartbeat_sent)
+            .map(|(liveness, sent)| Beat {
+                configmaps: configmaps.clone(),
+                lock: lock.clone(),
+                lock_uid: lock_uid.clone(),
+                me: me.clone(),
+                liveness,
+                fencing_token: won.fencing_token,
+                api_timeout: self.config.api_timeout,
+                current: won.lock.clone(),
+                last_sent: sent,
+            });
         let keeper = Keeper {
             configmaps,
             pods: Api::namespaced(self.client.clone(), &lock.namespace),
@@ -391,8 +426,14 @@ impl ForLife {
             me,
             api_timeout: self.config.api_timeout,
             backoff_cap: self.config.backoff_cap,
+            beat,
         };
         let leadership = Leadership::spawn(term, span, move |handle, done| {
+            if let Some(b) = &keeper.beat {
+                // The write that made the term carried the heartbeat: confirmed from its send,
+                // before the handle is returned.
+                handle.confirm_until(b.last_sent + b.liveness.confirm);
+            }
             if let Some(store) = store {
                 // Beside the keeper, so that taking over costs one write; ends with the term.
                 let done = done.clone();

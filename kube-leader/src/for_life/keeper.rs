@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::{
     config::INITIAL_BACKOFF,
     elector::{cm_op, pod_op, uid_precondition},
+    heartbeat::Beat,
     record::{LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
 };
 use crate::{
@@ -43,6 +44,8 @@ pub(super) struct Keeper {
     pub(super) me: PodRef,
     pub(super) api_timeout: Duration,
     pub(super) backoff_cap: Duration,
+    /// The liveness heartbeat, if on.
+    pub(super) beat: Option<Beat>,
 }
 
 // === impl Keeper ===
@@ -51,12 +54,21 @@ impl Keeper {
     /// Keeps the term: watches the lock and this Pod until either ends it, or the handle is
     /// dropped (the lock stays, to go with the Pod) or released (the lock is deleted).
     pub(super) async fn keep(
-        self,
+        mut self,
         handle: KeeperHandle,
         done: CancellationToken,
         shutdown: CancellationToken,
     ) -> Result<()> {
         let mut watches = Watches::new(&self);
+        let beat = self.beat.take();
+        let beating = beat.is_some();
+        let beat = async {
+            match beat {
+                Some(b) => b.run(&handle).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(beat);
         loop {
             let leading = !handle.is_lost();
             let seen = tokio::select! {
@@ -82,9 +94,10 @@ impl Keeper {
                     LockState::Unseen
                 }
                 () = sleep_until_opt(watches.poll_at), if leading => self.poll(&mut watches).await,
+                () = &mut beat, if leading && beating => LockState::Unseen,
             };
             if let Some(state) = seen.known() {
-                self.check(&handle, state);
+                check_lock(&handle, &self.lock_uid, &self.me, state);
             }
         }
     }
@@ -128,21 +141,6 @@ impl Keeper {
                 debug!(error = ?e, "reading the lock failed");
                 LockState::Unseen
             }
-        }
-    }
-
-    /// Ends leadership if the lock is gone or no longer this term's.
-    fn check(&self, handle: &KeeperHandle, state: Option<ConfigMap>) {
-        let Some(cm) = state else {
-            info!("the lock was deleted; no longer leading");
-            handle.lose(LossReason::LockDeleted);
-            return;
-        };
-        let record = LockRecord::from_config_map(&cm);
-        if record.uid != self.lock_uid || !record.is_owned_by(&self.me) {
-            let holder = record.holder().map(str::to_string);
-            info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
-            handle.lose(LossReason::LockReplaced { holder });
         }
     }
 
@@ -242,6 +240,22 @@ impl Keeper {
             Err(Failure::NotFound | Failure::Conflict) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Ends leadership if the lock (`state`, `None`: gone) is no longer the term's (`lock_uid`,
+/// owned by `me`).
+pub(super) fn check_lock(handle: &KeeperHandle, lock_uid: &str, me: &PodRef, state: Option<ConfigMap>) {
+    let Some(cm) = state else {
+        info!("the lock was deleted; no longer leading");
+        handle.lose(LossReason::LockDeleted);
+        return;
+    };
+    let record = LockRecord::from_config_map(&cm);
+    if record.uid != lock_uid || !record.is_owned_by(me) {
+        let holder = record.holder().map(str::to_string);
+        info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
+        handle.lose(LossReason::LockReplaced { holder });
     }
 }
 

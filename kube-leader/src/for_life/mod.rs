@@ -44,7 +44,9 @@
 //!   re-reads of a malformed lock.
 //! - A leader Pod that is gone, replaced, `Failed` (any reason) or `Succeeded` makes its lock
 //!   stale once its containers are known to be gone: its leader released the lock (marked
-//!   `kube-leader.io/released-at`), its graceful deletion completed, or its grace period plus
+//!   `kube-leader.io/released-at`), its graceful deletion completed, the lock's opt-in liveness
+//!   heartbeat (`kube-leader.io/renew-time`, see [`ForLifeConfig::liveness`]) has not moved for
+//!   its advertised `kube-leader.io/liveness-seconds` plus 2 s, or its grace period plus
 //!   2 s has passed since that end was seen (the 1.20 kubelet writes `Failed`/`Evicted` before
 //!   it kills the containers, and a force-deleted Pod vanishes while they run). The lock is
 //!   deleted with a UID precondition, so a newer lock is never deleted.
@@ -57,10 +59,12 @@ mod config;
 mod decide;
 mod elector;
 mod fencing;
+mod heartbeat;
 mod keeper;
 mod leader;
 mod node;
 mod record;
+mod takeover;
 
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
 pub use elector::ForLife;

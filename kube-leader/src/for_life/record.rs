@@ -14,8 +14,8 @@ use k8s_openapi::{
 };
 
 use crate::lock::{
-    LockRef, ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, MANAGED_BY_LABEL,
-    STRATEGY_LABEL,
+    LockRef, ACQUIRED_AT_ANNOTATION, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION, LIVENESS_ANNOTATION,
+    MANAGED_BY_LABEL, RENEW_TIME_ANNOTATION, STRATEGY_LABEL,
 };
 
 /// Set on the lock by its leader right before it deletes the lock on release, once its work
@@ -106,6 +106,20 @@ pub(crate) struct LockRecord {
     pub(crate) deleting: bool,
     /// [`RELEASED_ANNOTATION`] is set: its leader's work has stopped.
     pub(crate) released: bool,
+    /// The liveness heartbeat ([`RENEW_TIME_ANNOTATION`], [`LIVENESS_ANNOTATION`]): `Ok(None)`
+    /// without it (liveness off, an older kube-leader, operator-sdk), `Err` (what is wrong,
+    /// naming the annotation) if it cannot be read, which counts as without.
+    pub(crate) heartbeat: Result<Option<Heartbeat>, String>,
+}
+
+/// A lock's liveness heartbeat as its leader wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Heartbeat {
+    /// [`RENEW_TIME_ANNOTATION`]: only compared with the value seen before.
+    pub(crate) renew_time: String,
+    /// [`LIVENESS_ANNOTATION`]: nothing of the term runs this long after the send of its last
+    /// successful heartbeat.
+    pub(crate) liveness: Duration,
 }
 
 // === impl LockRecord ===
@@ -144,6 +158,7 @@ impl LockRecord {
                 .map(SystemTime::from),
             deleting: meta.deletion_timestamp.is_some(),
             released: annotation(RELEASED_ANNOTATION).is_some(),
+            heartbeat: heartbeat_of(&annotation),
         }
     }
 
@@ -156,6 +171,53 @@ impl LockRecord {
     pub(crate) fn holder(&self) -> Option<&str> {
         self.owner.as_ref().ok().map(|o| o.name.as_str())
     }
+}
+
+/// Reads the liveness heartbeat of a lock (see [`LockRecord::heartbeat`]).
+fn heartbeat_of<'a>(annotation: &impl Fn(&str) -> Option<&'a str>) -> Result<Option<Heartbeat>, String> {
+    let (renew, liveness) = (annotation(RENEW_TIME_ANNOTATION), annotation(LIVENESS_ANNOTATION));
+    let (renew, liveness) = match (renew, liveness) {
+        (None, None) => return Ok(None),
+        (Some(r), Some(l)) => (r, l),
+        (None, Some(_)) => {
+            return Err(format!(
+                "{LIVENESS_ANNOTATION} is set without {RENEW_TIME_ANNOTATION}"
+            ))
+        }
+        (Some(_), None) => {
+            return Err(format!(
+                "{RENEW_TIME_ANNOTATION} is set without {LIVENESS_ANNOTATION}"
+            ))
+        }
+    };
+    if renew.parse::<Timestamp>().is_err() {
+        return Err(format!(
+            "{RENEW_TIME_ANNOTATION} {renew:?} is not an RFC 3339 time"
+        ));
+    }
+    match liveness.parse::<u32>() {
+        Ok(secs) if secs > 0 => Ok(Some(Heartbeat {
+            renew_time: renew.to_string(),
+            liveness: Duration::from_secs(secs.into()),
+        })),
+        _ => Err(format!(
+            "{LIVENESS_ANNOTATION} {liveness:?} is not a whole number of seconds above zero"
+        )),
+    }
+}
+
+/// Sets the liveness heartbeat on `cm`: renewed now, advertising `advertised` (rounded up to
+/// whole seconds); `None` removes it.
+pub(crate) fn set_heartbeat(cm: &mut ConfigMap, advertised: Option<Duration>) {
+    let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    let Some(advertised) = advertised else {
+        annotations.remove(RENEW_TIME_ANNOTATION);
+        annotations.remove(LIVENESS_ANNOTATION);
+        return;
+    };
+    let secs = advertised.as_secs() + u64::from(advertised.subsec_nanos() > 0);
+    annotations.insert(RENEW_TIME_ANNOTATION.to_string(), Timestamp::now().to_string());
+    annotations.insert(LIVENESS_ANNOTATION.to_string(), secs.to_string());
 }
 
 /// The owner reference to `pod` that a lock carries: `apiVersion: v1, kind: Pod, name, uid`.

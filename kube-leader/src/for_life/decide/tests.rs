@@ -25,6 +25,7 @@ fn lock(owner: Result<PodRef, Malformed>) -> LockRecord {
         acquired_at: None,
         deleting: false,
         released: false,
+        heartbeat: Ok(None),
     }
 }
 
@@ -335,4 +336,5 @@ fn messages() {
     );
 }
 
+mod liveness;
 mod proof;

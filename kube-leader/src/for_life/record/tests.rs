@@ -332,3 +332,54 @@ mod props {
         }
     }
 }
+
+fn with_annotations(pairs: &[(&str, &str)]) -> LockRecord {
+    let mut cm = lock_config_map(&lock(), &me(), Timestamp::now());
+    let a = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in pairs {
+        a.insert((*k).to_string(), (*v).to_string());
+    }
+    LockRecord::from_config_map(&cm)
+}
+
+#[test]
+fn the_liveness_heartbeat_reads_back_and_a_malformed_one_counts_as_none() {
+    let renew = "2024-05-06T07:08:09.123456Z";
+    let r = with_annotations(&[(RENEW_TIME_ANNOTATION, renew), (LIVENESS_ANNOTATION, "7")]);
+    assert_eq!(
+        r.heartbeat,
+        Ok(Some(Heartbeat {
+            renew_time: renew.into(),
+            liveness: Duration::from_secs(7),
+        }))
+    );
+    assert_eq!(
+        with_annotations(&[]).heartbeat,
+        Ok(None),
+        "no heartbeat: an older lock"
+    );
+    for (pairs, names) in [
+        (
+            vec![(RENEW_TIME_ANNOTATION, renew), (LIVENESS_ANNOTATION, "x")],
+            LIVENESS_ANNOTATION,
+        ),
+        (
+            vec![(RENEW_TIME_ANNOTATION, renew), (LIVENESS_ANNOTATION, "0")],
+            LIVENESS_ANNOTATION,
+        ),
+        (
+            vec![(RENEW_TIME_ANNOTATION, renew), (LIVENESS_ANNOTATION, "-3")],
+            LIVENESS_ANNOTATION,
+        ),
+        (vec![(LIVENESS_ANNOTATION, "7")], RENEW_TIME_ANNOTATION),
+        (
+            vec![(RENEW_TIME_ANNOTATION, "yesterday"), (LIVENESS_ANNOTATION, "7")],
+            RENEW_TIME_ANNOTATION,
+        ),
+        (vec![(RENEW_TIME_ANNOTATION, renew)], LIVENESS_ANNOTATION),
+    ] {
+        let r = with_annotations(&pairs);
+        let err = r.heartbeat.expect_err("malformed");
+        assert!(err.contains(names), "{err} should name {names}");
+    }
+}

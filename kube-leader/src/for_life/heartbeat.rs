@@ -1,0 +1,165 @@
+//! The leader-for-life liveness heartbeat: the leader renews two annotations of its lock
+//! ([`RENEW_TIME_ANNOTATION`](crate::lock::RENEW_TIME_ANNOTATION),
+//! [`LIVENESS_ANNOTATION`](crate::lock::LIVENESS_ANNOTATION)) every third of its liveness,
+//! and its term is confirmed until the send of the last successful write plus the liveness.
+//! A waiting candidate takes over an ended leader Pod once that heartbeat has not moved for the
+//! advertised liveness plus the kill margin (see the [decision](super::decide)).
+//!
+//! A heartbeat that cannot be written does not end the term (leader for life: a partition of
+//! a live Pod is no reason to hand over); its confirmation lapses, and moves on with the next
+//! heartbeat that gets through while the lock is still this term's (UID and owner).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{api::PostParams, Api};
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::{
+    elector::cm_op,
+    keeper::check_lock,
+    record::{set_heartbeat, with_fencing_token, LockRecord, PodRef},
+};
+use crate::{
+    api::{call, Failure},
+    leadership::KeeperHandle,
+    lock::LockRef,
+};
+
+/// The heartbeat's timings, from [`ForLifeConfig`](super::ForLifeConfig).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Liveness {
+    /// How long a heartbeat confirms the term, from its send.
+    pub(super) confirm: Duration,
+    /// What the lock advertises: `confirm` plus the time the work may take to stop after.
+    pub(super) advertised: Duration,
+}
+
+// === impl Liveness ===
+
+impl Liveness {
+    /// A heartbeat every third of the confirmed window: two may fail before it lapses.
+    pub(super) fn period(&self) -> Duration {
+        self.confirm / 3
+    }
+}
+
+/// The lock found to be this Pod's own (a restart), made to say what this process does: with
+/// a heartbeat renewed now, or without any (a former process may have written one this one
+/// will not renew, which would let a candidate take over while this one works). Writes only
+/// if something changes, with the `resourceVersion` as precondition. Returns the lock and, if
+/// written, when the write was sent.
+pub(super) async fn adopt(
+    configmaps: &Api<ConfigMap>,
+    lock: &LockRef,
+    cm: ConfigMap,
+    liveness: Option<Liveness>,
+    timeout: Duration,
+) -> Result<(ConfigMap, Option<Instant>), Failure> {
+    let has = LockRecord::from_config_map(&cm)
+        .heartbeat
+        .is_ok_and(|h| h.is_some());
+    if liveness.is_none() && !has {
+        return Ok((cm, None));
+    }
+    let mut desired = cm;
+    set_heartbeat(&mut desired, liveness.map(|l| l.advertised));
+    let sent = Instant::now();
+    let params = PostParams::default();
+    let replace = configmaps.replace(&lock.name, &params, &desired);
+    let written = call(cm_op(lock, "update"), timeout, replace).await?;
+    Ok((written, Some(sent)))
+}
+
+/// The leader's heartbeat, beside its keeper's watches.
+pub(super) struct Beat {
+    pub(super) configmaps: Api<ConfigMap>,
+    pub(super) lock: LockRef,
+    pub(super) lock_uid: String,
+    pub(super) me: PodRef,
+    pub(super) liveness: Liveness,
+    pub(super) fencing_token: u64,
+    pub(super) api_timeout: Duration,
+    /// The lock as last written or read: its `resourceVersion` is the next write's
+    /// precondition.
+    pub(super) current: ConfigMap,
+    /// When the last heartbeat (or the write that made this term) was sent.
+    pub(super) last_sent: Instant,
+}
+
+// === impl Beat ===
+
+impl Beat {
+    /// Renews the heartbeat every [`Liveness::period`] while the term lasts; never returns.
+    /// Finds the lock gone or replaced (on a conflict or a 404), ends the term with `handle`.
+    pub(super) async fn run(mut self, handle: &KeeperHandle) {
+        let mut next = self.last_sent + self.liveness.period();
+        loop {
+            tokio::time::sleep_until(next).await;
+            if handle.is_lost() {
+                return std::future::pending().await;
+            }
+            let sent = Instant::now();
+            match self.write().await {
+                Ok(()) => {
+                    self.last_sent = sent;
+                    handle.confirm_until(sent + self.liveness.confirm);
+                }
+                Err(Failure::Conflict | Failure::NotFound) => {
+                    debug!("the lock changed since the last heartbeat; re-reading it");
+                    if self.reread(handle).await {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    debug!(error = ?e, "writing the heartbeat failed; the confirmation lapses unless the next one gets through")
+                }
+            }
+            next = (sent + self.liveness.period()).max(Instant::now());
+        }
+    }
+
+    /// One heartbeat: the lock as last known, renewed (with the fencing token: writes go
+    /// whole anyway).
+    async fn write(&mut self) -> Result<(), Failure> {
+        let mut desired = with_fencing_token(self.current.clone(), self.fencing_token);
+        set_heartbeat(&mut desired, Some(self.liveness.advertised));
+        // A write that has not returned within the confirmed window confirms nothing more.
+        let timeout = self.api_timeout.min(self.liveness.confirm);
+        let params = PostParams::default();
+        let replace = self.configmaps.replace(&self.lock.name, &params, &desired);
+        self.current = call(cm_op(&self.lock, "update"), timeout, replace).await?;
+        Ok(())
+    }
+
+    /// Reads the lock after a conflict: `true` if it is still this term's (write again now).
+    async fn reread(&mut self, handle: &KeeperHandle) -> bool {
+        let get = self.configmaps.get_opt(&self.lock.name);
+        match call(cm_op(&self.lock, "get"), self.api_timeout, get).await {
+            Ok(state) => {
+                check_lock(handle, &self.lock_uid, &self.me, state.clone());
+                match state {
+                    Some(cm) if !handle.is_lost() => {
+                        self.current = cm;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Err(e) => {
+                debug!(error = ?e, "re-reading the lock failed");
+                false
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Beat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Beat")
+            .field("lock", &self.lock)
+            .field("liveness", &self.liveness)
+            .finish_non_exhaustive()
+    }
+}
