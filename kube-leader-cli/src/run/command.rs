@@ -34,9 +34,9 @@ pub(super) struct Running<'a> {
     lease: bool,
     /// Leader for life with a liveness heartbeat: the library's
     /// [`confirmed_until`](Leadership::confirmed_until), the send of its last successful
-    /// heartbeat plus the liveness, confirms COMMAND (not this loop's own heartbeats).
+    /// heartbeat plus the liveness, caps what this loop's own heartbeats confirm.
     confirmations: Option<watch::Receiver<Option<Instant>>>,
-    /// Confirmed by heartbeats from this loop: leader for life without a liveness heartbeat.
+    /// Confirmed by heartbeats from this loop (leader for life; capped by `confirmations`).
     pings: bool,
     renewals: watch::Receiver<Renewals>,
     seen: Renewals,
@@ -85,7 +85,7 @@ impl<'a> Running<'a> {
             process,
             sup: control,
             lease,
-            pings: !lease && confirmations.is_none(),
+            pings: !lease,
             confirmations,
             renewals,
             seen,
@@ -104,7 +104,7 @@ impl<'a> Running<'a> {
             (true, true, Some(sent), _) => sent + self.deadline,
             // The lease handle says it leads, but no renewal is known: nothing is confirmed.
             (true, _, _, _) => Instant::now(),
-            (false, _, _, Some(until)) => until.unwrap_or_else(Instant::now),
+            (false, _, _, Some(until)) => self.pinged(Some(until)),
             (false, _, _, None) => Instant::now() + self.deadline,
         };
         self.sup.start(first, env).await;
@@ -137,19 +137,36 @@ impl<'a> Running<'a> {
                     }
                 }
                 changed = changed_or_pending(self.confirmations.as_mut()) => match changed {
-                    Some(until) if !self.lost => self.sup.confirm_until(until).await,
+                    Some(until) if !self.lost => {
+                        let until = self.pinged(Some(Some(until)));
+                        self.sup.confirm_until(until).await;
+                    }
                     Some(_) => {}
                     // The keeper is gone: nothing confirms COMMAND any more.
                     None => self.confirmations = None,
                 },
                 _ = ping.tick(), if self.pings => {
                     // No renewals to wait for: heartbeats say that kube-leader's loop runs and
-                    // the strategy has not reported a loss.
+                    // the strategy has not reported a loss (capped by the liveness heartbeat's
+                    // confirmation, where there is one).
                     if !self.lost {
-                        self.sup.confirm_until(Instant::now() + self.deadline).await;
+                        let until = self.pinged(self.confirmations.as_ref().map(|c| *c.borrow()));
+                        self.sup.confirm_until(until).await;
                     }
                 }
             }
+        }
+    }
+
+    /// Leader for life: COMMAND is confirmed while this loop runs (its pings: the renew
+    /// deadline from now, so a frozen kube-leader has COMMAND stopped by the renew deadline)
+    /// and, with a liveness heartbeat, no longer than the library's `confirmed` (`Some(None)`:
+    /// nothing is confirmed).
+    fn pinged(&self, confirmed: Option<Option<Instant>>) -> Instant {
+        let now = Instant::now();
+        match confirmed {
+            None => now + self.deadline,
+            Some(until) => until.map_or(now, |u| u.min(now + self.deadline)),
         }
     }
 
