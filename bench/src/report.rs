@@ -662,9 +662,8 @@ impl Results {
                 s,
                 "- Requests in the window by verb and HTTP status: {}. Ideal: one `update` per shard per retry \
                  period, plus one for the membership Lease; the watch of all the set's Leases is one request \
-                 per 290 s. Lease watches the API server closed because their reader fell behind: {}.\n",
-                by_code.join("; "),
-                m.terminated_watchers.map_or("not readable".to_string(), |n| n.to_string())
+                 per 290 s.\n",
+                by_code.join("; ")
             );
         }
         if let Some(r) = &self.shard_replicas {

@@ -39,9 +39,6 @@ pub(crate) struct OneProcess {
     pub(crate) memory: Memory,
     /// Shards lost (loss token fired) during the window.
     pub(crate) lost: usize,
-    /// Lease watches the API server closed during the window because their reader fell behind
-    /// (`apiserver_terminated_watchers_total{resource="leases"}`; `None`: not readable).
-    pub(crate) terminated_watchers: Option<u64>,
 }
 
 impl OneProcess {
@@ -218,11 +215,9 @@ async fn measure_one(
     let before = fleet.events().len();
     let log = audit::log_path(b.cp.dir());
     let cpu0 = procfs::cpu_time(pid).context("the shard candidate exited")?;
-    let terminated0 = terminated_lease_watchers(&b.admin).await;
     let w = audit::Window::open(&log)?;
     tokio::time::sleep(window).await;
     let requests = w.requests()?;
-    let terminated1 = terminated_lease_watchers(&b.admin).await;
     let elapsed = w.elapsed();
     let cpu1 = procfs::cpu_time(pid).context("the shard candidate exited")?;
     let mut by_verb = ByVerb::new();
@@ -249,24 +244,7 @@ async fn measure_one(
         cpu: (cpu1 - cpu0).as_secs_f64() / elapsed.as_secs_f64(),
         memory: Memory::of(pid).context("the shard candidate exited")?,
         lost,
-        terminated_watchers: terminated0.zip(terminated1).map(|(a, b)| b.saturating_sub(a)),
     })
-}
-
-/// The API server's count of Lease watches it closed because their reader did not keep up
-/// (its watch cache gives each watcher a buffer of 10 events for Leases and closes the watch
-/// when the buffer stays full past its dispatch budget).
-async fn terminated_lease_watchers(admin: &kube::Client) -> Option<u64> {
-    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
-    let text = admin.request_text(req).await.ok()?;
-    Some(
-        text.lines()
-            .filter(|l| {
-                l.starts_with("apiserver_terminated_watchers_total{") && l.contains("resource=\"leases\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64,
-    )
 }
 
 /// `replicas` replicas sharing `shards` shards: spread after start, idle load, a join, a crash.
