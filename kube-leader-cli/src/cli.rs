@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{exit, version};
 
+mod elect;
 mod parse;
 #[cfg(test)]
 mod props;
@@ -17,6 +18,7 @@ mod tests;
 mod validate;
 mod values;
 
+pub(crate) use elect::ElectArgs;
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, FOR_LIFE_GRACE};
 use values::{parse_identity, parse_lock_name, parse_namespace};
@@ -58,6 +60,10 @@ pub(crate) enum Command {
     /// Wait until this candidate leads, then run COMMAND; stop it when leadership is lost.
     #[command(after_help = exit::CODES_HELP, after_long_help = exit::CODES_HELP)]
     Run(RunArgs),
+    /// Campaign without COMMAND and serve who leads over HTTP (`GET /`: `{"name",
+    /// "last_update"}`, `GET /sse`), as the retired leader-elector sidecar and nais/elector did.
+    #[command(after_help = exit::CODES_HELP, after_long_help = exit::CODES_HELP)]
+    Elect(ElectArgs),
     /// Print the current leader of a lock, without being a candidate.
     #[command(after_help = exit::CODES_HELP)]
     Status(StatusArgs),
@@ -110,6 +116,17 @@ pub(crate) enum OutsideClusterArg {
     Skip,
     /// Exit with a configuration error (the default: a sidecar fails closed).
     Fail,
+}
+
+/// What a leader for life does with the Pod of a dead leader whose lock it takes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DeadLeaderPodArg {
+    /// Leave the Pod alone: `run` and `kube-leader rbac` need no `delete pods`.
+    Keep,
+    /// Delete it if it was evicted (operator-sdk's behaviour; the default).
+    DeleteEvicted,
+    /// Delete it in any terminal phase (Failed for any reason, or Succeeded).
+    DeleteTerminal,
 }
 
 /// Output format of `status`.
@@ -216,12 +233,12 @@ pub(crate) struct RunArgs {
     pub(crate) label_pod: bool,
 
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
-    /// namespace file): fail (exit 2), or skip the election and run COMMAND — in every replica
+    /// namespace file): fail (exit 125), or skip the election and run COMMAND — in every replica
     /// that finds no namespace.
     #[arg(long, value_enum, default_value_t = OutsideClusterArg::Fail, value_name = "POLICY")]
     pub(crate) on_outside_cluster: OutsideClusterArg,
 
-    /// How long to retry reaching the API server at start before giving up (exit code 4).
+    /// How long to retry reaching the API server at start before giving up (exit code 123).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub(crate) connect_timeout: Duration,
 
@@ -233,6 +250,14 @@ pub(crate) struct RunArgs {
     /// refused. Needs `get nodes` (a ClusterRole); without it, one warning and no takeover.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) not_ready_takeover: Option<Duration>,
+
+    /// Leader for life only: what a candidate that takes over from a dead leader (Pod phase
+    /// Failed or Succeeded) does with that Pod: keep it, delete it if it was evicted, or delete
+    /// it in any terminal phase [default: delete-evicted, as operator-sdk]. Failover never waits
+    /// for the Pod object either way; deleting needs `delete pods`, keep does not (`kube-leader
+    /// rbac --dead-leader-pod keep`).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub(crate) dead_leader_pod: Option<DeadLeaderPodArg>,
 
     /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
     /// with its shards: KUBE_LEADER_SHARD_SET (and the file KUBE_LEADER_SHARDS_FILE) at start;
@@ -269,7 +294,7 @@ pub(crate) struct StatusArgs {
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, value_name = "FORMAT")]
     pub(crate) output: OutputFormat,
 
-    /// How long to retry reaching the API server before giving up (exit code 4).
+    /// How long to retry reaching the API server before giving up (exit code 123).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub(crate) connect_timeout: Duration,
 }
@@ -289,6 +314,11 @@ pub(crate) struct RbacArgs {
     /// Also grant what `run --label-pod` needs (patch pods).
     #[arg(long)]
     pub(crate) label_pod: bool,
+
+    /// The Role of `run --dead-leader-pod POLICY` (leader for life): `keep` needs no `delete
+    /// pods` [default: delete-evicted].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub(crate) dead_leader_pod: Option<DeadLeaderPodArg>,
 
     /// The Role of `run --shards M` (shard Leases LOCK-0 .. LOCK-<M-1> and the membership
     /// Leases; --strategy does not apply).
