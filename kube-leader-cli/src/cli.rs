@@ -306,8 +306,8 @@ pub(crate) struct RbacArgs {
     pub(crate) lock: LockArgs,
 
     /// The ServiceAccount the RoleBinding grants the Role to, named in the output's first
-    /// comment lines; `default` is the namespace's ServiceAccount of every Pod that sets no
-    /// serviceAccountName.
+    /// comment lines and printed with it; `default` (not printed: every namespace has it) is
+    /// the ServiceAccount of every Pod that sets no serviceAccountName.
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_lock_name)]
     pub(crate) service_account: String,
 

@@ -887,7 +887,12 @@ async fn status_server_endpoints_and_an_event_on_failover() {
     wait_for("b sees a", WAIT, || {
         (get_json(b_addr, "/")["name"] == "a").then_some(())
     });
-    assert_eq!(get_json(a_addr, "/"), serde_json::json!({"name": "a"}));
+    // leader-elector's `name` and nais/elector's `last_update` (RFC 3339, to the second).
+    let root = get_json(a_addr, "/");
+    assert_eq!(root["name"], "a", "{root}");
+    let last_update = root["last_update"].as_str().unwrap_or_default();
+    assert!(last_update.len() == 20 && last_update.ends_with('Z'), "{root}");
+    assert_eq!(root.as_object().map(|o| o.len()), Some(2), "{root}");
     let leader = get_json(a_addr, "/leader");
     assert_eq!(leader["holder"], "a");
     assert_eq!(leader["is_leader"], true);
