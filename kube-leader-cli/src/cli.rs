@@ -69,6 +69,9 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Print the least-privilege Role and RoleBinding for `run` with these options.
     Rbac(RbacArgs),
+    /// Copy this binary to DIR/kube-leader (mode 0755), for an initContainer that puts it into
+    /// an emptyDir the program's own container runs it from (an image without cp or sh).
+    Install(InstallArgs),
     /// Print a shell completion script: `kube-leader completions bash > /etc/bash_completion.d/kube-leader`.
     Completions(CompletionsArgs),
     /// Internal: the process between `kube-leader run` and COMMAND that stops COMMAND when
@@ -330,6 +333,14 @@ pub(crate) struct RbacArgs {
     /// Lease of the namespace (their names contain the identities).
     #[arg(long = "identity", value_name = "ID", requires = "shards", value_parser = parse_identity)]
     pub(crate) identities: Vec<String>,
+}
+
+/// `kube-leader install`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct InstallArgs {
+    /// The directory to copy the binary into (it must exist: an emptyDir's mount point).
+    #[arg(value_name = "DIR")]
+    pub(crate) dir: PathBuf,
 }
 
 /// `kube-leader completions`.

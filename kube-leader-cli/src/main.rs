@@ -19,6 +19,7 @@ mod client;
 mod elect;
 mod elector;
 mod exit;
+mod install;
 mod label;
 mod metrics;
 mod rbac;
@@ -69,6 +70,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
+            Command::Install(args) => install::install(&args.dir),
             Command::Completions(args) => Ok(cli::completions(args.shell)),
             Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),
             Command::Exec(_) => unreachable!("handled before the runtime starts"),

@@ -523,6 +523,27 @@ fn rbac_for_dead_leader_pod_keep_grants_no_delete_pods() {
     assert!(default.contains(&format!("{pods}, \"delete\"]")), "{default}");
 }
 
+/// `kube-leader install DIR`: the copy runs; a DIR that is not there is named, exit 125.
+#[test]
+fn install_copies_the_binary_and_names_a_missing_dir() {
+    let dir = scratch_dir("install");
+    let out = Command::new(BIN).arg("install").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let copy = Command::new(dir.join("kube-leader")).arg("-V").output().unwrap();
+    assert!(copy.status.success(), "{copy:?}");
+    let original = Command::new(BIN).arg("-V").output().unwrap();
+    assert_eq!(copy.stdout, original.stdout);
+    let missing = dir.join("no-such-dir");
+    let out = Command::new(BIN).arg("install").arg(&missing).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not exist") && stderr.contains("no-such-dir"),
+        "{stderr}"
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
 #[test]
 fn help_and_version() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
