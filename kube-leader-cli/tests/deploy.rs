@@ -446,7 +446,7 @@ async fn kubectl_apply_k_deploy_is_restricted_with_limits_and_a_pdb() {
 fn one_kustomization_names_everything_without_dangling_references() {
     let cp = ControlPlane::shared();
     let out = kubectl(cp, &["kustomize", deploy_dir().join("example").to_str().unwrap()]);
-    let objects: Vec<Value> = out.split("\n---\n").map(|doc| serde_yaml_json(doc)).collect();
+    let objects: Vec<Value> = out.split("\n---\n").map(yaml_to_json).collect();
     let named = |kind: &str| -> Vec<String> {
         objects
             .iter()
@@ -498,7 +498,7 @@ fn one_kustomization_names_everything_without_dangling_references() {
 
 /// One YAML document as JSON, through kubectl's own reader (no YAML crate here; a 1.20 API
 /// server knows the PodDisruptionBudget as policy/v1beta1, with the same fields).
-fn serde_yaml_json(doc: &str) -> Value {
+fn yaml_to_json(doc: &str) -> Value {
     let cp = ControlPlane::shared();
     let doc = doc.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
     let doc = doc.as_str();
