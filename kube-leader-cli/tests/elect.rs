@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube_leader_testenv::{create_pod, ControlPlane};
+use kube_leader_testenv::{create_pod, pod, set_pod_phase, ControlPlane};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -287,4 +287,48 @@ async fn elect_for_life_names_the_leader_pod() {
     assert_eq!(leader(p2_addr), "p2", "{}", p2.log_text());
     drop(p1);
     let _ = fs::remove_dir_all(dir);
+}
+
+/// `--dead-leader-pod` reaches the library: a leader for life killed and its Pod evicted is
+/// taken over either way; `keep` leaves the evicted Pod, the default (`delete-evicted`) deletes
+/// it.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_leader_pod_keep_leaves_the_evicted_pod_and_the_default_deletes_it() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    for (policy, kept) in [(Some("keep"), true), (None, false)] {
+        let ns = cp.namespace().await;
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client.clone(), ns.name());
+        for name in ["p1", "p2"] {
+            let mut p = pod(name);
+            // The takeover waits for the dead leader's grace period (+ 2 s): keep it short.
+            p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
+            pods.create(&Default::default(), &p).await.unwrap();
+        }
+        let dir = scratch_dir("dead-leader-pod");
+        let mut flags = vec!["--lock", "dead", "--namespace", ns.name()];
+        if let Some(policy) = policy {
+            flags.extend(["--dead-leader-pod", policy]);
+        }
+        let env = |pod: &'static str| [("POD_NAME", pod), ("POD_NAMESPACE", ns.name())];
+        let mut p1 = Elect::spawn(cp.kubeconfig_path(), &dir, "p1", &flags, &env("p1"));
+        let p1_addr = p1.addr();
+        wait_for("p1 leads", WAIT, || (leader(p1_addr) == "p1").then_some(()));
+        let p2 = Elect::spawn(cp.kubeconfig_path(), &dir, "p2", &flags, &env("p2"));
+        let p2_addr = p2.addr();
+        wait_for("p2 sees p1", WAIT, || (leader(p2_addr) == "p1").then_some(()));
+        // The leader dies without a word, and its Pod is evicted.
+        p1.child.kill().unwrap();
+        let _ = p1.child.wait();
+        set_pod_phase(&client, ns.name(), "p1", "Failed", Some("Evicted"))
+            .await
+            .unwrap();
+        wait_for("p2 takes over", WAIT, || (leader(p2_addr) == "p2").then_some(()));
+        // Give a deletion the time it would take, then look.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let exists = pods.get_opt("p1").await.unwrap().is_some();
+        assert_eq!(exists, kept, "--dead-leader-pod {policy:?}: {}", p2.log_text());
+        let _ = fs::remove_dir_all(dir);
+    }
 }
