@@ -729,28 +729,25 @@ async fn outside_a_pod_the_election_is_skipped_or_fails_and_errors_are_clear() {
 /// The lock the shipped Role is limited to (`resourceNames`).
 const DEMO_LOCK: &str = "kube-leader-demo";
 
-/// The Role shipped in deploy/for-life/rbac-for-life.yaml, as kubectl reads it.
+/// The Role shipped in deploy/for-life/rbac-for-life.yaml, as `kubectl kustomize deploy/for-life`
+/// builds it (its lock, `$(KUBE_LEADER_LOCK)`, is the Deployment's name: [`DEMO_LOCK`]).
 fn example_role(cp: &ControlPlane) -> Role {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/for-life/rbac-for-life.yaml"
-    );
-    let out = cp
-        .kubectl()
-        .args(["create", "--dry-run=client", "-o", "json", "-f", path])
-        .output()
-        .unwrap();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/for-life");
+    let out = cp.kubectl().args(["kustomize", dir]).output().unwrap();
     assert!(
         out.status.success(),
         "kubectl: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // One JSON document per object.
-    let role = serde_json::Deserializer::from_slice(&out.stdout)
-        .into_iter::<serde_json::Value>()
-        .map(Result::unwrap)
-        .find(|o| o["kind"] == "Role")
-        .expect("a Role in deploy/for-life/rbac-for-life.yaml");
+    let built = String::from_utf8(out.stdout).unwrap();
+    let doc = built
+        .split("\n---\n")
+        .find(|doc| doc.lines().any(|l| l == "kind: Role"))
+        .expect("a Role in deploy/for-life");
+    let json = cp
+        .kubectl_with_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], doc)
+        .unwrap();
+    let role: serde_json::Value = serde_json::from_str(&json).unwrap();
     serde_json::from_value(role).unwrap()
 }
 

@@ -97,10 +97,10 @@ async fn a_candidate_with_another_shard_count_fails_naming_both() {
     four.finish().await.unwrap();
 }
 
-/// `kube-leader run --shards 5` beside a candidate of the set with 4 shards: it exits 2
+/// `kube-leader run --shards 5` beside a candidate of the set with 4 shards: it exits 125
 /// (a configuration error) with the message naming both counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sidecar_with_another_shard_count_exits_2() {
+async fn the_sidecar_with_another_shard_count_exits_125() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let client = cp.client().await;
@@ -146,7 +146,7 @@ async fn the_sidecar_with_another_shard_count_exits_2() {
     .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stderr}");
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
     for want in ["mixed", "\"four\"", "\"five\"", "4 shards", "5 shards"] {
         assert!(stderr.contains(want), "{stderr:?} should name {want}");
     }

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{exit, version};
 
+mod elect;
 mod parse;
 #[cfg(test)]
 mod props;
@@ -17,6 +18,7 @@ mod tests;
 mod validate;
 mod values;
 
+pub(crate) use elect::ElectArgs;
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
@@ -58,11 +60,18 @@ pub(crate) enum Command {
     /// Wait until this candidate leads, then run COMMAND; stop it when leadership is lost.
     #[command(after_help = exit::CODES_HELP, after_long_help = exit::CODES_HELP)]
     Run(RunArgs),
+    /// Campaign without COMMAND and serve who leads over HTTP (`GET /`: `{"name",
+    /// "last_update"}`, `GET /sse`), as the retired leader-elector sidecar and nais/elector did.
+    #[command(after_help = exit::CODES_HELP, after_long_help = exit::CODES_HELP)]
+    Elect(ElectArgs),
     /// Print the current leader of a lock, without being a candidate.
     #[command(after_help = exit::CODES_HELP)]
     Status(StatusArgs),
     /// Print the least-privilege Role and RoleBinding for `run` with these options.
     Rbac(RbacArgs),
+    /// Copy this binary to DIR/kube-leader (mode 0755), for an initContainer that puts it into
+    /// an emptyDir the program's own container runs it from (an image without cp or sh).
+    Install(InstallArgs),
     /// Print a shell completion script: `kube-leader completions bash > /etc/bash_completion.d/kube-leader`.
     Completions(CompletionsArgs),
     /// Internal: the process between `kube-leader run` and COMMAND that stops COMMAND when
@@ -110,6 +119,17 @@ pub(crate) enum OutsideClusterArg {
     Skip,
     /// Exit with a configuration error (the default: a sidecar fails closed).
     Fail,
+}
+
+/// What a leader for life does with the Pod of a dead leader whose lock it takes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DeadLeaderPodArg {
+    /// Leave the Pod alone: `run` and `kube-leader rbac` need no `delete pods`.
+    Keep,
+    /// Delete it if it was evicted (operator-sdk's behaviour; the default).
+    DeleteEvicted,
+    /// Delete it in any terminal phase (Failed for any reason, or Succeeded).
+    DeleteTerminal,
 }
 
 /// Output format of `status`.
@@ -216,12 +236,12 @@ pub(crate) struct RunArgs {
     pub(crate) label_pod: bool,
 
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
-    /// namespace file): fail (exit 2), or skip the election and run COMMAND — in every replica
+    /// namespace file): fail (exit 125), or skip the election and run COMMAND — in every replica
     /// that finds no namespace.
     #[arg(long, value_enum, default_value_t = OutsideClusterArg::Fail, value_name = "POLICY")]
     pub(crate) on_outside_cluster: OutsideClusterArg,
 
-    /// How long to retry reaching the API server at start before giving up (exit code 4).
+    /// How long to retry reaching the API server at start before giving up (exit code 123).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub(crate) connect_timeout: Duration,
 
@@ -243,6 +263,14 @@ pub(crate) struct RunArgs {
     /// update of the lock per heartbeat. Not for --strategy lease.
     #[arg(long, value_name = "DURATION", value_parser = parse_liveness)]
     pub(crate) liveness: Option<LivenessArg>,
+
+    /// Leader for life only: what a candidate that takes over from a dead leader (Pod phase
+    /// Failed or Succeeded) does with that Pod: keep it, delete it if it was evicted, or delete
+    /// it in any terminal phase [default: delete-evicted, as operator-sdk]. Failover never waits
+    /// for the Pod object either way; deleting needs `delete pods`, keep does not (`kube-leader
+    /// rbac --dead-leader-pod keep`).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub(crate) dead_leader_pod: Option<DeadLeaderPodArg>,
 
     /// Hold a fair share of M shard Leases LOCK-0 .. LOCK-<M-1> (lease only) and run COMMAND
     /// with its shards: KUBE_LEADER_SHARD_SET (and the file KUBE_LEADER_SHARDS_FILE) at start;
@@ -279,7 +307,7 @@ pub(crate) struct StatusArgs {
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text, value_name = "FORMAT")]
     pub(crate) output: OutputFormat,
 
-    /// How long to retry reaching the API server before giving up (exit code 4).
+    /// How long to retry reaching the API server before giving up (exit code 123).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub(crate) connect_timeout: Duration,
 }
@@ -291,14 +319,19 @@ pub(crate) struct RbacArgs {
     pub(crate) lock: LockArgs,
 
     /// The ServiceAccount the RoleBinding grants the Role to, named in the output's first
-    /// comment lines; `default` is the namespace's ServiceAccount of every Pod that sets no
-    /// serviceAccountName.
+    /// comment lines and printed with it; `default` (not printed: every namespace has it) is
+    /// the ServiceAccount of every Pod that sets no serviceAccountName.
     #[arg(long, value_name = "NAME", default_value = "default", value_parser = parse_lock_name)]
     pub(crate) service_account: String,
 
     /// Also grant what `run --label-pod` needs (patch pods).
     #[arg(long)]
     pub(crate) label_pod: bool,
+
+    /// The Role of `run --dead-leader-pod POLICY` (leader for life): `keep` needs no `delete
+    /// pods` [default: delete-evicted].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub(crate) dead_leader_pod: Option<DeadLeaderPodArg>,
 
     /// The Role of `run --shards M` (shard Leases LOCK-0 .. LOCK-<M-1> and the membership
     /// Leases; --strategy does not apply).
@@ -310,6 +343,14 @@ pub(crate) struct RbacArgs {
     /// Lease of the namespace (their names contain the identities).
     #[arg(long = "identity", value_name = "ID", requires = "shards", value_parser = parse_identity)]
     pub(crate) identities: Vec<String>,
+}
+
+/// `kube-leader install`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct InstallArgs {
+    /// The directory to copy the binary into (it must exist: an emptyDir's mount point).
+    #[arg(value_name = "DIR")]
+    pub(crate) dir: PathBuf,
 }
 
 /// `kube-leader completions`.

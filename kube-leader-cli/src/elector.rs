@@ -1,15 +1,25 @@
 //! The candidate `run` campaigns as: the library's [`Elector`] built from the flags.
 
 use kube::Client;
-use kube_leader::{Elector, ForLife, LeaseElector, LockRef, OutsideCluster, Strategy};
+use kube_leader::{DeadLeaderPod, Elector, ForLife, LeaseElector, LockRef, OutsideCluster, Strategy};
 
-use crate::cli::{OutsideClusterArg, RunArgs, StrategyArg};
+use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RunArgs, StrategyArg};
 
 impl From<StrategyArg> for Strategy {
     fn from(s: StrategyArg) -> Self {
         match s {
             StrategyArg::ForLife => Strategy::ForLife,
             StrategyArg::Lease => Strategy::Lease,
+        }
+    }
+}
+
+impl From<DeadLeaderPodArg> for DeadLeaderPod {
+    fn from(p: DeadLeaderPodArg) -> Self {
+        match p {
+            DeadLeaderPodArg::Keep => DeadLeaderPod::Keep,
+            DeadLeaderPodArg::DeleteEvicted => DeadLeaderPod::DeleteEvicted,
+            DeadLeaderPodArg::DeleteTerminal => DeadLeaderPod::DeleteTerminal,
         }
     }
 }
@@ -31,7 +41,8 @@ pub(crate) fn elector(client: Client, args: &RunArgs, lock: &LockRef, identity: 
                 .not_ready_takeover(args.not_ready_takeover)
                 // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
                 .liveness(args.liveness())
-                .liveness_grace(args.grace());
+                .liveness_grace(args.grace())
+                .dead_leader_pod(args.dead_leader_pod.map_or(DeadLeaderPod::default(), Into::into));
             if let Some(ns) = &args.lock.namespace {
                 e = e.namespace(ns.clone());
             }

@@ -1,16 +1,26 @@
-//! Exit codes: each one means something, and `--help` and the README list them.
+//! Exit codes: each one means something, and `--help` and docs/sidecar.md list them.
+//!
+//! kube-leader's own codes are 122–125, next to the codes of the wrappers users know:
+//! timeout(1) exits 124 when it stopped COMMAND and 125 when it failed itself, as env(1),
+//! chroot(1), nohup(1) and `docker run` do; the shell's 126 and 127 follow, then 128+N for a
+//! signal. Programs avoid that range for the same reason, so a supervisor of kube-leader can tell
+//! who failed; COMMAND's own code is passed through unchanged.
 
 use std::fmt;
 
-/// A usage or configuration error: bad flag, invalid lock name, bad duration, missing COMMAND,
-/// no namespace or Pod name to be found. (Clap's own code for usage errors.)
-pub(crate) const USAGE: u8 = 2;
-/// Leadership was lost while COMMAND ran, and COMMAND was stopped; or the supervisor died and
-/// COMMAND was killed with it.
-pub(crate) const LOST: u8 = 3;
+/// kube-leader itself could not work: its runtime, signal handlers or supervisor could not be
+/// started.
+pub(crate) const INTERNAL: u8 = 122;
 /// The cluster could not be used: no configuration, unreachable, unauthenticated, or a missing
 /// permission (the log names it).
-pub(crate) const CLUSTER: u8 = 4;
+pub(crate) const CLUSTER: u8 = 123;
+/// Leadership was lost while COMMAND ran, and COMMAND was stopped; or the supervisor died and
+/// COMMAND was killed with it (timeout(1)'s 124: the wrapper stopped COMMAND).
+pub(crate) const LOST: u8 = 124;
+/// A usage or configuration error: bad flag, invalid lock name, bad duration, missing COMMAND,
+/// no namespace or Pod name to be found (timeout(1)'s and env(1)'s 125: the wrapper failed
+/// before COMMAND ran).
+pub(crate) const USAGE: u8 = 125;
 /// COMMAND was found but could not be executed (shell convention).
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// COMMAND was not found (shell convention).
@@ -18,15 +28,16 @@ pub(crate) const NOT_FOUND: u8 = 127;
 
 /// The exit codes, for `--help`.
 pub(crate) const CODES_HELP: &str = "\
-Exit codes:
+Exit codes: kube-leader's own are 122-125 (as timeout(1)'s 124 and 125); COMMAND's pass through
   0        COMMAND exited with 0, or kube-leader was stopped (SIGTERM/SIGINT) before it led
-  1-255    COMMAND's own exit code once it exited by itself or after a forwarded signal
-           (128+N if it died of signal N); the lease is released first
-  2        usage or configuration error (bad flag, invalid lock name, bad duration, missing COMMAND,
-           --shards M unlike the set's other candidates)
-  3        leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace; or the
+  1-255    COMMAND's own exit code, unchanged, once it exited by itself or after a forwarded
+           signal (128+N if it died of signal N); the lease is released first
+  122      kube-leader itself could not start (its runtime, signal handlers or supervisor)
+  123      the cluster could not be used: no configuration, unreachable, or a missing permission
+  124      leadership was lost: COMMAND got SIGTERM, then SIGKILL after --grace; or the
            supervisor died and COMMAND with it (the lock is not released)
-  4        the cluster could not be used: no configuration, unreachable, or a missing permission
+  125      usage or configuration error (bad flag, invalid lock name, bad duration, missing
+           COMMAND, --shards M unlike the set's other candidates)
   126/127  COMMAND could not be executed / was not found";
 
 /// A failure that ends the process with `code`.
@@ -127,5 +138,20 @@ mod tests {
             theirs: 4,
         };
         assert_eq!(for_error(&mismatch), USAGE);
+    }
+
+    #[test]
+    fn own_codes_are_122_to_125_and_the_help_lists_each() {
+        let own = [INTERNAL, CLUSTER, LOST, USAGE];
+        assert_eq!(own, [122, 123, 124, 125]);
+        for code in own {
+            assert!(
+                CODES_HELP.contains(&format!("\n  {code} ")),
+                "{code}: {CODES_HELP}"
+            );
+        }
+        assert!(CODES_HELP.contains(&format!("\n  {CANNOT_EXECUTE}/{NOT_FOUND} ")));
+        // Below the shell's 126/127 and the signals' 128+N.
+        assert!(own.iter().all(|c| *c < CANNOT_EXECUTE));
     }
 }

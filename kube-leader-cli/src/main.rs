@@ -5,6 +5,7 @@
 //!                 [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s]
 //!                 [--status-addr 127.0.0.1:PORT] [--on-outside-cluster skip|fail]
 //!                 -- COMMAND [ARGS...]
+//! kube-leader elect  --lock NAME [--strategy for-life|lease] [--status-addr :4040]
 //! kube-leader status --lock NAME [--namespace NS] [--strategy for-life|lease] [-o text|json]
 //! kube-leader rbac   --lock NAME [--namespace NS] [--strategy for-life|lease]
 //! ```
@@ -15,8 +16,10 @@
 
 mod cli;
 mod client;
+mod elect;
 mod elector;
 mod exit;
+mod install;
 mod label;
 mod metrics;
 mod rbac;
@@ -57,15 +60,17 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             error!(error = %e, "cannot start the async runtime");
-            return ExitCode::from(1);
+            return ExitCode::from(exit::INTERNAL);
         }
     };
     let log_format = cli.log_format;
     let code = runtime.block_on(async move {
         let result = match command {
             Command::Run(args) => run::run(args, log_format).await,
+            Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
+            Command::Install(args) => install::install(&args.dir),
             Command::Completions(args) => Ok(cli::completions(args.shell)),
             Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),
             Command::Exec(_) => unreachable!("handled before the runtime starts"),

@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use crate::cli::{RbacArgs, StrategyArg};
+use crate::cli::{DeadLeaderPodArg, RbacArgs, StrategyArg};
 
 /// One rule of the Role.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,11 +20,12 @@ pub(crate) struct Rule {
     pub(crate) verbs: &'static [&'static str],
 }
 
-/// The rules `run` needs for `lock` with `strategy` (and `--label-pod`).
+/// The rules `run` needs for `lock` with `strategy` (and `--label-pod`), leader for life with
+/// the default `--dead-leader-pod`.
 pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<Rule> {
     let mut rules = match strategy {
         StrategyArg::Lease => lease_rules(lock),
-        StrategyArg::ForLife => for_life_rules(lock),
+        StrategyArg::ForLife => for_life_rules(lock, DeadLeaderPodArg::DeleteEvicted),
     };
     if label_pod {
         rules.push(Rule {
@@ -131,8 +132,34 @@ fn lease_rules(lock: &str) -> Vec<Rule> {
 }
 
 // The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
-/// The rules of leader for life.
-fn for_life_rules(lock: &str) -> Vec<Rule> {
+/// The rules of leader for life with `--dead-leader-pod dead`: `keep` deletes no Pod.
+fn for_life_rules(lock: &str, dead: DeadLeaderPodArg) -> Vec<Rule> {
+    let pods = match dead {
+        DeadLeaderPodArg::Keep => Rule {
+            why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
+                  watch: waiting candidates watch the leader Pod (--dead-leader-pod keep: no \
+                  delete)",
+            api_group: "",
+            resource: "pods",
+            resource_names: vec![],
+            verbs: &["get", "list", "watch"],
+        },
+        DeadLeaderPodArg::DeleteEvicted | DeadLeaderPodArg::DeleteTerminal => Rule {
+            why: if dead == DeadLeaderPodArg::DeleteEvicted {
+                "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
+                 watch: waiting candidates watch the leader Pod; delete: an evicted leader Pod \
+                 (--dead-leader-pod delete-evicted; keep needs no delete)"
+            } else {
+                "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
+                 watch: waiting candidates watch the leader Pod; delete: a leader Pod in a \
+                 terminal phase (--dead-leader-pod delete-terminal; keep needs no delete)"
+            },
+            api_group: "",
+            resource: "pods",
+            resource_names: vec![],
+            verbs: &["get", "list", "watch", "delete"],
+        },
+    };
     vec![
         Rule {
             why: "create: become leader (create cannot be limited by name)",
@@ -150,14 +177,7 @@ fn for_life_rules(lock: &str) -> Vec<Rule> {
             resource_names: vec![lock.to_string()],
             verbs: &["get", "list", "watch", "update", "delete"],
         },
-        Rule {
-            why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \
-                  watch: waiting candidates watch the leader Pod; delete: an evicted leader Pod",
-            api_group: "",
-            resource: "pods",
-            resource_names: vec![],
-            verbs: &["get", "list", "watch", "delete"],
-        },
+        pods,
         Rule {
             why: "best-effort LeaderElection Events on the lock when a candidate becomes leader \
                   and stops leading (as client-go records them)",
@@ -186,15 +206,25 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
             format!("kube-leader run --strategy lease --lock {lock} --shards {m}"),
             shards_rules(lock, m, &args.identities),
         ),
-        None => (
-            role_name(strategy, lock),
-            format!(
-                "kube-leader rbac --strategy {} --lock {lock} --namespace {namespace}",
-                strategy.as_str()
-            ),
-            format!("kube-leader run --strategy {} --lock {lock}", strategy.as_str()),
-            rules(strategy, lock, false),
-        ),
+        None => {
+            let dead = match args.dead_leader_pod {
+                Some(p) => format!(" --dead-leader-pod {}", dead_leader_pod_str(p)),
+                None => String::new(),
+            };
+            let strategy = strategy.as_str();
+            (
+                role_name(args.lock.strategy, lock),
+                format!("kube-leader rbac --strategy {strategy} --lock {lock} --namespace {namespace}{dead}"),
+                format!("kube-leader run --strategy {strategy} --lock {lock}{dead}"),
+                match args.lock.strategy {
+                    StrategyArg::ForLife => for_life_rules(
+                        lock,
+                        args.dead_leader_pod.unwrap_or(DeadLeaderPodArg::DeleteEvicted),
+                    ),
+                    StrategyArg::Lease => lease_rules(lock),
+                },
+            )
+        }
     };
     for id in &args.identities {
         command.push_str(&format!(" --identity {id}"));
@@ -224,6 +254,23 @@ pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
         args.service_account
     );
     let _ = writeln!(y, "# Generated by `{command}`.");
+    if args.service_account == "default" {
+        let _ = writeln!(
+            y,
+            "# (default: the ServiceAccount every namespace has, of every Pod without \
+             serviceAccountName.)"
+        );
+    } else {
+        // The ServiceAccount it binds, so that the output is complete on its own.
+        let _ = writeln!(y, "apiVersion: v1");
+        let _ = writeln!(y, "kind: ServiceAccount");
+        let _ = writeln!(
+            y,
+            "metadata:\n  name: {}\n  namespace: {namespace}",
+            args.service_account
+        );
+        let _ = writeln!(y, "---");
+    }
     let _ = writeln!(y, "apiVersion: rbac.authorization.k8s.io/v1");
     let _ = writeln!(y, "kind: Role");
     let _ = writeln!(y, "metadata:\n  name: {name}\n  namespace: {namespace}");
@@ -258,6 +305,15 @@ pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
 
 fn quote(s: &str) -> String {
     format!("\"{s}\"")
+}
+
+/// The flag value of `p`.
+fn dead_leader_pod_str(p: DeadLeaderPodArg) -> &'static str {
+    match p {
+        DeadLeaderPodArg::Keep => "keep",
+        DeadLeaderPodArg::DeleteEvicted => "delete-evicted",
+        DeadLeaderPodArg::DeleteTerminal => "delete-terminal",
+    }
 }
 
 /// `kube-leader rbac`: prints the YAML. The namespace comes from `--namespace`, else
@@ -299,9 +355,18 @@ mod tests {
                 .any(|l| l.contains("for ServiceAccount default.")),
             "{y}"
         );
+        assert!(
+            !y.contains("\nkind: ServiceAccount"),
+            "every namespace has one: {y}"
+        );
         let y = yaml(&args("kube-leader rbac --lock l --service-account app"), "ns");
         assert!(
             y.lines().take(3).any(|l| l.contains("for ServiceAccount app.")),
+            "{y}"
+        );
+        // And prints it: the output is complete on its own.
+        assert!(
+            y.contains("kind: ServiceAccount\nmetadata:\n  name: app\n  namespace: ns\n---\n"),
             "{y}"
         );
     }
@@ -370,6 +435,65 @@ mod tests {
         assert!(!y.contains("resourceNames"), "{y}");
         assert!(y.contains("verbs: [\"get\", \"update\", \"delete\"]"), "{y}");
         assert!(y.contains("--identity"), "the rule says how to limit it: {y}");
+    }
+
+    #[test]
+    fn dead_leader_pod_keep_needs_no_delete_pods() {
+        // The verbs of the first rule on pods.
+        let pods = |s: &str| {
+            let y = yaml(&args(s), "ns");
+            let verbs = pod_verbs(&y).first().cloned().expect("a pods rule");
+            (y, verbs)
+        };
+        let (y, verbs) = pods("kube-leader rbac --lock l --dead-leader-pod keep");
+        assert_eq!(verbs.trim(), "verbs: [\"get\", \"list\", \"watch\"]", "{y}");
+        assert!(
+            y.contains("run --strategy for-life --lock l --dead-leader-pod keep`"),
+            "{y}"
+        );
+        for s in [
+            "kube-leader rbac --lock l",
+            "kube-leader rbac --lock l --dead-leader-pod delete-evicted",
+            "kube-leader rbac --lock l --dead-leader-pod delete-terminal",
+        ] {
+            let (y, verbs) = pods(s);
+            assert_eq!(
+                verbs.trim(),
+                "verbs: [\"get\", \"list\", \"watch\", \"delete\"]",
+                "{s}: {y}"
+            );
+        }
+        // With --label-pod, keep still deletes nothing.
+        let y = yaml(
+            &args("kube-leader rbac --lock l --dead-leader-pod keep --label-pod"),
+            "ns",
+        );
+        assert!(pod_verbs(&y).iter().all(|v| !v.contains("delete")), "{y}");
+        assert_eq!(pod_verbs(&y).len(), 2, "{y}");
+    }
+
+    /// The verbs lines of the rules on pods.
+    fn pod_verbs(y: &str) -> Vec<String> {
+        let lines: Vec<&str> = y.lines().collect();
+        lines
+            .windows(2)
+            .filter(|w| w[0].trim() == "resources: [\"pods\"]")
+            .map(|w| w[1].trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn dead_leader_pod_is_refused_for_a_lease() {
+        for s in [
+            "kube-leader rbac --strategy lease --lock l --dead-leader-pod keep",
+            "kube-leader rbac --shards 2 --lock l --dead-leader-pod keep",
+        ] {
+            let e = args(s).validate().unwrap_err();
+            assert!(e.contains("--dead-leader-pod"), "{s}: {e}");
+        }
+        args("kube-leader rbac --lock l --dead-leader-pod keep")
+            .validate()
+            .unwrap();
     }
 
     #[test]

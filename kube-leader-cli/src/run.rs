@@ -30,7 +30,7 @@ mod signals;
 
 pub(crate) use cluster::{connect, resolve_identity, resolve_namespace};
 use leading::Leading;
-use signals::{is_stop, Signals};
+pub(crate) use signals::{is_stop, Signals};
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
@@ -38,7 +38,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         return crate::shards::run(args.clone(), count, log_format).await;
     }
     // Before anything else, so that a signal during start-up is not lost.
-    let mut signals = Signals::new().or_exit(1)?;
+    let mut signals = Signals::new().or_exit(exit::INTERNAL)?;
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
@@ -90,7 +90,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
 }
 
 /// The status (and the `--status-addr` server), fed with the leader as observed.
-async fn serve_status(
+pub(crate) async fn serve_status(
     args: &RunArgs,
     lock: &LockRef,
     identity: &str,
@@ -121,7 +121,7 @@ async fn serve_status(
 }
 
 /// The Pod label of `--label-pod`, set to "not leader".
-fn pod_label(args: &RunArgs, client: &Client, lock: &LockRef, identity: &str) -> Option<PodLabel> {
+pub(crate) fn pod_label(args: &RunArgs, client: &Client, lock: &LockRef, identity: &str) -> Option<PodLabel> {
     let label = args.label_pod.then(|| {
         PodLabel::new(
             client.clone(),
@@ -136,7 +136,7 @@ fn pod_label(args: &RunArgs, client: &Client, lock: &LockRef, identity: &str) ->
 }
 
 /// Campaigns until elected (`Some`), or until a signal stops kube-leader first (`None`).
-async fn campaign(
+pub(crate) async fn campaign(
     elector: &kube_leader::Elector,
     signals: &mut Signals,
     lock: &LockRef,
@@ -174,7 +174,7 @@ async fn campaign(
 }
 
 /// Elected: the status and the Pod label say so.
-fn lead(status: &Status, leadership: &Leadership, label: Option<&PodLabel>) {
+pub(crate) fn lead(status: &Status, leadership: &Leadership, label: Option<&PodLabel>) {
     if leadership.is_skipped() {
         warn!(lock = %status.lock, identity = %status.identity,
             "not running in a cluster: skipping the election and running COMMAND in every replica \

@@ -2,7 +2,8 @@
 //!
 //! | path       | answer                                                                   |
 //! |------------|--------------------------------------------------------------------------|
-//! | `/`        | `{"name": "<leader>"}`, as the retired `leader-elector` sidecar answered |
+//! | `/`        | `{"name", "last_update"}`: the retired `leader-elector`'s and nais/elector's |
+//! | `/sse`     | nais/elector's Server-Sent Events: `data: <the same JSON>`, once per change |
 //! | `/leader`  | holder, is_leader, since, fencing_token, strategy, lock, identity        |
 //! | `/events`  | Server-Sent Events: the current state, then one event per change         |
 //! | `/healthz` | the election watchdog: 503 if it believes it leads but stopped renewing  |
@@ -27,7 +28,7 @@ use tokio::{
 };
 use tracing::{debug, info};
 
-use crate::state::Status;
+use crate::state::{ElectorView, Status};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -103,10 +104,8 @@ fn handle(req: &Request<Incoming>, status: &Status) -> Response<Body> {
         return res;
     }
     match req.uri().path() {
-        "/" => {
-            let name = status.snapshot().holder.unwrap_or_default();
-            json(StatusCode::OK, &serde_json::json!({ "name": name }))
-        }
+        "/" => json(StatusCode::OK, &ElectorView::from(&status.snapshot())),
+        "/sse" => elector_events(status),
         "/leader" => json(StatusCode::OK, &status.view()),
         "/events" => events(status),
         "/healthz" => match status.health() {
@@ -137,7 +136,7 @@ fn handle(req: &Request<Incoming>, status: &Status) -> Response<Body> {
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /, /leader, /events, /healthz, /readyz, /metrics\n",
+            "not found: try /, /sse, /leader, /events, /healthz, /readyz, /metrics\n",
         ),
     }
 }
@@ -161,6 +160,47 @@ fn events(status: &Status) -> Response<Body> {
             }
         }
     });
+    event_stream(stream)
+}
+
+/// nais/elector's `/sse`: `data: {"name", "last_update"}` for the current leader, then once per
+/// change of leader (no `event:` line, as nais/elector writes them).
+fn elector_events(status: &Status) -> Response<Body> {
+    let mut rx = status.watch();
+    let first = ElectorView::from(&*rx.borrow_and_update());
+    // The state: whether `sent` is still to be sent, what was sent last, the snapshots.
+    let stream = futures::stream::unfold((true, first, rx), |(due, sent, mut rx)| async move {
+        if due {
+            return Some((elector_sse(&sent), (false, sent, rx)));
+        }
+        loop {
+            match tokio::time::timeout(KEEP_ALIVE, rx.changed()).await {
+                Ok(Ok(())) => {
+                    let now = ElectorView::from(&*rx.borrow_and_update());
+                    // Only a change of leader (its `last_update` moves with it) is an event.
+                    if now != sent {
+                        return Some((elector_sse(&now), (false, now, rx)));
+                    }
+                }
+                Ok(Err(_)) => return None,
+                Err(_) => {
+                    return Some((Bytes::from_static(b": keep-alive\n\n"), (false, sent, rx)));
+                }
+            }
+        }
+    });
+    event_stream(stream)
+}
+
+fn elector_sse(view: &ElectorView) -> Bytes {
+    Bytes::from(format!(
+        "data: {}\n\n",
+        serde_json::to_string(view).unwrap_or_default()
+    ))
+}
+
+/// A `text/event-stream` response of `stream`'s chunks.
+fn event_stream(stream: impl futures::Stream<Item = Bytes> + Send + Sync + 'static) -> Response<Body> {
     let body = StreamBody::new(stream.map(|b| Ok::<_, Infallible>(Frame::data(b))));
     let mut res = Response::new(BodyExt::boxed(body));
     let h = res.headers_mut();

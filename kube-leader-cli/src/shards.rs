@@ -53,7 +53,7 @@ pub(crate) use signal::{parse_on_change, OnChange};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
-    let mut stops = StopSignals::new().or_exit(1)?;
+    let mut stops = StopSignals::new().or_exit(exit::INTERNAL)?;
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());

@@ -25,6 +25,30 @@ pub(crate) struct Snapshot {
     pub(crate) since: Option<SystemTime>,
     /// The holder's fencing token.
     pub(crate) fencing_token: Option<u64>,
+    /// When this process saw the holder change last, by its own clock (nais/elector's
+    /// `last_update`).
+    pub(crate) changed_at: Option<SystemTime>,
+}
+
+/// `GET /` and each event of `GET /sse`: the answer of the retired `leader-elector` sidecar
+/// (`name`) and of nais/elector (`name`, `last_update`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct ElectorView {
+    /// The holder, `""` if none (as `leader-elector` answered).
+    pub(crate) name: String,
+    /// When the holder last changed, RFC 3339 to the second (as nais/elector writes it);
+    /// absent before the first election result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) last_update: Option<String>,
+}
+
+impl From<&Snapshot> for ElectorView {
+    fn from(s: &Snapshot) -> Self {
+        Self {
+            name: s.holder.clone().unwrap_or_default(),
+            last_update: s.changed_at.map(rfc3339_seconds),
+        }
+    }
 }
 
 /// `GET /leader`, and each event of `GET /events`.
@@ -82,6 +106,11 @@ impl Status {
     /// The current snapshot.
     pub(crate) fn snapshot(&self) -> Snapshot {
         self.snapshot.borrow().clone()
+    }
+
+    /// The snapshot, as it changes.
+    pub(crate) fn watch(&self) -> watch::Receiver<Snapshot> {
+        self.snapshot.subscribe()
     }
 
     /// Leadership events as JSON, one per change.
@@ -184,6 +213,9 @@ impl Status {
         let changed = self.snapshot.send_if_modified(|s| {
             let before = s.clone();
             f(s);
+            if s.holder != before.holder {
+                s.changed_at = Some(SystemTime::now());
+            }
             *s != before
         });
         if changed {
@@ -195,9 +227,39 @@ impl Status {
     }
 }
 
+/// RFC 3339 in UTC to the second, as Go's `time.RFC3339` writes it.
+pub(crate) fn rfc3339_seconds(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// RFC 3339 in UTC, as Kubernetes writes times.
 pub(crate) fn rfc3339(t: SystemTime) -> String {
     k8s_openapi::jiff::Timestamp::try_from(t)
         .map(|ts| ts.to_string())
         .unwrap_or_else(|_| "invalid".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_elector_view_has_leader_elector_and_nais_fields() {
+        let none = serde_json::to_value(ElectorView::from(&Snapshot::default())).unwrap();
+        assert_eq!(none, serde_json::json!({ "name": "" }));
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_800_000_000_750);
+        let s = Snapshot {
+            holder: Some("pod-a".into()),
+            changed_at: Some(t),
+            ..Snapshot::default()
+        };
+        let v = serde_json::to_value(ElectorView::from(&s)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({ "name": "pod-a", "last_update": "2027-01-15T08:00:00Z" })
+        );
+    }
 }

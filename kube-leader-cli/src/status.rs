@@ -47,7 +47,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());
     match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&out).or_exit(1)?),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&out).or_exit(exit::INTERNAL)?),
         OutputFormat::Text => print!("{}", out.text(SystemTime::now())),
     }
     Ok(0)

@@ -21,7 +21,7 @@
 //! follows the thread that forked: the supervisor runs a current-thread runtime and spawns
 //! from it, the process's main thread, which lives as long as the process. If the supervisor
 //! dies (SIGKILL), COMMAND is killed at once; kube-leader, told nothing, treats it as a loss
-//! (exit 3) and does not release the lock.
+//! (exit 124) and does not release the lock.
 //!
 //! Three process groups: kube-leader's (what a terminal or a process manager signals), the
 //! supervisor's own, and COMMAND's. A stop or kill of kube-leader's group (Ctrl-Z, `kill -STOP

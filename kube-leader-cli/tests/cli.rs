@@ -417,7 +417,7 @@ fn usage_error(args: &[&str]) -> String {
         .env("KUBECONFIG", "/nonexistent")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    assert_eq!(out.status.code(), Some(125), "{args:?}: {out:?}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(
         stderr.trim_end().lines().count(),
@@ -428,7 +428,7 @@ fn usage_error(args: &[&str]) -> String {
 }
 
 #[test]
-fn bad_flags_give_one_line_naming_the_flag_and_exit_2() {
+fn bad_flags_give_one_line_naming_the_flag_and_exit_125() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--lock", "l", "--strategy", "raft", "--", "true"],
@@ -465,12 +465,83 @@ fn bad_flags_give_one_line_naming_the_flag_and_exit_2() {
         ),
         (&["status", "--lock", "l", "-o", "yaml"], "--output"),
         (&["rbac", "--lock", "l", "--strategy", "etcd"], "--strategy"),
+        (
+            &["run", "--lock", "l", "--dead-leader-pod", "never", "--", "true"],
+            "--dead-leader-pod",
+        ),
+        (
+            &[
+                "run",
+                "--lock",
+                "l",
+                "--strategy",
+                "lease",
+                "--dead-leader-pod",
+                "keep",
+                "--",
+                "true",
+            ],
+            "--dead-leader-pod",
+        ),
+        (
+            &[
+                "rbac",
+                "--lock",
+                "l",
+                "--strategy",
+                "lease",
+                "--dead-leader-pod",
+                "keep",
+            ],
+            "--dead-leader-pod",
+        ),
     ];
     for (args, flag) in cases {
         let line = usage_error(args);
         assert!(line.contains(flag), "{args:?}: {line} should name {flag}");
         assert!(line.starts_with("kube-leader: error: "), "{line}");
     }
+}
+
+/// `--dead-leader-pod keep`: the Role `kube-leader rbac` prints for it deletes no Pod.
+#[test]
+fn rbac_for_dead_leader_pod_keep_grants_no_delete_pods() {
+    let rbac = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["rbac", "--lock", "l", "--namespace", "ns"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let pods = "resources: [\"pods\"]\n    verbs: [\"get\", \"list\", \"watch\"";
+    let keep = rbac(&["--dead-leader-pod", "keep"]);
+    assert!(keep.contains(&format!("{pods}]")), "{keep}");
+    assert!(keep.contains("--dead-leader-pod keep"), "{keep}");
+    let default = rbac(&[]);
+    assert!(default.contains(&format!("{pods}, \"delete\"]")), "{default}");
+}
+
+/// `kube-leader install DIR`: the copy runs; a DIR that is not there is named, exit 125.
+#[test]
+fn install_copies_the_binary_and_names_a_missing_dir() {
+    let dir = scratch_dir("install");
+    let out = Command::new(BIN).arg("install").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let copy = Command::new(dir.join("kube-leader")).arg("-V").output().unwrap();
+    assert!(copy.status.success(), "{copy:?}");
+    let original = Command::new(BIN).arg("-V").output().unwrap();
+    assert_eq!(copy.stdout, original.stdout);
+    let missing = dir.join("no-such-dir");
+    let out = Command::new(BIN).arg("install").arg(&missing).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not exist") && stderr.contains("no-such-dir"),
+        "{stderr}"
+    );
+    let _ = fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -519,7 +590,7 @@ fn help_and_version() {
 }
 
 #[test]
-fn unreachable_cluster_exits_4() {
+fn unreachable_cluster_exits_123() {
     let dir = scratch_dir("unreachable");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -550,7 +621,7 @@ fn unreachable_cluster_exits_4() {
         ],
         &kubeconfig,
     );
-    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(out.status.code(), Some(123), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot reach the API server"),
         "{out:?}"
@@ -560,7 +631,7 @@ fn unreachable_cluster_exits_4() {
         &["status", "--lock", "l", "--connect-timeout", "500ms"],
         &kubeconfig,
     );
-    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(out.status.code(), Some(123), "{out:?}");
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -701,7 +772,7 @@ async fn sigterm_is_forwarded_then_the_lease_is_released_and_taken_over_at_once(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn lost_leadership_stops_the_child_within_the_grace_and_exits_3() {
+async fn lost_leadership_stops_the_child_within_the_grace_and_exits_124() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let client = cp.client().await;
@@ -722,7 +793,7 @@ async fn lost_leadership_stops_the_child_within_the_grace_and_exits_3() {
     let lost = Instant::now();
     let code = a.wait_exit(WAIT);
     let stopped = lost.elapsed();
-    assert_eq!(code.code(), Some(3), "{}", a.log_text());
+    assert_eq!(code.code(), Some(124), "{}", a.log_text());
     assert!(!alive(command), "COMMAND still runs");
     eprintln!("COMMAND (ignoring SIGTERM) stopped {stopped:?} after the loss, grace 1s");
     assert!(
@@ -766,7 +837,7 @@ async fn a_frozen_kube_leader_has_its_child_stopped_by_the_supervisor() {
     let delay = frozen.elapsed();
     eprintln!("COMMAND stopped {delay:?} after kube-leader was frozen (renew deadline 1s)");
     signal(a.pid(), "CONT");
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     assert!(dir.join("a.term").exists(), "COMMAND got SIGTERM first");
     // Sanity: about the renew deadline, well before lease duration + grace (3 s) for sure.
     assert!(delay < Duration::from_secs(3), "{delay:?}");
@@ -837,7 +908,12 @@ async fn status_server_endpoints_and_an_event_on_failover() {
     wait_for("b sees a", WAIT, || {
         (get_json(b_addr, "/")["name"] == "a").then_some(())
     });
-    assert_eq!(get_json(a_addr, "/"), serde_json::json!({"name": "a"}));
+    // leader-elector's `name` and nais/elector's `last_update` (RFC 3339, to the second).
+    let root = get_json(a_addr, "/");
+    assert_eq!(root["name"], "a", "{root}");
+    let last_update = root["last_update"].as_str().unwrap_or_default();
+    assert!(last_update.len() == 20 && last_update.ends_with('Z'), "{root}");
+    assert_eq!(root.as_object().map(|o| o.len()), Some(2), "{root}");
     let leader = get_json(a_addr, "/leader");
     assert_eq!(leader["holder"], "a");
     assert_eq!(leader["is_leader"], true);
@@ -1040,7 +1116,7 @@ async fn rbac_lease_role_is_accepted_and_sufficient_for_a_restricted_user() {
     );
     assert!(out.status.success(), "{out:?}");
 
-    // Without the Role, the error names the permission and the exit code is 4.
+    // Without the Role, the error names the permission and the exit code is 123.
     let other = self::user(2);
     let mut b = Candidate::spawn_with(
         cp.user_kubeconfig_path(&other).unwrap(),
@@ -1050,7 +1126,7 @@ async fn rbac_lease_role_is_accepted_and_sufficient_for_a_restricted_user() {
         &work_script(&dir, "b", "exit 0"),
         &[],
     );
-    assert_eq!(b.wait_exit(WAIT).code(), Some(4), "{}", b.log_text());
+    assert_eq!(b.wait_exit(WAIT).code(), Some(123), "{}", b.log_text());
     assert!(b.log_text().contains("missing permission"), "{}", b.log_text());
     let _ = fs::remove_dir_all(dir);
 }
@@ -1107,11 +1183,11 @@ async fn rbac_for_life_role_is_accepted_and_sufficient_for_a_restricted_user() {
     assert_eq!(s["holder"], "p1");
     assert_eq!(s["strategy"], "for-life");
 
-    // The leader's Pod is deleted: its lock goes with it, p1 loses (exit 3), p2 takes over.
+    // The leader's Pod is deleted: its lock goes with it, p1 loses (exit 124), p2 takes over.
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
     pods.delete("p1", &DeleteParams::default()).await.unwrap();
     wait_for("p2 takes over", WAIT, || p2.leading().then_some(()));
-    assert_eq!(p1.wait_exit(WAIT).code(), Some(3), "{}", p1.log_text());
+    assert_eq!(p1.wait_exit(WAIT).code(), Some(124), "{}", p1.log_text());
     let label = wait_for("p2 is labelled", WAIT, || {
         let pod = futures_block(pods.get("p2"));
         pod.metadata
@@ -1144,7 +1220,7 @@ async fn for_life_outside_a_cluster_fails_by_default_and_skips_loudly_when_told(
     // No --namespace, no POD_NAMESPACE, no service-account file: not in a cluster.
     assert!(!Path::new(kube_leader::discovery::SERVICE_ACCOUNT_NAMESPACE_FILE).exists());
     let mut fail = Candidate::spawn(cp, &dir, "f", &["--lock", "outside"], &["true".into()]);
-    assert_eq!(fail.wait_exit(WAIT).code(), Some(2), "{}", fail.log_text());
+    assert_eq!(fail.wait_exit(WAIT).code(), Some(125), "{}", fail.log_text());
     assert!(fail.log_text().contains("no namespace"), "{}", fail.log_text());
 
     let mut skip = Candidate::spawn(
@@ -1244,7 +1320,7 @@ async fn a_heartbeat_read_late_does_not_extend_commands_validity() {
     let term = recorded_ns(&dir, "a.term", Duration::from_secs(30));
     let after = Duration::from_nanos(u64::try_from(term - epoch_ns(frozen)).unwrap());
     signal(a.pid(), "CONT");
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     eprintln!(
         "COMMAND got SIGTERM {after:?} after kube-leader was frozen (renew deadline 4s, heartbeats read 1.8 s late)"
     );
@@ -1258,7 +1334,7 @@ async fn a_heartbeat_read_late_does_not_extend_commands_validity() {
 /// Item 3: the supervisor killed → COMMAND dies with it at once, kube-leader exits 3 and does
 /// not release the Lease (COMMAND's end is not known to be orderly).
 #[tokio::test(flavor = "multi_thread")]
-async fn killing_the_supervisor_kills_command_exits_3_and_keeps_the_lease() {
+async fn killing_the_supervisor_kills_command_exits_124_and_keeps_the_lease() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
     let dir = scratch_dir("kill-sup");
@@ -1279,7 +1355,7 @@ async fn killing_the_supervisor_kills_command_exits_3_and_keeps_the_lease() {
     let died = killed.elapsed();
     let code = a.wait_exit(WAIT);
     eprintln!("COMMAND died {died:?} after its supervisor was killed");
-    assert_eq!(code.code(), Some(3), "a loss: {}", a.log_text());
+    assert_eq!(code.code(), Some(124), "a loss: {}", a.log_text());
     let status = status_json(cp, ns.name(), "killsup", "lease");
     assert_eq!(
         status["holder"], "a",
@@ -1430,7 +1506,7 @@ fn grace_beyond_the_lease_is_refused_unless_allowed() {
             .env("KUBECONFIG", "/nonexistent")
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(4), "{args:?}: {out:?}");
+        assert_eq!(out.status.code(), Some(123), "{args:?}: {out:?}");
     }
 }
 
@@ -1454,7 +1530,7 @@ async fn a_command_deaf_to_sigterm_is_killed_before_the_lease_expires() {
     });
     let killed = frozen.elapsed();
     signal(a.pid(), "CONT");
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     eprintln!("COMMAND (deaf to SIGTERM) killed {killed:?} after kube-leader was frozen (lease 2s)");
     assert!(
         killed < Duration::from_millis(2600),
@@ -1658,7 +1734,7 @@ async fn a_stopped_process_group_has_its_command_stopped_by_the_deadline() {
     );
     eprintln!("COMMAND gone {after:?} after kube-leader's process group was stopped");
     assert!(after < Duration::from_millis(6500), "{after:?}");
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1699,7 +1775,7 @@ async fn a_stopped_supervisor_does_not_keep_command_running_after_a_loss() {
         "COMMAND still ran {after:?} after the loss while its supervisor was stopped"
     );
     eprintln!("COMMAND killed {after:?} after the loss (its supervisor stopped)");
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1737,7 +1813,7 @@ async fn a_frozen_tree_thawed_after_the_deadline_kills_command_first() {
         after < Duration::from_secs(2),
         "COMMAND ran {after:?} after the thaw"
     );
-    assert_eq!(a.wait_exit(WAIT).code(), Some(3), "{}", a.log_text());
+    assert_eq!(a.wait_exit(WAIT).code(), Some(124), "{}", a.log_text());
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1781,9 +1857,9 @@ async fn status_reads_the_kubeconfig_flag_without_kubeconfig_env() {
     let _ = fs::remove_dir_all(home);
 }
 
-/// A `--context` the kubeconfig lacks: exit code 4, one message naming the context and the file.
+/// A `--context` the kubeconfig lacks: exit code 123, one message naming the context and the file.
 #[test]
-fn a_missing_context_exits_4_naming_it() {
+fn a_missing_context_exits_123_naming_it() {
     let cp = ControlPlane::shared();
     let kubeconfig = cp.kubeconfig_path().to_str().unwrap();
     let out = Command::new(BIN)
@@ -1801,7 +1877,7 @@ fn a_missing_context_exits_4_naming_it() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert_eq!(out.status.code(), Some(123), "{stderr}");
     assert!(
         stderr.contains("--context no-such-ctx") && stderr.contains(kubeconfig),
         "{stderr}"

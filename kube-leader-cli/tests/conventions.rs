@@ -60,9 +60,9 @@ fn flags_come_from_the_environment_and_the_command_line_wins() {
         &["run", "--lock", "l", "--", "true"],
         &[("KUBE_LEADER_LEASE_DURATION", "fast")],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--lease-duration"), "{}", stderr(&out));
-    // The lock from the environment: the run gets past parsing (and fails on the cluster, 4).
+    // The lock from the environment: the run gets past parsing (and fails on the cluster, 123).
     let out = kube_leader(
         &["run", "--connect-timeout", "1s", "--", "true"],
         &[
@@ -70,7 +70,7 @@ fn flags_come_from_the_environment_and_the_command_line_wins() {
             ("KUBE_LEADER_STRATEGY", "lease"),
         ],
     );
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(123), "{}", stderr(&out));
     // Checked together with the other timings, whatever their source.
     let out = kube_leader(
         &["run", "--lock", "l", "--", "true"],
@@ -80,7 +80,7 @@ fn flags_come_from_the_environment_and_the_command_line_wins() {
             ("KUBE_LEADER_RENEW_DEADLINE", "5s"),
         ],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--renew-deadline"), "{}", stderr(&out));
     // The command line wins over the environment.
     let out = kube_leader(
@@ -100,7 +100,7 @@ fn flags_come_from_the_environment_and_the_command_line_wins() {
             ("KUBE_LEADER_STRATEGY", "lease"),
         ],
     );
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(123), "{}", stderr(&out));
     // Switches take the usual spellings; anything else is an error naming the flag.
     let out = kube_leader(
         &["run", "--lock", "l", "--connect-timeout", "1s", "--", "true"],
@@ -109,19 +109,19 @@ fn flags_come_from_the_environment_and_the_command_line_wins() {
             ("KUBE_LEADER_STRATEGY", "lease"),
         ],
     );
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(123), "{}", stderr(&out));
     let out = kube_leader(
         &["run", "--lock", "l", "--", "true"],
         &[("KUBE_LEADER_LABEL_POD", "maybe")],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--label-pod"), "{}", stderr(&out));
     // The global log format too.
     let out = kube_leader(
         &["run", "--lock", "l", "--", "true"],
         &[("KUBE_LEADER_LOG_FORMAT", "xml")],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--log-format"), "{}", stderr(&out));
 }
 
@@ -187,7 +187,7 @@ fn completions_for_each_shell() {
         );
     }
     let out = kube_leader(&["completions", "tcsh"], &[]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(125));
     assert!(
         stderr(&out).contains("SHELL") || stderr(&out).contains("tcsh"),
         "{}",
@@ -198,7 +198,7 @@ fn completions_for_each_shell() {
 #[test]
 fn an_invalid_rust_log_is_a_usage_error() {
     let out = kube_leader(&["rbac", "--lock", "l"], &[("RUST_LOG", "kube_leader=loud")]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     let err = stderr(&out);
     assert!(
         err.contains("invalid RUST_LOG") && err.contains("kube_leader=loud"),
@@ -231,17 +231,17 @@ fn not_ready_takeover_states_its_risk_and_is_for_leader_for_life_only() {
         ],
         &[],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--not-ready-takeover"), "{}", stderr(&out));
     let out = kube_leader(
         &["run", "--lock", "l", "--not-ready-takeover", "0s", "--", "true"],
         &[],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     let out = kube_leader(
         &["run", "--lock", "l", "--not-ready-takeover", "soon", "--", "true"],
         &[],
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(stderr(&out).contains("--not-ready-takeover"), "{}", stderr(&out));
 }

@@ -427,11 +427,85 @@ fn args(d: &Deployment) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_apply_k_deploy_is_restricted_with_limits_and_a_pdb() {
     let cp = ControlPlane::shared();
-    // `kubectl apply -k deploy/` is leader for life, as `kube-leader run` defaults.
-    let d = check_variant(cp, "", "kube-leader-for-life").await;
-    assert!(!args(&d).contains(&"--strategy".to_string()), "{:?}", args(&d));
-    let d = check_variant(cp, "for-life", "kube-leader-for-life").await;
-    assert!(args(&d).starts_with(&["run".to_string(), "--lock".into(), "kube-leader-demo".into()]));
+    // `kubectl apply -k deploy/` is leader for life, as `kube-leader run` defaults, written out.
+    for variant in ["", "for-life"] {
+        let d = check_variant(cp, variant, "kube-leader-for-life").await;
+        let a = args(&d);
+        assert_eq!(
+            &a[..5],
+            ["run", "--strategy", "for-life", "--lock", "kube-leader-demo"],
+            "{a:?}"
+        );
+    }
+}
+
+/// `deploy/example`: one kustomization sets the namespace and the names; every reference (the
+/// ServiceAccount, the Role, the lock in `--lock` and in `resourceNames`) follows, and nothing
+/// refers to an object that is not there.
+#[test]
+fn one_kustomization_names_everything_without_dangling_references() {
+    let cp = ControlPlane::shared();
+    let out = kubectl(cp, &["kustomize", deploy_dir().join("example").to_str().unwrap()]);
+    let objects: Vec<Value> = out.split("\n---\n").map(yaml_to_json).collect();
+    let named = |kind: &str| -> Vec<String> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for o in &objects {
+        assert_eq!(o["metadata"]["namespace"], "my-namespace", "{o}");
+        let name = o["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with("my-app-"), "{name}");
+    }
+    let d = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    assert!(named("ServiceAccount").contains(&sa.to_string()), "{sa}");
+    let a: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let lock = a[a.iter().position(|s| *s == "--lock").unwrap() + 1];
+    assert_eq!(
+        lock, "my-app-kube-leader-demo",
+        "the lock is the Deployment's name"
+    );
+    assert_eq!(d["metadata"]["name"], lock);
+    let role = objects.iter().find(|o| o["kind"] == "Role").unwrap();
+    assert!(
+        role.to_string()
+            .contains(&format!("\"resourceNames\":[\"{lock}\"]")),
+        "{role}"
+    );
+    assert!(!out.contains("$("), "a variable left unset:\n{out}");
+    let binding = objects.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
+    assert!(named("Role").contains(&binding["roleRef"]["name"].as_str().unwrap().to_string()));
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    assert_eq!(binding["subjects"][0]["namespace"], "my-namespace");
+    let pdb = objects
+        .iter()
+        .find(|o| o["kind"] == "PodDisruptionBudget")
+        .unwrap();
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "my-app"
+    );
+}
+
+/// One YAML document as JSON, through kubectl's own reader (no YAML crate here; a 1.20 API
+/// server knows the PodDisruptionBudget as policy/v1beta1, with the same fields).
+fn yaml_to_json(doc: &str) -> Value {
+    let cp = ControlPlane::shared();
+    let doc = doc.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    let doc = doc.as_str();
+    let out = cp
+        .kubectl_with_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], doc)
+        .unwrap_or_else(|e| panic!("{e}: {doc}"));
+    serde_json::from_str(&out).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -482,11 +556,13 @@ fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
 async fn deploy_rbac_matches_kube_leader_rbac() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
-    for (strategy, file) in [
-        ("lease", "lease/rbac-lease.yaml"),
-        ("for-life", "for-life/rbac-for-life.yaml"),
-    ] {
-        let deployed = fs::read_to_string(deploy_dir().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    for (strategy, file) in [("lease", "lease"), ("for-life", "for-life")] {
+        // As kustomize builds it: the lock ($(KUBE_LEADER_LOCK)) is the Deployment's name.
+        let built = kubectl(cp, &["kustomize", deploy_dir().join(file).to_str().unwrap()]);
+        let deployed = built
+            .split("\n---\n")
+            .find(|doc| doc.lines().any(|l| l == "kind: Role"))
+            .unwrap_or_else(|| panic!("no Role in deploy/{file}:\n{built}"));
         let printed = rbac(&[
             "--strategy",
             strategy,
@@ -496,7 +572,7 @@ async fn deploy_rbac_matches_kube_leader_rbac() {
             ns.name(),
         ]);
         assert_eq!(
-            server_rules(cp, ns.name(), &deployed),
+            server_rules(cp, ns.name(), deployed),
             server_rules(cp, ns.name(), &printed),
             "deploy/{file} and `kube-leader rbac --strategy {strategy}` disagree"
         );

@@ -9,7 +9,7 @@
 //!
 //! - `lease`: a library candidate that campaigns again after every loss; SIGTERM releases the
 //!   lease and exits 0.
-//! - `for-life`: a library candidate for the Pod `POD`; after a loss it exits 3 (as
+//! - `for-life`: a library candidate for the Pod `POD`; after a loss it exits 124 (as
 //!   `kube-leader run` does, so that the harness restarts it like a container); SIGTERM steps
 //!   down (deletes the lock) and exits 0.
 //! - `child`: the COMMAND of `kube-leader run`: it leads from its start until SIGTERM, with the
@@ -190,7 +190,7 @@ async fn for_life(args: &[String]) -> Result<u8> {
         }
         0
     } else {
-        3
+        124
     };
     emit(json!({"event": "exit", "identity": pod}));
     Ok(code)

@@ -20,10 +20,14 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
         Err(e) => usage_error(&one_line(&e)),
     };
-    if let Command::Run(run) = &cli.command {
-        if let Err(msg) = run.validate() {
-            usage_error(&msg);
-        }
+    let checked = match &cli.command {
+        Command::Run(run) => run.validate(),
+        Command::Elect(elect) => elect.validate(),
+        Command::Rbac(rbac) => rbac.validate(),
+        _ => Ok(()),
+    };
+    if let Err(msg) = checked {
+        usage_error(&msg);
     }
     cli
 }
@@ -33,7 +37,7 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
 /// The prefix of the environment variables that set `run`'s flags.
 pub(crate) const ENV_PREFIX: &str = "KUBE_LEADER_";
 
-/// The command line definition, with every flag of `run`, `--http1` of `status` and the global
+/// The command line definition, with every flag of `run` and `elect`, `--http1` of `status` and the global
 /// `--log-format` also read from `KUBE_LEADER_<FLAG>` (`--lease-duration`:
 /// `KUBE_LEADER_LEASE_DURATION`; `--http1`: `KUBE_LEADER_HTTP1`), shown in `--help`. Added here rather than flag by flag, so that no flag can be forgotten. Boolean
 /// flags take true/false, 1/0, yes/no, on/off.
@@ -65,6 +69,7 @@ pub(crate) fn command() -> clap::Command {
     Cli::command()
         .mut_arg("log_format", with_env)
         .mut_subcommand("run", |run| run.mut_args(with_env))
+        .mut_subcommand("elect", |elect| elect.mut_args(with_env))
         .mut_subcommand("status", |status| status.mut_arg("http1", with_env))
 }
 

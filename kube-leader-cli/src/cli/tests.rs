@@ -82,6 +82,11 @@ fn addresses() {
     assert_eq!(parse_addr("[::1]:80").unwrap(), "[::1]:80".parse().unwrap());
     assert!(parse_addr("localhost").is_err());
     assert!(parse_addr(":http").is_err());
+    assert_eq!(
+        parse_addr("localhost:4040").unwrap(),
+        "127.0.0.1:4040".parse().unwrap()
+    );
+    assert!(parse_addr("localhost:http").is_err());
 }
 
 #[test]
@@ -235,4 +240,69 @@ fn liveness_is_for_life_only_on_by_default_and_off_by_word() {
     let r = run("kube-leader run --lock l --strategy lease --liveness 5s -- true");
     assert!(r.validate().unwrap_err().contains("--liveness"));
     assert!(Cli::try_parse_from(args("kube-leader run --lock l --liveness soon -- true")).is_err());
+}
+
+#[test]
+fn dead_leader_pod_is_for_leader_for_life_only() {
+    let run = |s: &str| {
+        let Command::Run(run) = Cli::try_parse_from(args(s)).unwrap().command else {
+            panic!("not run")
+        };
+        run
+    };
+    let r = run("kube-leader run --lock l -- true");
+    assert_eq!(r.dead_leader_pod, None);
+    r.validate().unwrap();
+    for (flag, want) in [
+        ("keep", DeadLeaderPodArg::Keep),
+        ("delete-evicted", DeadLeaderPodArg::DeleteEvicted),
+        ("delete-terminal", DeadLeaderPodArg::DeleteTerminal),
+    ] {
+        let r = run(&format!(
+            "kube-leader run --lock l --dead-leader-pod {flag} -- true"
+        ));
+        assert_eq!(r.dead_leader_pod, Some(want));
+        r.validate().unwrap();
+        assert_eq!(
+            kube_leader::DeadLeaderPod::from(want),
+            match want {
+                DeadLeaderPodArg::Keep => kube_leader::DeadLeaderPod::Keep,
+                DeadLeaderPodArg::DeleteEvicted => kube_leader::DeadLeaderPod::DeleteEvicted,
+                DeadLeaderPodArg::DeleteTerminal => kube_leader::DeadLeaderPod::DeleteTerminal,
+            }
+        );
+    }
+    let e = run("kube-leader run --lock l --strategy lease --dead-leader-pod keep -- true")
+        .validate()
+        .unwrap_err();
+    assert!(e.contains("--dead-leader-pod") && e.contains("for-life"), "{e}");
+    let e = err("kube-leader run --lock l --dead-leader-pod never -- true");
+    assert!(e.contains("never") && e.contains("keep"), "{e}");
+}
+
+#[test]
+fn elect_takes_runs_candidate_flags_and_no_command() {
+    let elect = |s: &str| {
+        let Command::Elect(e) = Cli::try_parse_from(args(s)).unwrap().command else {
+            panic!("not elect")
+        };
+        e
+    };
+    let e = elect("kube-leader elect --lock l");
+    assert_eq!(e.status_addr, "0.0.0.0:4040".parse().unwrap());
+    assert_eq!(e.lock.strategy, StrategyArg::ForLife);
+    e.validate().unwrap();
+    let r = e.as_run();
+    assert!(r.command.is_empty() && r.shards.is_none());
+    assert_eq!(r.status_addr, Some(e.status_addr));
+    // leader-elector's and nais/elector's spelling of the address.
+    let e = elect("kube-leader elect --lock l --strategy lease --http localhost:6060");
+    assert_eq!(e.status_addr, "127.0.0.1:6060".parse().unwrap());
+    // `run`'s rules, naming the flags.
+    let e = elect("kube-leader elect --lock l --strategy lease --lease-duration 1s --renew-deadline 2s");
+    assert!(e.validate().unwrap_err().contains("--renew-deadline"));
+    let e = elect("kube-leader elect --lock l --strategy lease --dead-leader-pod keep");
+    assert!(e.validate().unwrap_err().contains("--dead-leader-pod"));
+    // No COMMAND.
+    assert!(Cli::try_parse_from(args("kube-leader elect --lock l -- true")).is_err());
 }

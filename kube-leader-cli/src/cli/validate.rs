@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kube_leader::{lease::check_renew_deadline, Error, LeaseConfig};
 
-use super::{RunArgs, StrategyArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
+use super::{RbacArgs, RunArgs, StrategyArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 
 impl RunArgs {
     /// Checks the timings together, naming the flags: client-go's rules for a lease, and for
@@ -49,7 +49,8 @@ impl RunArgs {
             }
         }
         self.validate_not_ready_takeover()?;
-        self.validate_liveness()
+        self.validate_liveness()?;
+        validate_dead_leader_pod(self.lock.strategy, self.dead_leader_pod.is_some())
     }
 
     /// `--liveness`: leader for life only, and at least the library's 1 s.
@@ -93,7 +94,9 @@ impl RunArgs {
         ];
         if let Some((flag, _)) = single_lock.iter().find(|(_, set)| sharded && *set) {
             return Err(format!(
-                "the argument '{flag}' cannot be used with '--shards': it tells one lock's leader,                  and a shard candidate holds several (each shard's holder is in its Lease:                  kube-leader status --lock SET-N)"
+                "the argument '{flag}' cannot be used with '--shards': it tells one lock's leader, \
+                 and a shard candidate holds several (each shard's holder is in its Lease: \
+                 kube-leader status --lock SET-N)"
             ));
         }
         if !sharded && self.on_shards_change != crate::shards::OnChange::Restart {
@@ -134,6 +137,30 @@ impl RunArgs {
     pub(crate) fn lease_config(&self) -> LeaseConfig {
         LeaseConfig::new(self.lease_duration, self.renew_deadline, self.retry_period)
     }
+}
+
+impl RbacArgs {
+    /// `--dead-leader-pod` is for the Role of leader for life only.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let strategy = match self.shards {
+            Some(_) => StrategyArg::Lease,
+            None => self.lock.strategy,
+        };
+        validate_dead_leader_pod(strategy, self.dead_leader_pod.is_some())
+    }
+}
+
+/// `--dead-leader-pod`: leader for life only (a Lease holder's Pod is never deleted). Shared by
+/// `run` and `rbac`.
+fn validate_dead_leader_pod(strategy: StrategyArg, set: bool) -> Result<(), String> {
+    if set && strategy != StrategyArg::ForLife {
+        return Err(format!(
+            "invalid value for '--dead-leader-pod': only for --strategy for-life (the {} strategy \
+             never deletes a Pod)",
+            strategy.as_str()
+        ));
+    }
+    Ok(())
 }
 
 /// A configuration error of the library as a usage error naming the flag that set the field.

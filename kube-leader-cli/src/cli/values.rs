@@ -66,12 +66,16 @@ pub(super) fn parse_identity(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-/// `IP:PORT`, or `:PORT` for every IPv4 interface (`0.0.0.0:PORT`), as Go servers read it.
+/// `IP:PORT`, `:PORT` for every IPv4 interface (`0.0.0.0:PORT`), as Go servers read it, or
+/// `localhost:PORT` for `127.0.0.1:PORT` (as leader-elector's `--http=localhost:4040`).
 pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let port_of = |port: &str| port.parse::<u16>().map_err(|_| format!("invalid port {port:?}"));
     if let Some(port) = s.strip_prefix(':') {
-        let port: u16 = port.parse().map_err(|_| format!("invalid port {port:?}"))?;
-        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port_of(port)?)));
+    }
+    if let Some(port) = s.strip_prefix("localhost:") {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port_of(port)?)));
     }
     s.parse()
-        .map_err(|_| "expected IP:PORT (for example 127.0.0.1:4040) or :PORT".to_string())
+        .map_err(|_| "expected IP:PORT (for example 127.0.0.1:4040), :PORT or localhost:PORT".to_string())
 }

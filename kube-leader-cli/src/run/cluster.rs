@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// A client for `args`' configuration ([`config`]), once the API server answers (or `timeout`
-/// has passed: exit code 4). Its liveness bounds come from `renew_deadline` (see
+/// has passed: exit code 123). Its liveness bounds come from `renew_deadline` (see
 /// [`crate::client::Liveness`]).
 pub(crate) async fn connect(
     args: &ClusterArgs,
@@ -62,7 +62,7 @@ pub(crate) async fn connect(
 
 /// The configuration: with `--kubeconfig`, that file; else, with `--context`, KUBECONFIG or
 /// ~/.kube/config; else in-cluster, then KUBECONFIG or ~/.kube/config (kube's `infer`). A
-/// `--context` the kubeconfig lacks is exit code 4, naming the context and the file.
+/// `--context` the kubeconfig lacks is exit code 123, naming the context and the file.
 async fn config(args: &ClusterArgs) -> Result<Config, Fail> {
     let fail = |e: anyhow::Error| Fail::new(exit::CLUSTER, e);
     if args.kubeconfig.is_none() && args.context.is_none() {

@@ -70,7 +70,7 @@ impl Leading<'_> {
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "cannot start the supervisor");
                 self.step_down(leadership, StepDown::Keep).await;
-                return 1;
+                return exit::INTERNAL;
             }
         };
         let mut running = Running::new(

@@ -5,7 +5,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use crate::supervisor;
 
 /// SIGTERM, SIGINT and SIGQUIT stop kube-leader (after COMMAND, if it runs).
-pub(super) fn is_stop(kind: SignalKind) -> bool {
+pub(crate) fn is_stop(kind: SignalKind) -> bool {
     [
         SignalKind::terminate(),
         SignalKind::interrupt(),
@@ -15,12 +15,12 @@ pub(super) fn is_stop(kind: SignalKind) -> bool {
 }
 
 /// The signals kube-leader forwards to COMMAND.
-pub(super) struct Signals {
+pub(crate) struct Signals {
     streams: Vec<(SignalKind, Signal)>,
 }
 
 impl Signals {
-    pub(super) fn new() -> std::io::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         let streams = supervisor::FORWARDED
             .iter()
             .map(|k| Ok((*k, signal(*k)?)))
@@ -32,7 +32,7 @@ impl Signals {
     ///
     /// # Cancellation safety
     /// Cancel-safe: tokio's `Signal::recv` is.
-    pub(super) async fn recv(&mut self) -> SignalKind {
+    pub(crate) async fn recv(&mut self) -> SignalKind {
         let recvs = self.streams.iter_mut().map(|(kind, s)| {
             let kind = *kind;
             Box::pin(async move {
