@@ -108,6 +108,10 @@ impl Mock {
                 Some(l) => respond(200, l),
                 None => status(404, "NotFound"),
             },
+            (&Method::DELETE, Some(name)) => match s.leases.remove(name) {
+                Some(_) => respond(200, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+                None => status(404, "NotFound"),
+            },
             (m, p) => panic!("unexpected request {m} {p:?}?{query}"),
         }
     }
