@@ -109,7 +109,10 @@ impl Mock {
                 None => status(404, "NotFound"),
             },
             (&Method::DELETE, Some(name)) => match s.leases.remove(name) {
-                Some(_) => respond(200, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+                Some(_) => respond(
+                    200,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                ),
                 None => status(404, "NotFound"),
             },
             (m, p) => panic!("unexpected request {m} {p:?}?{query}"),
