@@ -301,43 +301,40 @@ pub(crate) async fn run(long: bool, seed: u64, target: usize, only: Option<Vec<S
         eprintln!("chaos shards sidecar: no kind of KUBE_LEADER_CHAOS_ONLY applies; idle");
         return;
     }
-    let (t, shards) = if long {
-        let t = Timings {
-            lease: Duration::from_millis(1000),
-            renew: Duration::from_millis(600),
-            retry: Duration::from_millis(100),
-        };
-        (t, 16)
-    } else {
-        let t = Timings {
-            lease: Duration::from_secs(2),
-            renew: Duration::from_secs(1),
-            retry: Duration::from_millis(200),
-        };
-        (t, 8)
+    let ms = Duration::from_millis;
+    let (t, shards) = match long {
+        true => (
+            Timings {
+                lease: ms(1000),
+                renew: ms(600),
+                retry: ms(100),
+            },
+            16,
+        ),
+        false => (
+            Timings {
+                lease: ms(2000),
+                renew: ms(1000),
+                retry: ms(200),
+            },
+            8,
+        ),
     };
     // Long mode: draws among the kinds still short of their share of the target.
     let per_kind = target.div_ceil(kinds.len());
-    eprintln!(
-        "chaos shards sidecar: seed {seed:#x}, {} mode, {shards} shards, kinds {:?}{}",
-        if long { "long" } else { "CI" },
-        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-        if long {
-            format!(", {per_kind} transitions per kind")
-        } else {
-            String::new()
-        }
-    );
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let mode = if long { "long" } else { "CI" };
+    eprintln!("chaos shards sidecar: seed {seed:#x}, {mode} mode, {shards} shards, kinds {names:?}, {per_kind} transitions per kind (long mode)");
     let cp = tokio::task::spawn_blocking(ControlPlane::start)
         .await
         .unwrap()
         .unwrap_or_else(|e| panic!("a private control plane is needed: {e}"));
     let ns = cp.namespace().await;
     let dir = std::env::temp_dir().join(format!("kube-leader-shard-chaos-sidecar-{}", std::process::id()));
-    let command = PathBuf::from(env!("CARGO_BIN_EXE_shard-command"));
+    let command = env!("CARGO_BIN_EXE_shard-command");
     let programs = Programs {
-        kube_leader: kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_shard-command")),
-        command,
+        kube_leader: kube_leader_e2e::kube_leader_bin_beside(command),
+        command: PathBuf::from(command),
     };
     let fleet = SidecarFleet::new(programs, ns.name(), "side", shards, t, &dir);
     let slots = (0..REPLICAS)
