@@ -4,6 +4,7 @@ pub mod chaos;
 pub mod checker;
 pub mod faults;
 pub mod shard_fleet;
+pub mod shard_sidecars;
 
 use std::time::Duration;
 

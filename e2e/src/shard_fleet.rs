@@ -325,7 +325,7 @@ impl Drop for ShardFleet {
 
 /// Spawns `command` from one long-lived thread (`PR_SET_PDEATHSIG` follows the thread that
 /// forked).
-fn spawn(command: Command) -> std::io::Result<Child> {
+pub fn spawn(command: Command) -> std::io::Result<Child> {
     type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {

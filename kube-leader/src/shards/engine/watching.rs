@@ -139,12 +139,18 @@ impl Engine {
             Some(Role::Member) => {
                 let record = LeaseRecord::from_lease(&lease);
                 let rv = lease.metadata.resource_version.clone();
+                let fallback = self.cfg.lease.lease_duration;
                 let prev = self.members.get(&name);
                 let changed_holder = prev.is_none_or(|p| p.record.holder != record.holder);
+                let was_live = prev.is_some_and(|p| now < p.expires_at(fallback));
                 let next = Observed::update(prev, record, rv, now);
+                // A member renewed after it had expired here (a partition healed, a stopped
+                // process group continued) is live again under the same holder: the fair
+                // share changes as much as for a new holder.
+                let revived = !was_live && now < next.expires_at(fallback);
                 self.note_count(&name, &lease, now);
                 self.members.insert(name, next);
-                if changed_holder {
+                if changed_holder || revived {
                     self.dirty = true;
                 }
             }
