@@ -42,26 +42,12 @@ const WAIT: Duration = Duration::from_secs(60);
 
 // === helpers ===
 
-/// Polls `check` every 50 ms until it returns `Some`, or panics after `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(started.elapsed() < timeout, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+mod support;
+
+use support::wait_for;
 
 fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "kube-leader-cli-{}-{name}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    fs::create_dir_all(&dir).unwrap();
-    dir
+    support::scratch_dir("cli", name)
 }
 
 fn alive(pid: i32) -> bool {

@@ -34,25 +34,12 @@ struct Nais {
 
 // === helpers ===
 
-fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+mod support;
+
+use support::wait_for;
 
 fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "kube-leader-elect-{name}-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    fs::create_dir_all(&dir).unwrap();
-    dir
+    support::scratch_dir("elect", name)
 }
 
 /// A `kube-leader elect` process, logs in JSON to a file.
