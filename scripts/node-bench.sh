@@ -3,7 +3,12 @@
 # 3) and prints kube-leader (leader for life, Lease) and client-go's leaderelection side by side,
 # the range over the runs of each figure, with the load average before each run:
 #
-#   scripts/node-bench.sh [RUNS]
+#   scripts/node-bench.sh [RUNS] [ROUNDS]
+#
+# Then `kubectl delete pod` on the leader ROUNDS times in a row per strategy (default 20; the
+# tests `delete_pod_rounds_*`, one strategy at a time, so that they do not load each other): the
+# percentiles of each step of the handover (docs/node.md, "Where the time goes"). RUNS=0 runs
+# only the rounds.
 #
 # The tests apply deploy/ (and the client-go candidate in the same Deployment shape) to a real
 # kubelet node and print each figure on a line `node: figure LABEL NAME MS`; this script only
@@ -13,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${1:-3}
-case "$RUNS" in ''|*[!0-9]*) echo "usage: $0 [RUNS]" >&2; exit 2 ;; esac
+ROUNDS=${2:-20}
+case "$RUNS$ROUNDS" in ''|*[!0-9]*) echo "usage: $0 [RUNS] [ROUNDS]" >&2; exit 2 ;; esac
 
 KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$(./scripts/testenv-assets.sh)}"
 KUBE_LEADER_GO_CANDIDATE="${KUBE_LEADER_GO_CANDIDATE:-$(./scripts/go-candidate.sh)}"
@@ -23,16 +29,57 @@ cargo build --quiet -p kube-leader-cli
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 failed=0
-for run in $(seq "$RUNS"); do
+for run in $(seq 1 "$RUNS"); do
   echo "run $run of $RUNS: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%F %T') UTC" >&2
   cargo test --quiet -p kube-leader-e2e --test node -- --nocapture 2>&1 | tee -a "$LOG" \
     | grep -E '^(node: |kube-leader-testenv: SKIPPED|test result)' >&2 || true
   [ "${PIPESTATUS[0]}" = 0 ] || { failed=1; echo "run $run: the node tests failed (figures kept)" >&2; }
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-FIGURES=$(grep '^node: figure ' "$LOG" || true)
+FIGURES=$(grep '^node: figure ' "$LOG" | grep -v ' delete_round_' || true)
+
+ROUNDS_LOG=$(mktemp)
+trap 'rm -f "$LOG" "$ROUNDS_LOG"' EXIT
+if [ "$ROUNDS" -gt 0 ]; then
+  echo "delete rounds: $ROUNDS per strategy, one strategy at a time; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  KUBE_LEADER_NODE_DELETE_ROUNDS=$ROUNDS cargo test --quiet -p kube-leader-e2e --test node \
+    delete_pod_rounds -- --nocapture --test-threads 1 2>&1 | tee "$ROUNDS_LOG" \
+    | grep -E '^(node: .*delete round|kube-leader-testenv: SKIPPED|test result)' >&2 || true
+  [ "${PIPESTATUS[0]}" = 0 ] || { failed=1; echo "the delete rounds failed (figures kept)" >&2; }
+  echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  grep '^node: figure [a-z-]* delete_round_' "$ROUNDS_LOG" | awk '
+    { key = $3 " " $4; n[key]++; v[key, n[key]] = $5 + 0; seen[$3] = 1 }
+    function pct(key, f,   i, j, t, m, a) {
+      m = n[key]; if (m == 0) return "–"
+      for (i = 1; i <= m; i++) a[i] = v[key, i]
+      for (i = 2; i <= m; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      i = int(f * m + 0.999999); if (i < 1) i = 1; if (i > m) i = m
+      return a[i]
+    }
+    function cell(key) {
+      if (n[key] == 0) return "–"
+      return sprintf("%d / %d / %d / %d", pct(key, 0.5), pct(key, 0.9), pct(key, 0.99), pct(key, 1))
+    }
+    END {
+      split("delete_round_to_next delete_round_kubectl delete_round_noticed delete_round_stopped delete_round_released delete_round_released_to_next", names, " ")
+      t["delete_round_to_next"] = "`kubectl delete pod` started → next leader'"'"'s COMMAND"
+      t["delete_round_kubectl"] = "`kubectl delete pod` process (start → exit)"
+      t["delete_round_noticed"] = "→ old leader noticed (Pod watch or SIGTERM)"
+      t["delete_round_stopped"] = "→ old COMMAND got SIGTERM"
+      t["delete_round_released"] = "→ lock released"
+      t["delete_round_released_to_next"] = "lock released → next leader'"'"'s COMMAND"
+      printf "\ndelete rounds, ms p50 / p90 / p99 / max (runs: for-life %d, lease %d, client-go %d)\n\n", n["for-life delete_round_to_next"], n["lease delete_round_to_next"], n["client-go delete_round_to_next"]
+      print "| | leader for life | kube-leader Lease | client-go Lease |"
+      print "| --- | ---: | ---: | ---: |"
+      for (i = 1; i <= 6; i++) {
+        k = names[i]
+        printf "| %s | %s | %s | %s |\n", t[k], cell("for-life " k), cell("lease " k), cell("client-go " k)
+      }
+    }'
+fi
 
 if [ -z "$FIGURES" ]; then
+  [ "$RUNS" = 0 ] && exit "$failed"
   echo "no figures: the node tests did not run (see above)" >&2
   exit 1
 fi

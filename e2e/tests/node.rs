@@ -38,6 +38,8 @@
 
 #[path = "node/logs.rs"]
 mod logs;
+#[path = "node/rounds.rs"]
+mod rounds;
 
 use std::{
     io::Write as _,
@@ -125,6 +127,31 @@ async fn client_go_on_a_real_node() {
     let Some(env) = NodeEnv::get() else { return };
     let _shared = NODE_USE.read().await;
     scenario(env, Strategy::ClientGo).await;
+}
+
+/// `kubectl delete pod` on the leader, round after round: a waiting candidate leads next, and
+/// where the time goes (node/rounds.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_pod_rounds_for_life() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    rounds::run(env, Strategy::ForLife).await;
+}
+
+/// The same rounds with the Lease strategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_pod_rounds_lease() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    rounds::run(env, Strategy::Lease).await;
+}
+
+/// The same rounds with client-go's Lease election, for comparison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_pod_rounds_client_go() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    rounds::run(env, Strategy::ClientGo).await;
 }
 
 /// The kubelet stops (node NotReady, containers keep running): no second leader with either
@@ -897,6 +924,10 @@ fn for_the_node(deployment: &mut Value, strategy: Strategy, image: &str, apiserv
             env.retain(|e| e["name"] != "POD_NAMESPACE");
         }
         env.push(json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}));
+        // A log filter for the Pods' kube-leader (RUST_LOG), to trace a run.
+        if let Ok(filter) = std::env::var("KUBE_LEADER_NODE_RUST_LOG") {
+            env.push(json!({"name": "RUST_LOG", "value": filter}));
+        }
         env.push(json!({"name": "KUBERNETES_SERVICE_PORT", "value": apiserver_port.to_string()}));
         let args = container["args"].as_array_mut().expect("args");
         if let Some(i) = args.iter().position(|a| a == "--status-addr") {

@@ -235,6 +235,15 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) label_pod: bool,
 
+    /// Lease: watch this candidate's own Pod (POD_NAME, else the identity; in POD_NAMESPACE,
+    /// else the service-account namespace) and act on its deletion at once, as on SIGTERM: stop
+    /// COMMAND, release the lease, exit; a follower stops campaigning. The kubelet's SIGTERM
+    /// comes after it, 10 ms to over a second later on a busy node. Needs get, list and watch
+    /// on pods in the Pod's namespace (`kube-leader rbac --strategy lease --watch-own-pod`).
+    /// Leader for life always watches its Pod.
+    #[arg(long)]
+    pub(crate) watch_own_pod: bool,
+
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
     /// namespace file): fail (exit 125), or skip the election and run COMMAND — in every replica
     /// that finds no namespace.
@@ -327,6 +336,11 @@ pub(crate) struct RbacArgs {
     /// Also grant what `run --label-pod` needs (patch pods).
     #[arg(long)]
     pub(crate) label_pod: bool,
+
+    /// Also grant what `run --strategy lease --watch-own-pod` needs (get, list, watch pods;
+    /// leader for life has them already).
+    #[arg(long, conflicts_with = "shards")]
+    pub(crate) watch_own_pod: bool,
 
     /// The Role of `run --dead-leader-pod POLICY` (leader for life): `keep` needs no `delete
     /// pods` [default: delete-evicted].

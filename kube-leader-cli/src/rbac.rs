@@ -199,7 +199,7 @@ pub(crate) fn role_name(strategy: StrategyArg, lock: &str) -> String {
 fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rule>) {
     let strategy = args.lock.strategy;
     let lock = &args.lock.lock;
-    let (name, mut command, run, mut rules) = match args.shards {
+    let (name, mut command, mut run, mut rules) = match args.shards {
         Some(m) => (
             format!("kube-leader-shards-{lock}"),
             format!("kube-leader rbac --shards {m} --lock {lock} --namespace {namespace}"),
@@ -231,6 +231,19 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
     }
     if args.service_account != "default" {
         command.push_str(&format!(" --service-account {}", args.service_account));
+    }
+    if args.watch_own_pod && args.shards.is_none() && strategy == StrategyArg::Lease {
+        command.push_str(" --watch-own-pod");
+        run.push_str(" --watch-own-pod");
+        rules.push(Rule {
+            why: "--watch-own-pod: watch this candidate's own Pod, to stop at once when it is \
+                  deleted rather than on the kubelet's SIGTERM a moment later (get, list, watch pods \
+                  is namespace-wide: a Pod's name is not known when the Role is written)",
+            api_group: "",
+            resource: "pods",
+            resource_names: vec![],
+            verbs: &["get", "list", "watch"],
+        });
     }
     if args.label_pod {
         command.push_str(" --label-pod");
@@ -396,6 +409,23 @@ mod tests {
             y.contains("resources: [\"events\"]\n    verbs: [\"create\"]"),
             "{y}"
         );
+    }
+
+    #[test]
+    fn watch_own_pod_adds_get_list_watch_pods_for_a_lease() {
+        let y = yaml(
+            &args("kube-leader rbac --strategy lease --lock l --watch-own-pod"),
+            "ns",
+        );
+        assert!(
+            y.contains("resources: [\"pods\"]\n    verbs: [\"get\", \"list\", \"watch\"]"),
+            "{y}"
+        );
+        assert!(
+            y.contains("`kube-leader run --strategy lease --lock l --watch-own-pod`"),
+            "{y}"
+        );
+        assert!(!y.contains("\"patch\""), "{y}");
     }
 
     #[test]

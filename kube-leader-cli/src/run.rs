@@ -26,6 +26,7 @@ use crate::{
 mod cluster;
 mod command;
 mod leading;
+mod own_pod;
 mod signals;
 
 pub(crate) use cluster::{connect, resolve_identity, resolve_namespace};
@@ -51,6 +52,10 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
+    if args.watch_own_pod && args.lock.strategy == crate::cli::StrategyArg::Lease {
+        let (namespace, pod) = own_pod_name(&identity, &client);
+        signals.stop_when_pod_ends(own_pod::watch(client.clone(), &namespace, &pod).await?);
+    }
     let elector = crate::elector::elector(client.clone(), &args, &lock, &identity);
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
@@ -87,6 +92,14 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         label.settle(Duration::from_secs(10)).await;
     }
     Ok(code)
+}
+
+/// This candidate's Pod: its namespace (POD_NAMESPACE, else the service-account namespace,
+/// else the client's) and name (POD_NAME, else the identity).
+fn own_pod_name(identity: &str, client: &Client) -> (String, String) {
+    let namespace = kube_leader::discovery::namespace_or_default(None, client);
+    let name = kube_leader::discovery::pod_name_from_env().unwrap_or_else(|| identity.to_owned());
+    (namespace, name)
 }
 
 /// The status (and the `--status-addr` server), fed with the leader as observed.

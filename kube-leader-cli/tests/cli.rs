@@ -1870,3 +1870,130 @@ fn a_missing_context_exits_123_naming_it() {
     );
     assert!(stderr.contains("has no such context"), "{stderr}");
 }
+
+/// `--watch-own-pod` (Lease), with only the Role `kube-leader rbac --watch-own-pod` prints: the
+/// leader's Pod deleted → its COMMAND is stopped (SIGTERM) and the lease released at once,
+/// with no signal to kube-leader, and kube-leader exits with COMMAND's code; a follower whose Pod
+/// is deleted stops campaigning and exits 0. Without the pods permission: exit 123 naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_own_pod_stops_on_the_pods_deletion_as_on_sigterm() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("own-pod");
+    let yaml = rbac(&[
+        "--strategy",
+        "lease",
+        "--lock",
+        "own",
+        "--namespace",
+        ns.name(),
+        "--watch-own-pod",
+    ]);
+    kubectl(cp, &["apply", "-f", "-"], &yaml);
+    let user = user(5);
+    bind(&client, ns.name(), "kube-leader-lease-own", &user).await;
+    for pod in ["own-a", "own-b", "own-c"] {
+        create_pod(&client, ns.name(), pod).await.unwrap();
+    }
+    let kubeconfig = cp.user_kubeconfig_path(&user).unwrap();
+    // A long lease: a takeover well within it can only come from a release.
+    let flags = [
+        "--strategy",
+        "lease",
+        "--lock",
+        "own",
+        "--namespace",
+        ns.name(),
+        "--lease-duration",
+        "20s",
+        "--renew-deadline",
+        "10s",
+        "--retry-period",
+        "1s",
+        "--watch-own-pod",
+    ];
+    let d = dir.display();
+    let spawn = |id: &str, pod: &str, on_term: &str| {
+        Candidate::spawn_with(
+            kubeconfig,
+            &dir,
+            id,
+            &flags,
+            &work_script(&dir, id, on_term),
+            &[("POD_NAME", pod), ("POD_NAMESPACE", ns.name())],
+        )
+    };
+    let mut a = spawn("a", "own-a", &format!("echo term > {d}/a.term; exit 7"));
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let b = spawn("b", "own-b", "exit 0");
+    let mut c = spawn("c", "own-c", "exit 0");
+    for x in [&b, &c] {
+        wait_for("b and c follow", WAIT, || {
+            x.log_text().contains("leader is a").then_some(())
+        });
+    }
+
+    // The follower c's Pod goes: c stops campaigning and exits 0, never leading.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    pods.delete("own-c", &DeleteParams::default()).await.unwrap();
+    let code = c.wait_exit(WAIT);
+    assert_eq!(code.code(), Some(0), "{}", c.log_text());
+    assert!(!c.leading(), "{}", c.log_text());
+    assert!(
+        c.log_text().contains("stopping before leading"),
+        "{}",
+        c.log_text()
+    );
+
+    // The leader a's Pod goes: COMMAND gets SIGTERM, the lease is released, b leads.
+    let deleted = Instant::now();
+    pods.delete("own-a", &DeleteParams::default()).await.unwrap();
+    wait_for("b takes over", WAIT, || b.leading().then_some(()));
+    let handover = deleted.elapsed();
+    let code = a.wait_exit(WAIT);
+    assert_eq!(code.code(), Some(7), "COMMAND's code: {}", a.log_text());
+    assert_eq!(
+        fs::read_to_string(dir.join("a.term")).unwrap().trim(),
+        "term",
+        "SIGTERM reached COMMAND"
+    );
+    assert!(
+        a.log_text().contains("this candidate's Pod was deleted")
+            || a.log_text().contains("this candidate's Pod is being deleted"),
+        "{}",
+        a.log_text()
+    );
+    assert!(!a.log_text().contains("missing permission"), "{}", a.log_text());
+    eprintln!("from the Pod's deletion to the next leader's COMMAND: {handover:?} (lease 20s)");
+    assert!(
+        handover < Duration::from_secs(10),
+        "took {handover:?}: not a release"
+    );
+
+    // Without get pods (the plain Lease Role): exit 123, naming the permission and the command.
+    let plain = rbac(&["--strategy", "lease", "--lock", "plain", "--namespace", ns.name()]);
+    kubectl(cp, &["apply", "-f", "-"], &plain);
+    let other = self::user(6);
+    bind(&client, ns.name(), "kube-leader-lease-plain", &other).await;
+    let kubeconfig = cp.user_kubeconfig_path(&other).unwrap();
+    let mut flags = lease_flags("plain", ns.name());
+    flags.push("--watch-own-pod");
+    let mut d = Candidate::spawn_with(
+        kubeconfig,
+        &dir,
+        "d",
+        &flags,
+        &work_script(&dir, "d", "exit 0"),
+        &[("POD_NAME", "own-b"), ("POD_NAMESPACE", ns.name())],
+    );
+    let code = d.wait_exit(WAIT);
+    assert_eq!(code.code(), Some(123), "{}", d.log_text());
+    assert!(
+        d.log_text()
+            .contains("kube-leader rbac --strategy lease --watch-own-pod"),
+        "{}",
+        d.log_text()
+    );
+    let _ = fs::remove_dir_all(dir);
+}

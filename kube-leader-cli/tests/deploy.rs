@@ -513,7 +513,11 @@ async fn kubectl_apply_k_deploy_lease_runs_the_lease_strategy() {
     let cp = ControlPlane::shared();
     let d = check_variant(cp, "lease", "kube-leader-lease").await;
     let a = args(&d);
-    assert_eq!(&a[..3], ["run", "--strategy", "lease"], "{a:?}");
+    assert_eq!(
+        &a[..4],
+        ["run", "--strategy", "lease", "--watch-own-pod"],
+        "{a:?}"
+    );
     // The lock the RBAC names (resourceNames) is the one the Deployment campaigns for.
     let lock = a
         .iter()
@@ -556,21 +560,30 @@ fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
 async fn deploy_rbac_matches_kube_leader_rbac() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
-    for (strategy, file) in [("lease", "lease"), ("for-life", "for-life")] {
+    for (strategy, file, extra) in [
+        ("lease", "lease", &["--watch-own-pod"][..]),
+        ("for-life", "for-life", &[][..]),
+    ] {
         // As kustomize builds it: the lock ($(KUBE_LEADER_LOCK)) is the Deployment's name.
         let built = kubectl(cp, &["kustomize", deploy_dir().join(file).to_str().unwrap()]);
         let deployed = built
             .split("\n---\n")
             .find(|doc| doc.lines().any(|l| l == "kind: Role"))
             .unwrap_or_else(|| panic!("no Role in deploy/{file}:\n{built}"));
-        let printed = rbac(&[
-            "--strategy",
-            strategy,
-            "--lock",
-            "kube-leader-demo",
-            "--namespace",
-            ns.name(),
-        ]);
+        let printed = rbac(
+            &[
+                &[
+                    "--strategy",
+                    strategy,
+                    "--lock",
+                    "kube-leader-demo",
+                    "--namespace",
+                    ns.name(),
+                ],
+                extra,
+            ]
+            .concat(),
+        );
         assert_eq!(
             server_rules(cp, ns.name(), deployed),
             server_rules(cp, ns.name(), &printed),

@@ -90,8 +90,9 @@ struct LogState {
     records: Vec<Record>,
     /// The last status server address each Pod logged.
     status_addrs: HashMap<String, String>,
-    /// kube-leader's log messages per Pod.
-    messages: HashMap<String, Vec<String>>,
+    /// kube-leader's log messages per Pod, each with its time (CLOCK_MONOTONIC ns, from the
+    /// line's own wall-clock timestamp; 0 where it has none).
+    messages: HashMap<String, Vec<(String, u64)>>,
     /// The workload processes alive at the last look at `/proc`: host pid → (Pod, start time).
     alive: HashMap<u32, (String, String)>,
 }
@@ -161,7 +162,35 @@ impl PodLogs {
             .unwrap()
             .messages
             .get(pod)
-            .is_some_and(|m| m.iter().any(|m| m == message))
+            .is_some_and(|m| m.iter().any(|(m, _)| m == message))
+    }
+
+    /// When kube-leader in `pod` first logged a message starting with `prefix` after `after`
+    /// (CLOCK_MONOTONIC ns, converted from the log line's wall-clock timestamp: the same
+    /// host's clocks, so within the microseconds of the conversion).
+    pub(crate) fn logged_at(&self, pod: &str, prefix: &str, after: u64) -> Option<u64> {
+        self.state
+            .lock()
+            .unwrap()
+            .messages
+            .get(pod)?
+            .iter()
+            .find(|(m, at)| *at > after && m.starts_with(prefix))
+            .map(|(_, at)| *at)
+    }
+
+    /// kube-leader's messages in `pod` between `from` and `to` (CLOCK_MONOTONIC ns), with their
+    /// times: a trace of one step.
+    pub(crate) fn messages_between(&self, pod: &str, from: u64, to: u64) -> Vec<(u64, String)> {
+        let state = self.state.lock().unwrap();
+        let Some(messages) = state.messages.get(pod) else {
+            return Vec::new();
+        };
+        messages
+            .iter()
+            .filter(|(_, at)| (from..=to).contains(at))
+            .map(|(m, at)| (*at, m.clone()))
+            .collect()
     }
 
     pub(crate) fn status_addr(&self, pod: &str) -> Option<String> {
@@ -237,7 +266,7 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
                         .messages
                         .entry(pod.to_owned())
                         .or_default()
-                        .push(message.to_owned());
+                        .push((message.to_owned(), wall_to_mono(&log["timestamp"])));
                 }
             }
         }
@@ -302,6 +331,23 @@ fn poll_processes(namespace: &str, work: Work, state: &mut LogState) {
         }
     }
     state.alive = seen;
+}
+
+/// A log line's RFC 3339 timestamp (kube-leader's JSON logs) as CLOCK_MONOTONIC ns: the wall
+/// clock's distance from now, taken from the monotonic clock's now. 0 where it has none.
+fn wall_to_mono(timestamp: &Value) -> u64 {
+    let Some(at) = timestamp
+        .as_str()
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+    else {
+        return 0;
+    };
+    let now_mono = mono_ns();
+    let now_wall = std::time::SystemTime::now();
+    match now_wall.duration_since(at) {
+        Ok(ago) => now_mono.saturating_sub(ago.as_nanos() as u64),
+        Err(ahead) => now_mono + ahead.duration().as_nanos() as u64,
+    }
 }
 
 /// A `started_leading` or `stopped_leading` event of the client-go candidate, as a `start` or

@@ -94,6 +94,7 @@ impl ElectArgs {
             allow_grace_beyond_lease: false,
             status_addr: Some(self.status_addr),
             ready_only_when_leader: self.ready_only_when_leader,
+            watch_own_pod: false,
             label_pod: self.label_pod,
             on_outside_cluster: self.on_outside_cluster,
             connect_timeout: self.connect_timeout,

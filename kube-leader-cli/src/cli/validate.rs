@@ -99,6 +99,13 @@ impl RunArgs {
                  kube-leader status --lock SET-N)"
             ));
         }
+        if sharded && self.watch_own_pod {
+            return Err(
+                "the argument '--watch-own-pod' cannot be used with '--shards' (yet): a shard \
+                        candidate hands its shards over on the kubelet's SIGTERM"
+                    .into(),
+            );
+        }
         if !sharded && self.on_shards_change != crate::shards::OnChange::Restart {
             return Err("the argument '--on-shards-change' needs '--shards'".into());
         }

@@ -73,7 +73,10 @@ impl Keeper {
             let leading = !handle.is_lost();
             let seen = tokio::select! {
                 biased;
-                () = done.cancelled() => return self.step_down(&handle).await,
+                () = done.cancelled() => {
+                    let watched = watches.lock.current().cloned();
+                    return self.step_down(&handle, watched).await;
+                }
                 () = shutdown.cancelled(), if leading => {
                     info!("shutdown requested; no longer leading \
                         (the lock stays until this Pod is deleted or the leadership is released)");
@@ -102,12 +105,12 @@ impl Keeper {
         }
     }
 
-    /// The handle was dropped or released.
-    async fn step_down(&self, handle: &KeeperHandle) -> Result<()> {
+    /// The handle was dropped or released; `watched`: the lock as its watch shows it.
+    async fn step_down(&self, handle: &KeeperHandle, watched: Option<ConfigMap>) -> Result<()> {
         if handle.release_requested() {
             // The loss first: once the lock is deleted a successor may start at once.
             handle.lose(LossReason::Released);
-            return self.release().await;
+            return self.release(watched).await;
         }
         debug!(
             "the leadership handle was dropped; no longer watching the lock \
@@ -167,7 +170,9 @@ impl Keeper {
     /// ([`RELEASED_ANNOTATION`]), then deletes it, both only if it is still this term's (UID).
     /// The mark is what tells a waiting candidate that nothing of this term runs any more, also
     /// when this Pod is terminal or gone and its containers might otherwise still run.
-    async fn release(&self) -> Result<()> {
+    /// `watched` (the lock as the keeper's watch shows it) saves the first GET: the update
+    /// carries its resourceVersion, so a lock that changed since answers 409 and is read again.
+    async fn release(&self, mut watched: Option<ConfigMap>) -> Result<()> {
         let started = Instant::now();
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
         let (mut failures, mut marked) = (0, false);
@@ -175,7 +180,7 @@ impl Keeper {
             let step = if marked {
                 self.delete_lock().await
             } else {
-                self.mark_released().await
+                self.mark_released(watched.take()).await
             };
             match step {
                 Ok(true) if marked => {
@@ -207,10 +212,16 @@ impl Keeper {
     }
 
     /// Marks the lock released if it is still this term's. `false`: it is gone or replaced.
-    async fn mark_released(&self) -> Result<bool, Failure> {
-        let get = self.configmaps.get_opt(&self.lock.name);
-        let Some(mut cm) = call(cm_op(&self.lock, "get"), self.api_timeout, get).await? else {
-            return Ok(false);
+    async fn mark_released(&self, watched: Option<ConfigMap>) -> Result<bool, Failure> {
+        let mut cm = match watched {
+            Some(cm) => cm,
+            None => {
+                let get = self.configmaps.get_opt(&self.lock.name);
+                match call(cm_op(&self.lock, "get"), self.api_timeout, get).await? {
+                    Some(cm) => cm,
+                    None => return Ok(false),
+                }
+            }
         };
         let record = LockRecord::from_config_map(&cm);
         if record.uid != self.lock_uid || !record.is_owned_by(&self.me) {
