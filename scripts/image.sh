@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Builds container images offline, without any registry or image builder: one-layer
-# docker-archive tarballs (manifest.json, a config JSON, one layer tar), loadable by containerd
-# (`ctr images import`), docker and podman (`load`) and kind (`kind load image-archive`).
+# Builds container images offline, without any registry: docker-archive tarballs loadable by
+# containerd (`ctr images import`), docker and podman (`load`) and kind (`kind load
+# image-archive`).
 #
-#   scripts/image.sh [kube-leader] [--binary FILE] [--no-load]
-#       The kube-leader image, localhost/kube-leader:<version> (the image of deploy/):
-#       /usr/local/bin/kube-leader (`cargo build --profile sidecar -p kube-leader-cli`, or FILE),
-#       the shared libraries `ldd` lists for it, busybox (sh, sleep and the usual tools, for the
-#       COMMANDs it wraps), running as the numeric non-root user 65532.
+#   scripts/image.sh [kube-leader] [--arch amd64|arm64] [--binary FILE] [--no-load]
+#       The kube-leader image, localhost/kube-leader:<version> (the image of deploy/): the
+#       Dockerfile's `prebuilt` stage, built with buildah (daemonless, no base image: FROM
+#       scratch) from the static binary of scripts/static.sh (or FILE, which must be static):
+#       /usr/local/bin/kube-leader and nothing else, user 65532. --arch arm64 builds the arm64
+#       image (cross-compiled; not loaded on an amd64 machine).
+#   scripts/image.sh app [--no-load]
+#       An image that knows nothing of kube-leader, the stand-in for a user's program in the
+#       real-node tests of deploy/patterns: busybox, and /usr/local/bin/app, a shell loop that
+#       prints "app: started as $POD_NAME" and "app: stopping as $POD_NAME" on SIGTERM.
+#   scripts/image.sh copy-from [--binary FILE] [--no-load]
+#       deploy/patterns/copy-from/Dockerfile built with buildah: the app image above with
+#       kube-leader copied in (`COPY --from=` the kube-leader image).
 #   scripts/image.sh pause [--no-load]
 #       The Pod sandbox ("pause") image, built with `gcc -static` from build/pause/linux/pause.c
 #       of the Kubernetes source tree that scripts/testenv-assets.sh unpacks.
 #   scripts/image.sh node-test --binary FILE [--no-load]
-#       The real-node tests' image: the kube-leader image (with FILE, stripped) whose `sh` is
-#       dash and whose `sleep` is the instrumented test workload (scripts/images/workload.c),
-#       so deploy/'s sample COMMAND `sh -c '...; exec sleep infinity'` writes start/stop records.
+#       The real-node tests' image: FILE (stripped, with its libraries), busybox, dash as `sh`
+#       and the instrumented test workload (scripts/images/workload.c) as `sleep`, so deploy/'s
+#       sample COMMAND `sh -c '...; exec sleep infinity'` writes start/stop records.
 #   scripts/image.sh go-candidate [--binary FILE] [--no-load]
 #       The client-go candidate (tools/go-candidate, the static binary scripts/go-candidate.sh
 #       builds, or FILE) as /usr/local/bin/kube-leader-go-candidate, with busybox, user 65532:
@@ -22,13 +30,14 @@
 #
 # Prints `<image reference> <archive path>` on stdout; everything else goes to stderr.
 # Archives are cached by content: ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/images/, named by
-# the SHA-256 of their layer; pause, node-test and go-candidate images carry the first 12 hex
-# digits of it in their tag, so an image that changed never hides behind an old one with the
-# same name.
+# the SHA-256 of their layer (or buildah's image ID); app, pause, node-test and go-candidate
+# images carry its first 12 hex digits in their tag, so an image that changed never hides behind
+# an old one with the same name. buildah keeps its storage in .../kube-leader/buildah.
 #
 # Loading: into containerd when one is reachable at $CONTAINERD_ADDRESS (default
 # /run/containerd/containerd.sock), namespace k8s.io (the kubelet's). --no-load skips it.
-# Needs: gcc, libc6-dev, busybox-static (scripts/node-deps.sh installs them), GNU tar, sha256sum.
+# Needs: gcc, libc6-dev, busybox-static, buildah, musl-tools, gcc-aarch64-linux-gnu
+# (scripts/node-deps.sh installs them), GNU tar, sha256sum.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -38,15 +47,22 @@ die() { log "error: $*"; exit 1; }
 
 KIND=kube-leader
 case "${1:-}" in
-  kube-leader|pause|node-test|go-candidate) KIND=$1; shift ;;
+  kube-leader|app|copy-from|pause|node-test|go-candidate) KIND=$1; shift ;;
 esac
 BINARY=""
 LOAD=1
+ARCH=amd64
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) BINARY=${2:?--binary needs a file}; shift 2 ;;
+    --arch)
+      case "${2:-}" in
+        amd64 | arm64) ARCH=$2 ;;
+        *) die "--arch takes amd64 or arm64, not '${2:-}'" ;;
+      esac
+      shift 2 ;;
     --no-load) LOAD=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done
@@ -122,8 +138,8 @@ write_archive() {
   if [ ! -s "$archive" ]; then
     mkdir -p "$WORK/archive/$diff_id"
     mv "$WORK/layer.tar" "$WORK/archive/$diff_id/layer.tar"
-    printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"kube-leader scripts/image.sh %s"}]}' \
-      "$config" "$diff_id" "$KIND" >"$WORK/config.json"
+    printf '{"architecture":"%s","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"kube-leader scripts/image.sh %s"}]}' \
+      "$(host_arch)" "$config" "$diff_id" "$KIND" >"$WORK/config.json"
     local config_digest
     config_digest=$(sha256sum "$WORK/config.json" | cut -d' ' -f1)
     mv "$WORK/config.json" "$WORK/archive/$config_digest.json"
@@ -157,19 +173,78 @@ load() { # REF ARCHIVE
   fi
 }
 
+# --- buildah ----------------------------------------------------------------------------------
+# Private storage (vfs: no overlay mounts needed), never a registry: every FROM is local.
+BUILDAH_DIR="$CACHE/buildah"
+bah() {
+  command -v buildah >/dev/null || die "buildah is missing (run scripts/node-deps.sh)"
+  buildah --root "$BUILDAH_DIR/storage" --runroot "$BUILDAH_DIR/run" --storage-driver vfs "$@"
+}
+# bah_build NAME TAG REF-IN-ARCHIVE BUILD-ARGS...: builds, then writes (or reuses) the archive
+# named by the image ID (buildah --timestamp 0: the same inputs give the same ID), loads it.
+# A REF ending in "-" gets the first 12 hex digits of the image ID appended.
+bah_build() {
+  local name=$1 tag=$2 ref=$3
+  shift 3
+  bah build --quiet --timestamp 0 --pull=never --iidfile "$WORK/iid" -t "localhost/$name:$tag" "$@" >&2
+  local id
+  id=$(sed 's/^sha256://' "$WORK/iid")
+  case "$ref" in *-) ref="$ref${id:0:12}" ;; esac
+  local archive="$IMAGES/$name-$ARCH-${id:0:12}.tar"
+  if [ ! -s "$archive" ]; then
+    rm -f "$archive.tmp"
+    bah push --quiet "localhost/$name:$tag" "docker-archive:$archive.tmp:$ref" >&2
+    mv "$archive.tmp" "$archive"
+    log "wrote $archive ($(( $(stat -c %s "$archive") / 1024 )) KiB)"
+    ls -t "$IMAGES/$name-$ARCH"-????????????.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+  else
+    log "cached $archive"
+  fi
+  if [ "$ARCH" = "$(host_arch)" ]; then load "$ref" "$archive"; else log "$ARCH image: not loaded on $(host_arch)"; fi
+  printf '%s %s\n' "$ref" "$archive"
+}
+host_arch() {
+  case "$(uname -m)" in x86_64) echo amd64 ;; aarch64) echo arm64 ;; *) uname -m ;; esac
+}
+# The kube-leader image in buildah's storage as localhost/kube-leader:VERSION-ARCH; prints
+# `<ref> <archive>`.
+kube_leader_image() {
+  if [ -z "$BINARY" ]; then
+    BINARY=$(scripts/static.sh "$ARCH")
+  fi
+  [ -x "$BINARY" ] || die "no kube-leader binary at $BINARY"
+  file -L "$BINARY" 2>/dev/null | grep -q 'statically linked\|static-pie linked' \
+    || die "$BINARY is not statically linked (build it with scripts/static.sh; the image has no libc)"
+  local ctx="$WORK/context"
+  mkdir -p "$ctx/dist/$ARCH"
+  cp "$BINARY" "$ctx/dist/$ARCH/kube-leader"
+  cp Dockerfile "$ctx/Dockerfile"
+  bah_build kube-leader "$VERSION-$ARCH" "localhost/kube-leader:$VERSION" \
+    --target prebuilt --platform "linux/$ARCH" --build-arg DIST=dist -f "$ctx/Dockerfile" "$ctx"
+}
+
 USER_CONFIG='"User":"65532:65532","Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"WorkingDir":"/"'
 
 case "$KIND" in
   kube-leader)
-    if [ -z "$BINARY" ]; then
-      log "building the sidecar (cargo build --profile sidecar -p kube-leader-cli)"
-      cargo build --profile sidecar --quiet -p kube-leader-cli >&2
-      BINARY="$ROOT/target/sidecar/kube-leader"
-    fi
+    kube_leader_image
+    ;;
+  app)
     add_base
     add_busybox
-    add_kube_leader "$BINARY"
-    write_archive kube-leader "$VERSION" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/kube-leader\"]}"
+    install -m 0755 scripts/images/app.sh "$ROOTFS/usr/local/bin/app"
+    write_archive kube-leader-test-app "" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/app\"]}"
+    ;;
+  copy-from)
+    [ "$ARCH" = amd64 ] || die "copy-from builds for amd64 only (the app image is this machine's busybox)"
+    read -r kl_ref _ < <(LOAD=0 kube_leader_image)
+    read -r app_ref app_archive < <(LOAD=0 "$0" app --no-load)
+    # The app image into buildah's storage, under its own name (the pattern's FROM).
+    bah pull --quiet "docker-archive:$app_archive" >&2
+    bah_build kube-leader-copy-from "$VERSION" "localhost/kube-leader-copy-from:$VERSION-" \
+      --build-arg "KUBE_LEADER_IMAGE=localhost/kube-leader:$VERSION-$ARCH" \
+      --build-arg "APP_IMAGE=$app_ref" \
+      -f deploy/patterns/copy-from/Dockerfile deploy/patterns/copy-from
     ;;
   pause)
     PAUSE_C="$CACHE/build/1.20.2/build/pause/linux/pause.c"

@@ -5,6 +5,10 @@
 #   containernetworking-plugins      only its `loopback` CNI plugin is used (Pods use hostNetwork)
 #   busybox-static                   the shell and tools of the images
 #   gcc, libc6-dev                   the pause image and the test workload: static C programs
+#   musl-tools, gcc-aarch64-linux-gnu the static sidecar binaries (scripts/static.sh: amd64 and a
+#                                    cross-compiled arm64)
+#   buildah                          the daemonless image builder that builds the Dockerfile
+#                                    offline (scripts/image.sh)
 #
 # Without root it installs nothing and says so: the node tests then skip with one line.
 # All output goes to stderr.
@@ -20,6 +24,9 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 [ -f /usr/include/stdio.h ] || need+=(libc6-dev)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v musl-gcc >/dev/null 2>&1 || need+=(musl-tools)
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
 
 if [ ${#need[@]} -eq 0 ]; then
   log "all present"

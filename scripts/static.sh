@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds the statically linked sidecar binary, one file that runs on any Linux of its
+# architecture (no libc, no loader): `cargo build --profile sidecar -p kube-leader-cli` for the
+# musl targets.
+#
+#   scripts/static.sh [amd64|arm64|all ...]     (default: amd64)
+#
+# For each architecture: target/dist/<arch>/kube-leader (the layout the Dockerfile's `prebuilt`
+# stage copies from), checked to be a static ELF executable of that architecture, its size
+# printed. The path of each binary goes to stdout, one per line, in the order asked; progress and
+# figures go to stderr.
+#
+# arm64 is cross-compiled (Rust target aarch64-unknown-linux-musl, C parts such as ring's with
+# aarch64-linux-gnu-gcc, which also links); it cannot run on an amd64 machine, so it is checked,
+# not run. amd64 uses musl-gcc for the C parts.
+#
+# Needs: rustup (adds the targets itself), musl-tools and, for arm64, gcc-aarch64-linux-gnu
+# (scripts/node-deps.sh installs both). The build directory is shared between
+# checkouts, so that a fresh clone builds incrementally:
+# ${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'static: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+arches=()
+for a in "${@:-amd64}"; do
+  case "$a" in
+    amd64 | x86_64) arches+=(amd64) ;;
+    arm64 | aarch64) arches+=(arm64) ;;
+    all) arches+=(amd64 arm64) ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown architecture: $a (amd64, arm64 or all)" ;;
+  esac
+done
+
+target_dir=${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}
+mkdir -p "$target_dir"
+
+# ELF header: e_machine is the 16-bit little-endian field at offset 18 (62 x86-64, 183 AArch64).
+elf_machine() { od -An -t u2 -j 18 -N 2 "$1" | tr -d ' '; }
+# A static executable has no PT_INTERP program header (no loader) and no DT_NEEDED entries.
+is_static() {
+  if command -v readelf >/dev/null; then
+    ! readelf -lW "$1" | grep -q 'Requesting program interpreter' \
+      && ! readelf -dW "$1" 2>/dev/null | grep -q '(NEEDED)'
+  else
+    file -b "$1" | grep -q 'statically linked\|static-pie linked'
+  fi
+}
+
+for arch in "${arches[@]}"; do
+  case "$arch" in
+    amd64) triple=x86_64-unknown-linux-musl machine=62 cc=musl-gcc linker="" ;;
+    arm64) triple=aarch64-unknown-linux-musl machine=183 cc=aarch64-linux-gnu-gcc linker=aarch64-linux-gnu-gcc ;;
+  esac
+  command -v "$cc" >/dev/null || die "$cc is missing (run scripts/node-deps.sh)"
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
+    log "rustup target add $triple"
+    rustup target add "$triple" >&2
+  fi
+  upper=$(echo "$triple" | tr 'a-z-' 'A-Z_')
+  lower=$(echo "$triple" | tr '-' '_')
+  log "building $arch ($triple, profile sidecar) in $target_dir; a cold build takes a few minutes"
+  start=$(date +%s)
+  env "CC_$lower=$cc" ${linker:+"CARGO_TARGET_${upper}_LINKER=$linker"} \
+    cargo build --locked --profile sidecar -p kube-leader-cli --target "$triple" \
+      --target-dir "$target_dir" >&2
+  built="$target_dir/$triple/sidecar/kube-leader"
+  [ -x "$built" ] || die "cargo did not produce $built"
+  is_static "$built" || die "$built is not statically linked"
+  got=$(elf_machine "$built")
+  [ "$got" = "$machine" ] || die "$built has ELF machine $got, expected $machine ($arch)"
+  mkdir -p "target/dist/$arch"
+  cp "$built" "target/dist/$arch/kube-leader.tmp"
+  mv "target/dist/$arch/kube-leader.tmp" "target/dist/$arch/kube-leader"
+  size=$(stat -c %s "target/dist/$arch/kube-leader")
+  log "$arch: target/dist/$arch/kube-leader, static, ELF machine $got, $size bytes ($(( size / 1024 )) KiB), $(( $(date +%s) - start )) s"
+  echo "$PWD/target/dist/$arch/kube-leader"
+done
