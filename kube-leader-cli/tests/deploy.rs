@@ -375,9 +375,11 @@ async fn check_variant(cp: &ControlPlane, variant: &str, service_account: &str) 
     // The container and its names stay as the real-node tests and users know them.
     assert_eq!(pod.containers.len(), 1);
     assert_eq!(pod.containers[0].name, "app");
-    assert_eq!(
-        pod.containers[0].command.as_deref(),
-        Some(&["kube-leader".to_string()][..])
+    // kube-leader on the PATH of the image, or installed by the initContainer pattern.
+    let command = pod.containers[0].command.clone().unwrap_or_default();
+    assert!(
+        command == ["kube-leader"] || command == ["/kube-leader/kube-leader"],
+        "deploy/{variant}: command {command:?}"
     );
 
     // The PodDisruptionBudget selects the Deployment's Pods.
@@ -590,4 +592,58 @@ async fn deploy_rbac_matches_kube_leader_rbac() {
             "deploy/{file} and `kube-leader rbac --strategy {strategy}` disagree"
         );
     }
+}
+
+// === deploy/patterns: kube-leader next to a program of the user's ===
+
+/// `deploy/patterns/copy-from`: deploy/lease with the user's image, which holds kube-leader
+/// (its Dockerfile copies it in); restricted, the Lease strategy, the image renamed.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_the_copy_from_pattern() {
+    let cp = ControlPlane::shared();
+    let d = check_variant(cp, "patterns/copy-from", "kube-leader-lease").await;
+    assert_eq!(&args(&d)[..3], ["run", "--strategy", "lease"]);
+    let spec = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        spec.containers[0].image.as_deref(),
+        Some("localhost/my-app-with-kube-leader:0.1.0")
+    );
+    assert_eq!(spec.containers[0].command.as_deref(), Some(&["kube-leader".to_owned()][..]));
+}
+
+/// `deploy/patterns/init-container`: the user's image untouched; an initContainer of the
+/// kube-leader image installs the binary into an emptyDir that the app container runs it from.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_the_init_container_pattern() {
+    let cp = ControlPlane::shared();
+    let d = check_variant(cp, "patterns/init-container", "kube-leader-lease").await;
+    assert_eq!(&args(&d)[..3], ["run", "--strategy", "lease"]);
+    let spec = d.spec.unwrap().template.spec.unwrap();
+    let init = spec.init_containers.clone().unwrap_or_default();
+    assert_eq!(init.len(), 1, "one initContainer");
+    assert_eq!(init[0].image.as_deref(), Some("localhost/kube-leader:0.1.0"));
+    assert_eq!(
+        init[0].args.as_deref(),
+        Some(&["install".to_owned(), "/kube-leader".to_owned()][..])
+    );
+    let app = &spec.containers[0];
+    assert_eq!(app.image.as_deref(), Some("localhost/my-app:1.0.0"));
+    assert_eq!(
+        app.command.as_deref(),
+        Some(&["/kube-leader/kube-leader".to_owned()][..])
+    );
+    let mounted = |c: &k8s_openapi::api::core::v1::Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "kube-leader" && m.mount_path == "/kube-leader")
+    };
+    assert!(mounted(&init[0]) && mounted(app), "both mount the emptyDir at /kube-leader");
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "kube-leader")
+        .expect("the kube-leader volume");
+    assert!(volume.empty_dir.is_some(), "an emptyDir");
 }
