@@ -27,6 +27,30 @@ echo "KUBE_LEADER_GO_CANDIDATE=$KUBE_LEADER_GO_CANDIDATE"
 step "real-node dependencies"
 ./scripts/node-deps.sh
 
+step "static sidecar binaries (amd64; arm64 cross-compiled) and the image, built offline"
+# The binary the Dockerfile's image ships (scripts/static.sh); the real-node tests of
+# deploy/patterns build their images from it. Where musl-gcc is missing (no root for
+# node-deps.sh) the node tests skip anyway.
+if command -v musl-gcc >/dev/null && command -v aarch64-linux-gnu-gcc >/dev/null; then
+  mapfile -t static < <(./scripts/static.sh amd64 arm64)
+  export KUBE_LEADER_STATIC_AMD64="${static[0]}" KUBE_LEADER_STATIC_ARM64="${static[1]}"
+  echo "KUBE_LEADER_STATIC_AMD64=$KUBE_LEADER_STATIC_AMD64"
+  echo "KUBE_LEADER_STATIC_ARM64=$KUBE_LEADER_STATIC_ARM64"
+  if command -v buildah >/dev/null && [ "$(id -u)" = 0 ]; then
+    # Both architectures' images from the Dockerfile's prebuilt stage: FROM scratch, the
+    # static binary alone, the architecture in the image's config and in the binary's ELF header.
+    for arch in amd64 arm64; do
+      var="KUBE_LEADER_STATIC_${arch^^}"
+      read -r ref archive < <(./scripts/image.sh kube-leader --arch "$arch" --binary "${!var}" --no-load)
+      ./scripts/check-image.sh "$archive" "$arch"
+    done
+  else
+    echo "buildah missing or not root: the image is not built here"
+  fi
+else
+  echo "musl-gcc or aarch64-linux-gnu-gcc missing (scripts/node-deps.sh needs root): SKIPPED"
+fi
+
 # The control planes of this run live under a directory of their own, so the final check can
 # tell their processes from any other run's.
 RUN_TMP="$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-test.XXXXXX")"

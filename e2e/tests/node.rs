@@ -105,6 +105,32 @@ impl Strategy {
     }
 }
 
+/// A way into a user's Pod (deploy/patterns), with the Lease strategy of deploy/lease and an
+/// image that knows nothing of kube-leader (`scripts/image.sh app`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pattern {
+    /// `COPY --from=` the kube-leader image into the app image (`scripts/image.sh copy-from`).
+    CopyFrom,
+    /// An initContainer of the kube-leader image installs the binary into an emptyDir.
+    InitContainer,
+}
+
+impl Pattern {
+    fn label(self) -> &'static str {
+        match self {
+            Pattern::CopyFrom => "copy-from",
+            Pattern::InitContainer => "init-container",
+        }
+    }
+
+    fn kustomization(self) -> &'static str {
+        match self {
+            Pattern::CopyFrom => "deploy/patterns/copy-from",
+            Pattern::InitContainer => "deploy/patterns/init-container",
+        }
+    }
+}
+
 // === the tests ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,6 +178,46 @@ async fn delete_pod_rounds_client_go() {
     let Some(env) = NodeEnv::get() else { return };
     let _shared = NODE_USE.read().await;
     rounds::run(env, Strategy::ClientGo).await;
+}
+
+/// deploy/patterns/copy-from on the node: the app image with kube-leader copied in by the
+/// pattern's Dockerfile (built with buildah); one leader, and `kubectl delete pod` on it hands
+/// over to a waiting candidate, round after round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_from_pattern_on_a_real_node() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    pattern_scenario(env, Pattern::CopyFrom).await;
+}
+
+/// deploy/patterns/init-container on the node: the app image untouched, kube-leader installed
+/// into an emptyDir by an initContainer of the scratch kube-leader image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_container_pattern_on_a_real_node() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    pattern_scenario(env, Pattern::InitContainer).await;
+}
+
+async fn pattern_scenario(env: &'static NodeEnv, pattern: Pattern) {
+    let deployed = Deployed::apply_pattern(env, pattern).await;
+    let leader = deployed.leader_after(0).await;
+    deployed.assert_one_leader(&leader).await;
+    let start = deployed.logs.starts_of(&leader).pop().expect("a start record");
+    assert_eq!(start.identity, leader, "the app runs as its Pod's candidate");
+    if pattern == Pattern::InitContainer {
+        // The app container runs kube-leader from the emptyDir; its image has none.
+        let found = deployed.exec(
+            &leader,
+            &["sh", "-c", "ls /kube-leader; command -v kube-leader || true"],
+        );
+        assert_eq!(
+            found.trim(),
+            "kube-leader",
+            "only /kube-leader/kube-leader: {found}"
+        );
+    }
+    rounds::run_on(&deployed).await;
 }
 
 /// The kubelet stops (node NotReady, containers keep running): no second leader with either
@@ -309,9 +375,9 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(stop.mono_ns - deleted),
         ms(next_start - deleted)
     ));
-    figure(strategy, "delete_to_next", next_start - deleted);
+    figure(strategy.label(), "delete_to_next", next_start - deleted);
     figure(
-        strategy,
+        strategy.label(),
         "delete_stopped_to_next",
         next_start.saturating_sub(stop.mono_ns),
     );
@@ -348,9 +414,9 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(next_start - filled),
         ms(next_start.saturating_sub(end.mono_ns)),
     ));
-    figure(strategy, "evict_to_next", next_start - filled);
+    figure(strategy.label(), "evict_to_next", next_start - filled);
     figure(
-        strategy,
+        strategy.label(),
         "evict_ended_to_next",
         next_start.saturating_sub(end.mono_ns),
     );
@@ -389,7 +455,7 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         ms(done - rollout)
     ));
     figure(
-        strategy,
+        strategy.label(),
         "rollout_gap",
         report.longest_gap.map_or(0, |g| g.len_ns()),
     );
@@ -439,6 +505,8 @@ struct NodeEnv {
     image: String,
     /// The client-go candidate's image, built when a test first needs it.
     go_image: OnceLock<String>,
+    /// The images of deploy/patterns, built when a test first needs them.
+    pattern_images: OnceLock<PatternImages>,
     kube_leader: PathBuf,
     repo: PathBuf,
 }
@@ -466,6 +534,7 @@ impl NodeEnv {
                 node,
                 image,
                 go_image: OnceLock::new(),
+                pattern_images: OnceLock::new(),
                 kube_leader,
                 repo: Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned(),
             }
@@ -496,11 +565,60 @@ impl NodeEnv {
     }
 }
 
+/// The images of deploy/patterns, as the node knows them.
+struct PatternImages {
+    /// The Dockerfile's image (FROM scratch, the static binary).
+    kube_leader: String,
+    /// The user's image, which knows nothing of kube-leader.
+    app: String,
+    /// The app image with kube-leader copied in (deploy/patterns/copy-from/Dockerfile).
+    copy_from: String,
+}
+
+impl NodeEnv {
+    /// Builds the patterns' images with buildah (scripts/image.sh), from the static binary the
+    /// test command built (`KUBE_LEADER_STATIC_AMD64`).
+    fn pattern_images(&self) -> &PatternImages {
+        self.pattern_images.get_or_init(|| {
+            // Not built here: a cargo build inside `cargo test` waits for the package cache's
+            // lock that the outer cargo holds. scripts/test.sh builds it first.
+            let binary = std::env::var("KUBE_LEADER_STATIC_AMD64").unwrap_or_else(|_| {
+                panic!(
+                    "KUBE_LEADER_STATIC_AMD64 is not set: build the static binary with \
+                     `scripts/static.sh amd64` and set it to the path printed \
+                     (scripts/test.sh does both)"
+                )
+            });
+            let build = |kind: &str| {
+                self.node
+                    .build_image(&[kind, "--binary", &binary])
+                    .unwrap_or_else(|e| panic!("could not build the {kind} image: {e}"))
+            };
+            let images = PatternImages {
+                kube_leader: build("kube-leader"),
+                app: self
+                    .node
+                    .build_image(&["app"])
+                    .unwrap_or_else(|e| panic!("could not build the app image: {e}")),
+                copy_from: build("copy-from"),
+            };
+            say(&format!(
+                "pattern images: {}, {}, {}",
+                images.kube_leader, images.app, images.copy_from
+            ));
+            images
+        })
+    }
+}
+
 // === one Deployment of deploy/ ===
 
 struct Deployed {
     env: &'static NodeEnv,
     strategy: Strategy,
+    /// deploy/patterns/<pattern> instead of the strategy's overlay.
+    pattern: Option<Pattern>,
+    work: Work,
     namespace: kube_leader_testenv::TestNamespace,
     logs: PodLogs,
 }
@@ -509,19 +627,51 @@ impl Deployed {
     /// Applies `deploy/` (RBAC of the strategy, the Deployment) into a new namespace and waits
     /// until its three Pods run and one of them leads.
     async fn apply(env: &'static NodeEnv, strategy: Strategy) -> Self {
-        let image = env.image(strategy);
+        Self::apply_shape(env, strategy, None).await
+    }
+
+    /// Applies `deploy/patterns/<pattern>` (the Lease strategy) with the patterns' images.
+    async fn apply_pattern(env: &'static NodeEnv, pattern: Pattern) -> Self {
+        Self::apply_shape(env, Strategy::Lease, Some(pattern)).await
+    }
+
+    async fn apply_shape(env: &'static NodeEnv, strategy: Strategy, pattern: Option<Pattern>) -> Self {
         let control_plane = env.node.control_plane();
         let namespace = control_plane.namespace().await;
-        let logs = PodLogs::tail(env.node.pod_log_dir(), namespace.name(), strategy.work());
+        let work = if pattern.is_some() {
+            Work::APP
+        } else {
+            strategy.work()
+        };
+        let logs = PodLogs::tail(env.node.pod_log_dir(), namespace.name(), work);
         let deployed = Deployed {
             env,
             strategy,
+            pattern,
+            work,
             namespace,
             logs,
         };
-        let overlay = match strategy {
-            Strategy::ForLife => "deploy/for-life",
-            Strategy::Lease | Strategy::ClientGo => "deploy/lease",
+        // The images the manifests name, as the node knows them.
+        let image: Box<dyn Fn(&str) -> String> = match pattern {
+            None => {
+                let image = env.image(strategy).to_owned();
+                Box::new(move |_| image.clone())
+            }
+            Some(_) => {
+                let images = env.pattern_images();
+                Box::new(move |name: &str| match name {
+                    "localhost/my-app-with-kube-leader:0.1.0" => images.copy_from.clone(),
+                    "localhost/kube-leader:0.1.0" => images.kube_leader.clone(),
+                    "localhost/my-app:1.0.0" => images.app.clone(),
+                    other => panic!("deploy/patterns names an image the test does not build: {other}"),
+                })
+            }
+        };
+        let overlay = match (pattern, strategy) {
+            (Some(pattern), _) => pattern.kustomization(),
+            (None, Strategy::ForLife) => "deploy/for-life",
+            (None, Strategy::Lease | Strategy::ClientGo) => "deploy/lease",
         };
         let mut objects = Vec::new();
         let limits = json!({
@@ -529,10 +679,16 @@ impl Deployed {
             "metadata": {"name": "ephemeral-storage"},
             "spec": {"limits": [{"type": "Container", "default": {"ephemeral-storage": "4Mi"}}]},
         });
-        objects.push(limits);
+        // The eviction test's limit; the patterns' 8 MiB binary in an emptyDir would pass it.
+        if pattern.is_none() {
+            objects.push(limits);
+        }
         for mut object in deployed.manifest(overlay) {
             if object["kind"] == "Deployment" {
-                for_the_node(&mut object, strategy, image, control_plane.apiserver_port());
+                for_the_node(&mut object, strategy, &image, control_plane.apiserver_port());
+                if pattern.is_some() {
+                    as_the_users_program(&mut object);
+                }
                 if strategy == Strategy::ClientGo {
                     for_client_go(&mut object);
                 }
@@ -555,12 +711,19 @@ impl Deployed {
         })
         .await;
         let leader = deployed.leader_after(0).await;
+        let started = deployed.start_after(&leader, 0) - applied;
         say(&format!(
-            "{}: deploy/ applied → 3 Pods running and {leader}'s COMMAND started in {}",
-            strategy.label(),
-            ms(deployed.start_after(&leader, 0) - applied)
+            "{}: {overlay} applied → 3 Pods running and {leader}'s COMMAND started in {}",
+            deployed.label(),
+            ms(started)
         ));
+        figure(deployed.label(), "apply_to_leading", started);
         deployed
+    }
+
+    /// The strategy's or the pattern's name in the output.
+    fn label(&self) -> &'static str {
+        self.pattern.map_or(self.strategy.label(), Pattern::label)
     }
 
     fn namespace(&self) -> &str {
@@ -828,7 +991,7 @@ impl Deployed {
                 continue;
             }
             let mut args = vec!["-n", self.namespace(), "exec", &name, "-c", CONTAINER, "--"];
-            args.extend(["pidof", "sleep"]);
+            args.extend(["pidof", self.work.comm()]);
             if self
                 .env
                 .node
@@ -912,12 +1075,33 @@ fn for_client_go(deployment: &mut Value) {
     ]);
 }
 
+/// COMMAND becomes the app image's program, as a user's patch of deploy/patterns would make it
+/// their own: everything after `--` in the args.
+fn as_the_users_program(deployment: &mut Value) {
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .expect("args");
+    let end = args.iter().position(|a| a == "--").expect("`--` before COMMAND") + 1;
+    args.truncate(end);
+    args.push(json!("/usr/local/bin/app"));
+}
+
 /// The test's changes to `deploy/base/deployment.yaml` (see the module's documentation).
-fn for_the_node(deployment: &mut Value, strategy: Strategy, image: &str, apiserver_port: u16) {
+/// `image` maps the image a container names to the one the node has.
+fn for_the_node(
+    deployment: &mut Value,
+    strategy: Strategy,
+    image: &dyn Fn(&str) -> String,
+    apiserver_port: u16,
+) {
     let spec = &mut deployment["spec"]["template"]["spec"];
     spec["hostNetwork"] = json!(true);
+    for container in spec["initContainers"].as_array_mut().into_iter().flatten() {
+        container["image"] = json!(image(container["image"].as_str().unwrap_or_default()));
+        container["imagePullPolicy"] = json!("Never");
+    }
     for container in spec["containers"].as_array_mut().expect("containers") {
-        container["image"] = json!(image);
+        container["image"] = json!(image(container["image"].as_str().unwrap_or_default()));
         container["imagePullPolicy"] = json!("Never");
         let env = container["env"].as_array_mut().expect("env");
         if strategy == Strategy::Lease {
@@ -977,12 +1161,8 @@ fn say(line: &str) {
 }
 
 /// One figure on a line of its own for `scripts/node-bench.sh`: `node: figure LABEL NAME MS`.
-fn figure(strategy: Strategy, name: &str, ns: u64) {
-    say(&format!(
-        "figure {} {name} {:.0}",
-        strategy.label(),
-        ns as f64 / 1e6
-    ));
+fn figure(label: &str, name: &str, ns: u64) {
+    say(&format!("figure {label} {name} {:.0}", ns as f64 / 1e6));
 }
 
 fn ms(ns: u64) -> String {
@@ -1005,7 +1185,7 @@ fn the_deployment_changes_are_only_those_documented() {
             }],
         }}},
     });
-    for_the_node(&mut deployment, Strategy::Lease, "img", 6443);
+    for_the_node(&mut deployment, Strategy::Lease, &|_| "img".into(), 6443);
     let spec = &deployment["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true);
     assert_eq!(
@@ -1045,7 +1225,7 @@ fn client_go_takes_only_the_container_command() {
             }],
         }}},
     });
-    for_the_node(&mut deployment, Strategy::ClientGo, "go-img", 6443);
+    for_the_node(&mut deployment, Strategy::ClientGo, &|_| "go-img".into(), 6443);
     for_client_go(&mut deployment);
     let c = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], "go-img");

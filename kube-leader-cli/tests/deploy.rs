@@ -608,7 +608,10 @@ async fn kubectl_apply_k_the_copy_from_pattern() {
         spec.containers[0].image.as_deref(),
         Some("localhost/my-app-with-kube-leader:0.1.0")
     );
-    assert_eq!(spec.containers[0].command.as_deref(), Some(&["kube-leader".to_owned()][..]));
+    assert_eq!(
+        spec.containers[0].command.as_deref(),
+        Some(&["kube-leader".to_owned()][..])
+    );
 }
 
 /// `deploy/patterns/init-container`: the user's image untouched; an initContainer of the
@@ -638,7 +641,10 @@ async fn kubectl_apply_k_the_init_container_pattern() {
             .flatten()
             .any(|m| m.name == "kube-leader" && m.mount_path == "/kube-leader")
     };
-    assert!(mounted(&init[0]) && mounted(app), "both mount the emptyDir at /kube-leader");
+    assert!(
+        mounted(&init[0]) && mounted(app),
+        "both mount the emptyDir at /kube-leader"
+    );
     let volume = spec
         .volumes
         .iter()

@@ -34,9 +34,21 @@ pub(crate) struct Work {
 }
 
 impl Work {
+    /// The name `pidof` finds the work's process by.
+    pub(crate) fn comm(self) -> &'static str {
+        self.comm
+    }
+
     /// COMMAND of kube-leader: the test workload, with the variables kube-leader gives COMMAND.
     pub(crate) const WORKLOAD: Work = Work {
         comm: "sleep",
+        identity_var: "KUBE_LEADER_IDENTITY",
+        namespace_var: "KUBE_LEADER_NAMESPACE",
+    };
+    /// The user's program of the deploy/patterns tests (`scripts/images/app.sh`, an image that
+    /// knows nothing of kube-leader), COMMAND of kube-leader.
+    pub(crate) const APP: Work = Work {
+        comm: "app",
         identity_var: "KUBE_LEADER_IDENTITY",
         namespace_var: "KUBE_LEADER_NAMESPACE",
     };
@@ -244,12 +256,14 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
             for line in complete.lines() {
                 // CRI log format: <time> <stream> <P|F> <text>
                 let mut fields = line.splitn(4, ' ');
-                let (Some(_), Some(_), Some(_), Some(text)) =
+                let (Some(time), Some(_), Some(_), Some(text)) =
                     (fields.next(), fields.next(), fields.next(), fields.next())
                 else {
                     continue;
                 };
                 if let Some(record) = parse_record(pod, text) {
+                    state.records.push(record);
+                } else if let Some(record) = parse_app_line(pod, text, time) {
                     state.records.push(record);
                 } else if let Ok(log) = serde_json::from_str::<Value>(text) {
                     if let Some(record) = parse_event(pod, &log) {
@@ -368,6 +382,26 @@ fn parse_event(pod: &str, event: &Value) -> Option<Record> {
     })
 }
 
+/// A line of the patterns' app (`scripts/images/app.sh`), which cannot read CLOCK_MONOTONIC:
+/// "app: started as POD ..." or "app: stopping as POD" (on SIGTERM), at the time the runtime
+/// read it (the CRI log line's timestamp, converted on the same host).
+fn parse_app_line(pod: &str, text: &str, time: &str) -> Option<Record> {
+    let rest = text.strip_prefix("app: ")?;
+    let (kind, signal, rest) = if let Some(rest) = rest.strip_prefix("started as ") {
+        ("start", None, rest)
+    } else {
+        ("stop", Some(15), rest.strip_prefix("stopping as ")?)
+    };
+    Some(Record {
+        pod: pod.to_owned(),
+        kind: kind.to_owned(),
+        mono_ns: wall_to_mono(&Value::String(time.to_owned())),
+        identity: rest.split_whitespace().next().unwrap_or_default().to_owned(),
+        namespace: String::new(),
+        signal,
+    })
+}
+
 fn parse_record(pod: &str, text: &str) -> Option<Record> {
     let rest = text.strip_prefix("kl-workload ")?;
     let mut words = rest.split_whitespace();
@@ -409,6 +443,16 @@ fn records_parse() {
         (r.kind.as_str(), r.mono_ns, r.identity.as_str()),
         ("start", 5, "p-1")
     );
+    let r = parse_app_line(
+        "p-1",
+        "app: started as p-1 (fencing token 7)",
+        "2026-12-03T10:00:00.5Z",
+    )
+    .unwrap();
+    assert_eq!((r.kind.as_str(), r.identity.as_str()), ("start", "p-1"));
+    let r = parse_app_line("p-1", "app: stopping as p-1", "2026-12-03T10:00:01Z").unwrap();
+    assert_eq!((r.kind.as_str(), r.signal), ("stop", Some(15)));
+    assert!(parse_app_line("p-1", "leading as p-1", "2026-12-03T10:00:01Z").is_none());
     let event = serde_json::json!({"event": "new_leader", "identity": "p-1", "leader": "p-2", "mono_ns": 6});
     assert!(parse_event("p-1", &event).is_none());
 }

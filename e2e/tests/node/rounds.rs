@@ -23,16 +23,21 @@ use super::{figure, ms, say, Deployed, NodeEnv, Strategy};
 
 /// The rounds' figures: `node: figure LABEL delete_<step> MS` per round.
 pub(super) async fn run(env: &'static NodeEnv, strategy: Strategy) {
+    run_on(&Deployed::apply(env, strategy).await).await;
+}
+
+/// The rounds on a Deployment already applied (a strategy's overlay or a deploy/patterns one).
+pub(super) async fn run_on(deployed: &Deployed) {
     let rounds: usize = std::env::var("KUBE_LEADER_NODE_DELETE_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(3);
-    let deployed = Deployed::apply(env, strategy).await;
-    let s = strategy.label();
+    let strategy = deployed.strategy;
+    let s = deployed.label();
     let mut leader = deployed.leader_after(0).await;
     let mut replacements_led = 0;
     for round in 1..=rounds {
-        let waiting = settle(&deployed, &leader).await;
+        let waiting = settle(deployed, &leader).await;
         let deleted = mono_ns();
         deployed.kubectl(&["delete", "pod", &leader, "--wait=false"]);
         let kubectl_done = mono_ns();
@@ -77,20 +82,20 @@ pub(super) async fn run(env: &'static NodeEnv, strategy: Strategy) {
                 }
             }
         }
-        figure(strategy, "delete_round_to_next", next_start - deleted);
-        figure(strategy, "delete_round_kubectl", kubectl_done - deleted);
+        figure(s, "delete_round_to_next", next_start - deleted);
+        figure(s, "delete_round_kubectl", kubectl_done - deleted);
         for (name, at) in [
             ("delete_round_noticed", noticed),
             ("delete_round_stopped", stopped),
             ("delete_round_released", released),
         ] {
             if let Some(at) = at {
-                figure(strategy, name, at.saturating_sub(deleted));
+                figure(s, name, at.saturating_sub(deleted));
             }
         }
         if let Some(released) = released {
             figure(
-                strategy,
+                s,
                 "delete_round_released_to_next",
                 next_start.saturating_sub(released),
             );
