@@ -26,6 +26,14 @@
 //! start/stop records stamped with CLOCK_MONOTONIC to the container log, which the tests read
 //! from `/var/log/pods` and feed to the chaos run's checker ([`History`]).
 //!
+//! # deploy/patterns
+//!
+//! `deploy/patterns/copy-from` and `deploy/patterns/init-container` run the same way with the
+//! Dockerfile's scratch image and an app image that knows nothing of kube-leader (built with
+//! buildah by `scripts/image.sh kube-leader|app|copy-from` from `KUBE_LEADER_STATIC_AMD64`),
+//! COMMAND replaced by the app's program, without the LimitRange (the installed binary in the
+//! emptyDir would pass it); the app's lines are the records.
+//!
 //! # client-go beside it
 //!
 //! The client-go candidate (`tools/go-candidate`: client-go 1.20's `leaderelection` on a Lease)
