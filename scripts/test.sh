@@ -112,7 +112,9 @@ else
 fi
 
 step "benchmark harness, CI mode (a few rounds, so it cannot rot; figures in target/bench-ci)"
-cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
+# The sidecar the image ships (the static binary) when it was built above.
+KUBE_LEADER_CLI="${KUBE_LEADER_STATIC_AMD64:-}" \
+  cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
 
 step "no control-plane process or node left behind"
 sleep 1

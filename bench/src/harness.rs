@@ -306,7 +306,7 @@ pub(crate) fn find_binaries(mode: Mode) -> anyhow::Result<Binaries> {
             .parent()
             .map_or_else(|| dir.clone(), |target| target.join(other)),
     };
-    let (sidecar, sidecar_missing) = match std::env::var_os("KUBE_LEADER_CLI") {
+    let (sidecar, sidecar_missing) = match std::env::var_os("KUBE_LEADER_CLI").filter(|p| !p.is_empty()) {
         Some(p) => check_sidecar(PathBuf::from(p)),
         None => match cargo_build(&sidecar_profile, "kube-leader-cli", "kube-leader") {
             Ok(()) => check_sidecar(sidecar_dir.join("kube-leader")),
