@@ -132,6 +132,15 @@ pub(crate) enum DeadLeaderPodArg {
     DeleteTerminal,
 }
 
+/// Who leads next when a leader steps down (`--successor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SuccessorArg {
+    /// The youngest live candidate (the default): a rollout moves leadership once.
+    Youngest,
+    /// Whoever is first, as client-go: no registrations.
+    Any,
+}
+
 /// Output format of `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum OutputFormat {
@@ -244,6 +253,20 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) watch_own_pod: bool,
 
+    /// Who leads next when this candidate steps down (SIGTERM, its Pod deleted, a rollout):
+    /// `youngest`, the youngest live candidate by its Pod's creation time (a Pod of the new
+    /// ReplicaSet in a rolling update), which takes over at once while the others defer to it
+    /// for --successor-wait; or `any`, whoever is first (client-go). Every candidate keeps a
+    /// registration Lease beside the lock for it (see `kube-leader rbac`). Crash failover never
+    /// waits. client-go candidates on the same Lease ignore the preference.
+    #[arg(long, value_enum, default_value_t = SuccessorArg::Youngest, value_name = "POLICY")]
+    pub(crate) successor: SuccessorArg,
+
+    /// With --successor youngest: how long a candidate that is not the preferred successor
+    /// defers to it after a release.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
+    pub(crate) successor_wait: Duration,
+
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
     /// namespace file): fail (exit 125), or skip the election and run COMMAND — in every replica
     /// that finds no namespace.
@@ -341,6 +364,11 @@ pub(crate) struct RbacArgs {
     /// leader for life has them already).
     #[arg(long, conflicts_with = "shards")]
     pub(crate) watch_own_pod: bool,
+
+    /// The Role of `run --successor POLICY`: `any` needs no rule for the candidates'
+    /// registrations.
+    #[arg(long, value_enum, default_value_t = SuccessorArg::Youngest, value_name = "POLICY")]
+    pub(crate) successor: SuccessorArg,
 
     /// The Role of `run --dead-leader-pod POLICY` (leader for life): `keep` needs no `delete
     /// pods` [default: delete-evicted].

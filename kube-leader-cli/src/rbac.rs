@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use crate::cli::{DeadLeaderPodArg, RbacArgs, StrategyArg};
+use crate::cli::{DeadLeaderPodArg, RbacArgs, StrategyArg, SuccessorArg};
 
 /// One rule of the Role.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,7 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
         StrategyArg::Lease => lease_rules(lock),
         StrategyArg::ForLife => for_life_rules(lock, DeadLeaderPodArg::DeleteEvicted),
     };
+    rules.extend(registration_rules(strategy));
     if label_pod {
         rules.push(Rule {
             why: "--label-pod: label this candidate's Pod kube-leader.io/leader=true|false. Beware: \
@@ -100,6 +101,28 @@ pub(crate) fn shards_rules(set: &str, count: u32, identities: &[String]) -> Vec<
         verbs: &["get", "update", "delete"],
     });
     rules
+}
+
+/// The rules of the candidates' registrations (`--successor youngest`, the default): the Lease
+/// strategy can create Leases already.
+fn registration_rules(strategy: StrategyArg) -> Vec<Rule> {
+    let (why, verbs): (_, &'static [&'static str]) = match strategy {
+        StrategyArg::Lease => (
+            "--successor youngest (the default): each candidate's registration, a Lease              LOCK-candidate-HASH beside the lock (created by the rule above); patch: its              heartbeat; delete: withdraw it when stopping; list: a leader stepping down finds the              youngest candidate. Namespace-wide: the names hold a hash of each identity.              `--successor any` needs none of it",
+            &["list", "patch", "delete"],
+        ),
+        StrategyArg::ForLife => (
+            "--successor youngest (the default): each candidate's registration, a Lease              LOCK-candidate-HASH owned by its Pod; create, patch: register and heartbeat; delete:              withdraw it when stopping; list: a leader stepping down finds the youngest candidate.              Namespace-wide: the names hold a hash of each Pod's name. `--successor any` needs              none of it",
+            &["create", "list", "patch", "delete"],
+        ),
+    };
+    vec![Rule {
+        why,
+        api_group: "coordination.k8s.io",
+        resource: "leases",
+        resource_names: vec![],
+        verbs,
+    }]
 }
 
 /// The rules of the Lease strategy.
@@ -226,6 +249,15 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
             )
         }
     };
+    if args.shards.is_none() {
+        match args.successor {
+            SuccessorArg::Youngest => rules.extend(registration_rules(strategy)),
+            SuccessorArg::Any => {
+                command.push_str(" --successor any");
+                run.push_str(" --successor any");
+            }
+        }
+    }
     for id in &args.identities {
         command.push_str(&format!(" --identity {id}"));
     }

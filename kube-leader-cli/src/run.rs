@@ -52,11 +52,14 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
+    let mut candidate_pod = None;
     if args.watch_own_pod && args.lock.strategy == crate::cli::StrategyArg::Lease {
         let (namespace, pod) = own_pod_name(&identity, &client);
-        signals.stop_when_pod_ends(own_pod::watch(client.clone(), &namespace, &pod).await?);
+        let (ending, pod) = own_pod::watch(client.clone(), &namespace, &pod).await?;
+        signals.stop_when_pod_ends(ending);
+        candidate_pod = Some(pod);
     }
-    let elector = crate::elector::elector(client.clone(), &args, &lock, &identity);
+    let elector = crate::elector::elector(client.clone(), &args, &lock, &identity, candidate_pod);
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
 
@@ -176,6 +179,8 @@ pub(crate) async fn campaign(
     let leadership = match result {
         Ok(l) => l,
         Err(kube_leader::Error::Cancelled { .. }) => return Ok(None),
+        // A follower whose Pod is going: it never campaigns again (exit 0, as on SIGTERM).
+        Err(kube_leader::Error::Stopping { .. }) => return Ok(None),
         Err(e) => return Err(Fail::new(exit::for_error(&e), e)),
     };
     if stop_requested {

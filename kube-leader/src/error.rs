@@ -150,6 +150,17 @@ pub enum Error {
         lock: String,
     },
 
+    /// The candidate stopped campaigning because its Pod is ending (being deleted, replaced or
+    /// terminal): a stopping candidate never campaigns again, so that a leader stepping down
+    /// never hands over to a Pod that is going.
+    #[error("no longer campaigning for {lock}: this candidate's Pod {why}")]
+    Stopping {
+        /// The lock (`namespace/name`).
+        lock: String,
+        /// What happens to the Pod.
+        why: String,
+    },
+
     /// The API server could not be reached for longer than the configured bound.
     #[error("the API server has been unreachable for {elapsed:?}")]
     Unreachable {

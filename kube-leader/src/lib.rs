@@ -67,6 +67,7 @@ pub mod lock;
 mod object_watch;
 pub mod observer;
 pub mod shards;
+pub mod successor;
 mod time;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
@@ -92,3 +93,4 @@ pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{LeaseConfig, LeaseElector, Recampaign};
 pub use lock::LockRef;
 pub use shards::{ShardSet, Shards, ShardsConfig};
+pub use successor::{CandidatePod, Successor};

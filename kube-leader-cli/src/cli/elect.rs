@@ -7,7 +7,7 @@ use clap::Args;
 use super::values::{parse_identity, parse_liveness};
 use super::{
     parse_addr, parse_duration, ClusterArgs, DeadLeaderPodArg, LivenessArg, LockArgs, OutsideClusterArg,
-    RunArgs,
+    RunArgs, SuccessorArg,
 };
 
 /// `kube-leader elect`.
@@ -75,6 +75,16 @@ pub(crate) struct ElectArgs {
     /// without releasing is taken over once its heartbeat has not moved for this + 2s.
     #[arg(long, value_name = "DURATION", value_parser = parse_liveness)]
     pub(crate) liveness: Option<LivenessArg>,
+
+    /// Who leads next when this candidate steps down: `youngest` (the default) or `any` (see
+    /// `kube-leader run --help`).
+    #[arg(long, value_enum, default_value_t = SuccessorArg::Youngest, value_name = "POLICY")]
+    pub(crate) successor: SuccessorArg,
+
+    /// With --successor youngest: how long a candidate that is not the preferred successor
+    /// defers to it after a release.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
+    pub(crate) successor_wait: Duration,
 }
 
 // === impl ElectArgs ===
@@ -101,6 +111,8 @@ impl ElectArgs {
             not_ready_takeover: self.not_ready_takeover,
             dead_leader_pod: self.dead_leader_pod,
             liveness: self.liveness,
+            successor: self.successor,
+            successor_wait: self.successor_wait,
             shards: None,
             on_shards_change: crate::shards::OnChange::Restart,
             command: Vec::new(),

@@ -12,6 +12,7 @@ use kube::{
     runtime::{watcher, WatchStreamExt},
     Api, Client,
 };
+use kube_leader::CandidatePod;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -21,8 +22,13 @@ use crate::exit::{self, Fail};
 pub(crate) type Ending = watch::Receiver<Option<String>>;
 
 /// Checks that this candidate's Pod can be read (the permission, the name), then watches it:
-/// the receiver gets the reason once the Pod is being deleted, is terminal, or is gone.
-pub(crate) async fn watch(client: Client, namespace: &str, name: &str) -> Result<Ending, Fail> {
+/// the receiver gets the reason once the Pod is being deleted, is terminal, or is gone. Also the
+/// Pod as the candidate's registration names it (its UID and creation time).
+pub(crate) async fn watch(
+    client: Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(Ending, CandidatePod), Fail> {
     let pods: Api<Pod> = Api::namespaced(client, namespace);
     let hint = "--watch-own-pod needs get, list and watch on pods in the Pod's namespace \
                 (kube-leader rbac --strategy lease --watch-own-pod prints the Role)";
@@ -56,9 +62,11 @@ pub(crate) async fn watch(client: Client, namespace: &str, name: &str) -> Result
     };
     let (tx, rx) = watch::channel(None);
     let uid = first.metadata.uid.clone();
+    let mut candidate = CandidatePod::new(name, uid.clone().unwrap_or_default());
+    candidate.created = first.metadata.creation_timestamp.as_ref().map(|t| t.0);
     if let Some(why) = ending(Some(&first), uid.as_deref()) {
         let _ = tx.send(Some(why));
-        return Ok(rx);
+        return Ok((rx, candidate));
     }
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let name = name.to_owned();
@@ -82,7 +90,7 @@ pub(crate) async fn watch(client: Client, namespace: &str, name: &str) -> Result
         }
         debug!(pod = %name, "the watch of this candidate's Pod ended");
     });
-    Ok(rx)
+    Ok((rx, candidate))
 }
 
 /// Why `pod` (this candidate's, of UID `uid`) is ending, if it is.

@@ -13,7 +13,9 @@ use tracing::{debug, info, warn};
 
 use super::{
     config::{ForLifeConfig, INITIAL_BACKOFF},
-    decide::{dead_pod_to_delete, decide, Decision, Fate, Inputs, Policy, Proof, Waiting},
+    decide::{
+        dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Waiting,
+    },
     elector::{cm_op, pod_op, ForLife},
     fencing::fencing_token_of,
     heartbeat::adopt,
@@ -62,6 +64,7 @@ pub(super) enum Confirmed {
 enum Wake {
     Lock(Result<Option<Box<ConfigMap>>, Failure>),
     Pod(Result<Option<PodView>, Failure>),
+    OwnPod(Result<Option<PodView>, Failure>),
     Timer,
 }
 
@@ -89,6 +92,10 @@ pub(super) struct Election<'a> {
     pub(super) last_wait: Option<Waiting>,
     /// The last unreadable heartbeat that was logged.
     pub(super) last_bad_heartbeat: Option<String>,
+    /// This candidate's own Pod: once it is ending, the candidate stops campaigning.
+    pub(super) own_pod: ObjectWatch<Pod>,
+    /// Whether watching the own Pod was refused (logged once; campaigning goes on).
+    pub(super) own_pod_refused: bool,
 }
 
 // === impl Election ===
@@ -97,7 +104,10 @@ impl<'a> Election<'a> {
     pub(super) fn new(elector: &'a ForLife, lock: LockRef, me: PodRef, pods: Api<Pod>) -> Self {
         let configmaps: Api<ConfigMap> = Api::namespaced(elector.client.clone(), &lock.namespace);
         let lock_watch = ObjectWatch::new(configmaps.clone(), &lock.name, cm_op(&lock, "watch"));
+        let own_pod = ObjectWatch::new(pods.clone(), &me.name, pod_op(&lock.namespace, &me.name, "watch"));
         Self {
+            own_pod,
+            own_pod_refused: false,
             elector,
             backoff: Backoff::new(INITIAL_BACKOFF, elector.config.backoff_cap),
             lock,
@@ -148,7 +158,10 @@ impl<'a> Election<'a> {
                     now,
                     policy: self.policy(),
                 };
-                let (decision, dead_pod) = (decide(inputs), dead_pod_to_delete(&inputs));
+                let decision = decide(inputs);
+                let wait = self.config().successor_wait;
+                let decision = defer_to_preferred(decision, self.fate.as_ref(), &self.me, now, wait);
+                let dead_pod = dead_pod_to_delete(&inputs);
                 match decision {
                     Decision::Create => {
                         self.last_wait = None;
@@ -254,6 +267,11 @@ impl<'a> Election<'a> {
             }
             if let Some(f) = self.fate.as_mut() {
                 f.released = record.released;
+                match (&record.preferred, &f.preferred) {
+                    (Some(p), Some((seen, _))) if p == seen => {}
+                    (Some(p), _) => f.preferred = Some((p.clone(), now)),
+                    (None, _) => f.preferred = None,
+                }
             }
             self.log_bad_heartbeat(record);
         }
@@ -310,6 +328,9 @@ impl<'a> Election<'a> {
                 biased;
                 r = lock_watch.changed() => Wake::Lock(r.map(|o| o.cloned().map(Box::new))),
                 r = changed_or_pending(pod_watch) => Wake::Pod(r),
+                r = self.own_pod.changed(), if !self.own_pod_refused => {
+                    Wake::OwnPod(r.map(|o| o.map(PodView::from_pod)))
+                }
                 () = sleep_until_opt(wake_at) => Wake::Timer,
             }
         };
@@ -344,9 +365,41 @@ impl<'a> Election<'a> {
                     }
                 }
             }
+            Wake::OwnPod(r) => self.own_pod_changed(r)?,
             Wake::Timer => self.on_timer().await?,
         }
         Ok(())
+    }
+
+    /// A stopping candidate never campaigns again: once its own Pod is being deleted, replaced
+    /// or terminal, the campaign ends with [`Error::Stopping`].
+    fn own_pod_changed(&mut self, r: Result<Option<PodView>, Failure>) -> Result<()> {
+        let why = match r {
+            Ok(None) => "was deleted".to_string(),
+            Ok(Some(v)) if v.uid != self.me.uid => {
+                format!("was replaced by another Pod of that name (UID {})", v.uid)
+            }
+            Ok(Some(v)) if v.deleting => "is being deleted".to_string(),
+            Ok(Some(v)) if v.is_terminal() => {
+                format!("is in phase {}", v.phase.as_deref().unwrap_or_default())
+            }
+            Ok(Some(_)) => return Ok(()),
+            Err(Failure::Fatal(e)) => {
+                self.own_pod_refused = true;
+                warn!(error = %e, "cannot watch this candidate's own Pod; campaigning goes on, but a \
+                    candidate whose Pod is going may still take the lock (grant watch on pods)");
+                return Ok(());
+            }
+            Err(e) => {
+                debug!(error = ?e, "the watch of this candidate's own Pod failed; it is retried");
+                return Ok(());
+            }
+        };
+        info!(pod = %self.me.name, "this candidate's Pod {why}; no longer campaigning");
+        Err(Error::Stopping {
+            lock: self.lock.to_string(),
+            why,
+        })
     }
 
     /// A watch delivered: the fallback is not needed unless another watch still fails.

@@ -6,6 +6,7 @@ use super::heartbeat::Liveness;
 use crate::{
     discovery,
     error::{invalid, Result},
+    successor::Successor,
 };
 
 /// The first retry delay of the fallback backoff: operator-sdk's `backoff := time.Second`.
@@ -142,6 +143,15 @@ pub struct ForLifeConfig {
     /// SIGTERM → SIGKILL grace). Advertised in the lock with the liveness, so that successors
     /// wait for it too. Default zero: the work stops by `confirmed_until`.
     pub liveness_grace: Duration,
+    /// Which candidate a leader that steps down ([`Leadership::release`](crate::Leadership::release),
+    /// after its Pod began to terminate) hands over to. Default [`Successor::Youngest`]: the
+    /// youngest live candidate by its Pod's creation time, so that a rollout moves leadership
+    /// once, to a Pod of the new ReplicaSet (see [`successor`](crate::successor)).
+    pub successor: Successor,
+    /// How long a candidate that is not the preferred successor defers to it after it saw the
+    /// release mark; the preferred one takes over at once. Crash failover (the lock deleted with
+    /// its Pod, a stale lock) never waits for it. Default 2 s.
+    pub successor_wait: Duration,
 }
 
 impl Default for ForLifeConfig {
@@ -158,6 +168,8 @@ impl Default for ForLifeConfig {
             environment: None,
             liveness: None,
             liveness_grace: Duration::ZERO,
+            successor: Successor::Youngest,
+            successor_wait: Duration::from_secs(2),
         }
     }
 }
@@ -194,6 +206,7 @@ impl ForLifeConfig {
             ),
             ("liveness", "liveness", self.liveness),
             ("liveness_grace", "liveness grace", Some(self.liveness_grace)),
+            ("successor_wait", "successor wait", Some(self.successor_wait)),
         ] {
             if let Some(d) = d.filter(|d| *d > max) {
                 return bad(field, format!("{what} must be at most {max:?}, got {d:?}"));

@@ -203,6 +203,8 @@ pub(crate) enum Waiting {
     LockTerminating,
     /// The lock cannot be attributed to a leader Pod; never taken over.
     Malformed(Malformed),
+    /// The leader stepped down naming another candidate as its successor: deferring to it.
+    Successor { holder: String, preferred: String },
 }
 
 impl fmt::Display for Waiting {
@@ -226,6 +228,10 @@ impl fmt::Display for Waiting {
                  (if its lock has one), or its grace period has passed"
             ),
             Waiting::LockTerminating => f.write_str("the lock is being deleted"),
+            Waiting::Successor { holder, preferred } => write!(
+                f,
+                "the leader Pod {holder} stepped down naming {preferred} its successor; deferring to it briefly"
+            ),
             Waiting::Malformed(m) => write!(f, "{m}; waiting, never taking it over"),
         }
     }
@@ -313,6 +319,44 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
         LeaderPod::Present(pod) => pod,
     };
     decide_on_pod(&i, lock, owner, fate, pod, holder)
+}
+
+/// A candidate that is not the successor a release prefers defers to it for `wait` from when it
+/// saw the release mark: the preferred one takes over meanwhile. Only a takeover after a release
+/// defers (the mark, or no lock after one); a crash failover (a stale lock, a lock deleted with
+/// its Pod) is never delayed.
+pub(crate) fn defer_to_preferred(
+    decision: Decision,
+    fate: Option<&Fate>,
+    me: &PodRef,
+    now: Instant,
+    wait: Duration,
+) -> Decision {
+    let after_release = match &decision {
+        Decision::DeleteLock {
+            why: Stale::Released { .. },
+            ..
+        } => true,
+        Decision::Create => fate.is_some_and(|f| f.released),
+        _ => false,
+    };
+    let Some((fate, (preferred, seen))) = fate
+        .filter(|_| after_release)
+        .and_then(|f| f.preferred.as_ref().map(|p| (f, p)))
+    else {
+        return decision;
+    };
+    let until = *seen + wait;
+    if *preferred == me.name || now >= until {
+        return decision;
+    }
+    Decision::Wait {
+        why: Waiting::Successor {
+            holder: fate.owner.name.clone(),
+            preferred: preferred.clone(),
+        },
+        recheck_at: Some(until),
+    }
 }
 
 /// With no lock: create it, unless the last owner this candidate saw has ended without proof

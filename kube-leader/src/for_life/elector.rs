@@ -9,7 +9,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Pod},
+    jiff::Timestamp,
+};
 use kube::{
     api::{DeleteParams, Preconditions},
     Api, Client,
@@ -33,6 +36,7 @@ use crate::{
     leadership::{Leadership, Strategy, Term},
     lock::{self, LockRef},
     observer::{Hooks, Observer},
+    successor::{CandidatePod, Registration, Registry, Successor},
 };
 
 /// Where to find a Role that grants what leader for life needs.
@@ -125,6 +129,9 @@ pub struct ForLife {
     pub(super) node_check_disabled: Arc<AtomicBool>,
     /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
     hooks: Hooks,
+    /// This candidate's registration ([`Successor::Youngest`]), from its first campaign until
+    /// shutdown, or until it stops because its Pod is ending.
+    registration: Arc<tokio::sync::Mutex<Option<Registration>>>,
 }
 
 impl std::fmt::Debug for ForLife {
@@ -153,6 +160,7 @@ impl ForLife {
             name: name.into(),
             config: ForLifeConfig::default(),
             node_check_disabled: Arc::new(AtomicBool::new(false)),
+            registration: Arc::default(),
         }
     }
 
@@ -276,6 +284,22 @@ impl ForLife {
         self
     }
 
+    /// Which candidate this one hands over to when it steps down; see [`Successor`] and
+    /// [`ForLifeConfig::successor`]. Default [`Successor::Youngest`].
+    #[must_use]
+    pub fn successor(mut self, successor: Successor) -> Self {
+        self.config.successor = successor;
+        self
+    }
+
+    /// How long a candidate that is not the preferred successor defers to it after a release;
+    /// see [`ForLifeConfig::successor_wait`]. Default 2 s.
+    #[must_use]
+    pub fn successor_wait(mut self, wait: Duration) -> Self {
+        self.config.successor_wait = wait;
+        self
+    }
+
     /// The options in force.
     pub fn settings(&self) -> &ForLifeConfig {
         &self.config
@@ -330,14 +354,22 @@ impl ForLife {
         let campaign = self
             .campaign(lock.clone(), pod_name, source, shutdown.clone())
             .instrument(span);
-        tokio::select! {
+        let result = tokio::select! {
             biased;
             () = shutdown.cancelled() => {
                 info!(lock = %lock, "cancelled while waiting for leadership");
                 Err(Error::Cancelled { lock: lock.to_string() })
             }
             r = campaign => r,
+        };
+        if matches!(result, Err(Error::Cancelled { .. } | Error::Stopping { .. })) {
+            // Stopping: no leader may prefer this candidate any more.
+            let registration = self.registration.lock().await.take();
+            if let Some(r) = registration {
+                r.withdraw().await;
+            }
         }
+        result
     }
 
     fn skip_or_fail(&self, env: &Environment, pod_name: Option<String>) -> Result<Leadership> {
@@ -374,15 +406,32 @@ impl ForLife {
     ) -> Result<Leadership> {
         info!(namespace_from = ?source, "trying to become the leader");
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &lock.namespace);
-        let me = own_pod(&pods, &lock, &pod_name, &self.config).await?;
+        let (me, created) = own_pod(&pods, &lock, &pod_name, &self.config).await?;
         debug!(uid = %me.uid, "found this candidate's Pod");
+        let registry = (self.config.successor == Successor::Youngest)
+            .then(|| Registry::new(self.client.clone(), &lock, "ConfigMap", self.config.api_timeout));
+        if let Some(registry) = &registry {
+            let mut registration = self.registration.lock().await;
+            if registration.is_none() && !shutdown.is_cancelled() {
+                let mut pod = CandidatePod::new(me.name.clone(), me.uid.clone());
+                pod.created = created;
+                *registration = Some(registry.register(&me.name, Some(&pod), &shutdown).await);
+            }
+        }
         let mut election = Election::new(self, lock, me, pods);
         let won = election.run().await?;
-        Ok(self.lead(election.lock, election.me, won, shutdown))
+        Ok(self.lead(election.lock, election.me, won, registry, shutdown))
     }
 
     /// Builds the handle and starts the keeper, which keeps watching the lock.
-    fn lead(&self, lock: LockRef, me: PodRef, won: Won, shutdown: CancellationToken) -> Leadership {
+    fn lead(
+        &self,
+        lock: LockRef,
+        me: PodRef,
+        won: Won,
+        registry: Option<Registry>,
+        shutdown: CancellationToken,
+    ) -> Leadership {
         let lock_uid = won.lock.metadata.uid.clone().unwrap_or_default();
         info!(fencing_token = won.fencing_token, restarted = won.restarted, lock_uid = %lock_uid, "became the leader");
         let term = Term {
@@ -427,6 +476,8 @@ impl ForLife {
             api_timeout: self.config.api_timeout,
             backoff_cap: self.config.backoff_cap,
             beat,
+            registry,
+            successor: std::sync::Mutex::new(None),
         };
         let leadership = Leadership::spawn(term, span, move |handle, done| {
             if let Some(b) = &keeper.beat {
@@ -454,7 +505,13 @@ impl ForLife {
 }
 
 /// Reads this candidate's Pod (operator-sdk's `myOwnerRef`), retrying transient errors.
-async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeConfig) -> Result<PodRef> {
+/// Also its creation time, the candidate's age.
+async fn own_pod(
+    pods: &Api<Pod>,
+    lock: &LockRef,
+    name: &str,
+    config: &ForLifeConfig,
+) -> Result<(PodRef, Option<Timestamp>)> {
     let op = pod_op(&lock.namespace, name, "get");
     let not_found = || Error::OwnPodNotFound {
         namespace: lock.namespace.clone(),
@@ -464,11 +521,13 @@ async fn own_pod(pods: &Api<Pod>, lock: &LockRef, name: &str, config: &ForLifeCo
     loop {
         match call(op, config.api_timeout, pods.get_opt(name)).await {
             Ok(Some(pod)) => {
+                let created = pod.metadata.creation_timestamp.map(|t| t.0);
                 let uid = pod.metadata.uid.filter(|u| !u.is_empty()).ok_or_else(not_found)?;
-                return Ok(PodRef {
+                let me = PodRef {
                     name: name.to_string(),
                     uid,
-                });
+                };
+                return Ok((me, created));
             }
             Ok(None) | Err(Failure::NotFound) => return Err(not_found()),
             Err(Failure::Fatal(e)) => return Err(e),

@@ -8,9 +8,9 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{api::PostParams, Api};
-use tokio::time::Instant;
+use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::INITIAL_BACKOFF,
@@ -25,6 +25,7 @@ use crate::{
     leadership::{KeeperHandle, LossReason},
     lock::LockRef,
     object_watch::ObjectWatch,
+    successor::{preferred_value, Registry, PREFERRED_HOLDER_ANNOTATION},
     time::sleep_until_opt,
 };
 
@@ -46,6 +47,10 @@ pub(super) struct Keeper {
     pub(super) backoff_cap: Duration,
     /// The liveness heartbeat, if on.
     pub(super) beat: Option<Beat>,
+    /// The candidates' registrations, to name the successor of a release.
+    pub(super) registry: Option<Registry>,
+    /// The successor, looked up from when the term began to end (while the work stops).
+    pub(super) successor: std::sync::Mutex<Option<JoinHandle<Option<String>>>>,
 }
 
 // === impl Keeper ===
@@ -81,6 +86,7 @@ impl Keeper {
                     info!("shutdown requested; no longer leading \
                         (the lock stays until this Pod is deleted or the leadership is released)");
                     handle.lose(LossReason::Cancelled);
+                    self.look_up_successor();
                     LockState::Unseen
                 }
                 _ = watches.freeze_check.tick(), if leading => {
@@ -164,6 +170,27 @@ impl Keeper {
         };
         info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
         handle.lose(LossReason::PodEnding { why });
+        self.look_up_successor();
+    }
+
+    /// Starts looking up the youngest registered candidate, the successor the release names;
+    /// it runs while the work stops, so the release waits for no extra request.
+    fn look_up_successor(&self) {
+        let Some(registry) = &self.registry else { return };
+        let mut successor = self.successor.lock().unwrap_or_else(|e| e.into_inner());
+        if successor.is_none() {
+            let (registry, me) = (registry.clone(), self.me.name.clone());
+            let lookup = async move { registry.youngest_other(&me).await };
+            *successor = Some(tokio::spawn(lookup.in_current_span()));
+        }
+    }
+
+    /// The successor the release names (see [`look_up_successor`](Self::look_up_successor)).
+    async fn successor(&self) -> Option<String> {
+        self.look_up_successor();
+        let lookup = self.successor.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        let found = tokio::time::timeout(self.api_timeout, lookup).await;
+        found.ok().and_then(|r| r.ok()).flatten()
     }
 
     /// Explicit step-down, once this term's work has stopped: marks the lock released
@@ -176,15 +203,17 @@ impl Keeper {
         let started = Instant::now();
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
         let (mut failures, mut marked) = (0, false);
+        let successor = self.successor().await;
         loop {
             let step = if marked {
                 self.delete_lock().await
             } else {
-                self.mark_released(watched.take()).await
+                self.mark_released(watched.take(), successor.as_deref()).await
             };
             match step {
                 Ok(true) if marked => {
-                    info!("released: marked the lock released and deleted it");
+                    let successor = successor.as_deref().unwrap_or("(none)");
+                    info!(%successor, "released: marked the lock released and deleted it");
                     return Ok(());
                 }
                 Ok(true) => marked = true,
@@ -212,7 +241,11 @@ impl Keeper {
     }
 
     /// Marks the lock released if it is still this term's. `false`: it is gone or replaced.
-    async fn mark_released(&self, watched: Option<ConfigMap>) -> Result<bool, Failure> {
+    async fn mark_released(
+        &self,
+        watched: Option<ConfigMap>,
+        successor: Option<&str>,
+    ) -> Result<bool, Failure> {
         let mut cm = match watched {
             Some(cm) => cm,
             None => {
@@ -230,10 +263,17 @@ impl Keeper {
         if record.released {
             return Ok(true);
         }
-        cm.metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(RELEASED_ANNOTATION.to_string(), Timestamp::now().to_string());
+        let (released, annotations) = (
+            Timestamp::now(),
+            cm.metadata.annotations.get_or_insert_with(Default::default),
+        );
+        annotations.insert(RELEASED_ANNOTATION.to_string(), released.to_string());
+        if let Some(successor) = successor {
+            annotations.insert(
+                PREFERRED_HOLDER_ANNOTATION.to_string(),
+                preferred_value(released, successor),
+            );
+        }
         // The update carries the resourceVersion just read: a 409 means re-read.
         let params = PostParams::default();
         let update = self.configmaps.replace(&self.lock.name, &params, &cm);

@@ -106,6 +106,9 @@ pub(crate) struct LockRecord {
     pub(crate) deleting: bool,
     /// [`RELEASED_ANNOTATION`] is set: its leader's work has stopped.
     pub(crate) released: bool,
+    /// The successor the release prefers
+    /// ([`PREFERRED_HOLDER_ANNOTATION`](crate::successor::PREFERRED_HOLDER_ANNOTATION)).
+    pub(crate) preferred: Option<String>,
     /// The liveness heartbeat ([`RENEW_TIME_ANNOTATION`], [`LIVENESS_ANNOTATION`]): `Ok(None)`
     /// without it (liveness off, an older kube-leader, operator-sdk), `Err` (what is wrong,
     /// naming the annotation) if it cannot be read, which counts as without.
@@ -158,6 +161,10 @@ impl LockRecord {
                 .map(SystemTime::from),
             deleting: meta.deletion_timestamp.is_some(),
             released: annotation(RELEASED_ANNOTATION).is_some(),
+            preferred: crate::successor::preferred_for(
+                meta.annotations.as_ref(),
+                annotation(RELEASED_ANNOTATION).and_then(|v| v.parse().ok()),
+            ),
             heartbeat: heartbeat_of(&annotation),
         }
     }

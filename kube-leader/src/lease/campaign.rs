@@ -18,10 +18,13 @@ use tracing::{debug, info, warn};
 
 use super::{
     config::LeaseConfig,
-    decide::{decide, decide_absent, record_for, Absent, Decision, Observed},
+    decide::{decide, decide_absent, defer_to_preferred, record_for, Absent, Decision, Observed},
     elector::{lease_op, Shared},
     keeper::Keeper,
-    record::{now_micro, set_fencing_token, set_writer, stored_fencing_token, written_by, LeaseRecord},
+    record::{
+        now_micro, preferred_in, set_fencing_token, set_preferred, set_writer, stored_fencing_token,
+        written_by, LeaseRecord,
+    },
 };
 use crate::{
     api::{call, Failure},
@@ -31,6 +34,7 @@ use crate::{
     lock::{self, LockRef},
     object_watch::ObjectWatch,
     observer::Hooks,
+    successor::Registry,
     time::sleep_until_opt,
 };
 
@@ -56,6 +60,8 @@ pub(crate) struct Campaign {
     unknown_since: Option<Instant>,
     /// A record under our identity that another process wrote, as last logged.
     twin_logged: Option<LeaseRecord>,
+    /// The candidates' registrations ([`Successor::Youngest`](crate::Successor::Youngest)).
+    registry: Option<Registry>,
 }
 
 /// A write that made this candidate the holder.
@@ -98,7 +104,14 @@ impl Campaign {
             absent_since: None,
             unknown_since: None,
             twin_logged: None,
+            registry: None,
         }
+    }
+
+    /// Prefers the youngest registered candidate as the successor when this term ends.
+    pub(crate) fn with_registry(mut self, registry: Option<Registry>) -> Self {
+        self.registry = registry;
+        self
     }
 
     /// Campaigns until this candidate leads (or `shutdown`).
@@ -132,7 +145,8 @@ impl Campaign {
         if let Some(obs) = &self.observed {
             self.absent_since = None;
             log_twin(obs, &self.identity, &mut self.twin_logged);
-            return decide(Some(obs), &self.identity, now, lease_duration);
+            let decision = decide(Some(obs), &self.identity, now, lease_duration);
+            return defer_to_preferred(decision, obs, &self.identity, now, self.cfg.successor_wait);
         }
         let since = *self.absent_since.get_or_insert(now);
         let absent = match (&self.deleted, self.unknown_since) {
@@ -203,8 +217,9 @@ impl Campaign {
             .current()
             .cloned()
             .unwrap_or_else(|| new_lease(&self.lock, record, 0));
-        // The previous term's token does not belong to this one.
+        // The previous term's token and successor do not belong to this one.
         set_fencing_token(&mut lease, None);
+        set_preferred(&mut lease, None);
         self.replace(lease, record).await
     }
 
@@ -254,7 +269,10 @@ impl Campaign {
         let record = LeaseRecord::from_lease(lease);
         let mine = written_by(lease, &record, &self.shared.instance);
         let rv = lease.metadata.resource_version.clone();
-        let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now()).written_by_me(mine);
+        let preferred = preferred_in(lease, &record);
+        let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now())
+            .written_by_me(mine)
+            .preferring(preferred);
         let token = stored_fencing_token(lease, &next.record);
         self.shared.publish(&self.lock, Some(&next.record), token);
         self.observed = Some(next);
@@ -356,6 +374,8 @@ impl Campaign {
             record,
             fencing_token,
             last_sent: sent,
+            registry: self.registry,
+            successor: None,
         };
         let watch = self.watch;
         let leadership = Leadership::spawn(term, tracing::Span::current(), move |handle, done| {

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::error::{invalid, Result};
+use crate::{
+    error::{invalid, Result},
+    successor::Successor,
+};
 
 /// client-go's `JitterFactor`: the renew deadline must exceed `1.2 × retry period`.
 pub const JITTER_FACTOR: f64 = 1.2;
@@ -79,6 +82,16 @@ pub struct LeaseConfig {
     /// deadline instead of costing the term (client-go's fix for the same problem,
     /// kubernetes PR 98059). Renewals are bounded by the time left to the deadline anyway.
     pub api_timeout: Option<Duration>,
+    /// Which candidate a leader that steps down (shutdown, release) hands over to. Default
+    /// [`Successor::Youngest`]: the youngest live candidate, so that a rollout moves leadership
+    /// once, to a Pod of the new ReplicaSet (see [`successor`](crate::successor)). client-go
+    /// candidates on the same Lease ignore the preference and take a released lease as before.
+    pub successor: Successor,
+    /// How long a candidate that is not the preferred successor defers to it after a release,
+    /// counted from when it saw the release; the preferred one takes over at once, usually
+    /// within milliseconds. Crash failover never waits for it (nobody stepped down). Default
+    /// 2 s.
+    pub successor_wait: Duration,
 }
 
 impl Default for LeaseConfig {
@@ -91,6 +104,8 @@ impl Default for LeaseConfig {
             release_on_cancel: true,
             shutdown_grace: Duration::from_secs(30),
             api_timeout: None,
+            successor: Successor::Youngest,
+            successor_wait: Duration::from_secs(2),
         }
     }
 }
@@ -173,6 +188,12 @@ impl LeaseConfig {
                 true,
             ),
             ("api_timeout", "API timeout", self.api_timeout, false),
+            (
+                "successor_wait",
+                "successor wait",
+                Some(self.successor_wait),
+                true,
+            ),
         ];
         for (field, name, d, may_be_zero) in durations {
             let Some(d) = d else { continue };

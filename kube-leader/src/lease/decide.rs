@@ -20,6 +20,9 @@ pub(crate) struct Observed {
     /// identity that it did not write belongs to another process with the same identity, or to
     /// this candidate before a restart: either way somebody else may act on it.
     pub(crate) mine: bool,
+    /// The successor a released record prefers (see
+    /// [`PREFERRED_HOLDER_ANNOTATION`](crate::successor::PREFERRED_HOLDER_ANNOTATION)).
+    pub(crate) preferred: Option<String>,
 }
 
 impl Observed {
@@ -41,7 +44,14 @@ impl Observed {
             resource_version: rv,
             observed_at,
             mine: false,
+            preferred: None,
         }
+    }
+
+    /// Sets the successor the record prefers (only a released record prefers one).
+    pub(crate) fn preferring(mut self, preferred: Option<String>) -> Self {
+        self.preferred = preferred.filter(|_| self.record.holder.is_none());
+        self
     }
 
     /// Marks whether this candidate wrote the record (see [`Observed::mine`]).
@@ -101,6 +111,28 @@ pub(crate) fn decide(
                 Decision::WaitUntil(expiry)
             }
         }
+    }
+}
+
+/// A candidate that is not the successor a released lease prefers defers to it for `wait`
+/// from when it saw the release: the preferred one takes over meanwhile, usually within
+/// milliseconds. Only a takeover of a released record defers; an expired lease (a crash: nobody
+/// stepped down) is taken at once.
+pub(crate) fn defer_to_preferred(
+    decision: Decision,
+    observed: &Observed,
+    identity: &str,
+    now: Instant,
+    wait: Duration,
+) -> Decision {
+    let deferring = decision == Decision::Takeover
+        && observed.record.holder.is_none()
+        && observed.preferred.as_deref().is_some_and(|p| p != identity);
+    let until = observed.observed_at + wait;
+    if deferring && now < until {
+        Decision::WaitUntil(until)
+    } else {
+        decision
     }
 }
 

@@ -18,6 +18,7 @@ use crate::{
     leadership::{LeaderInfo, Leadership, Term},
     lock::LockRef,
     observer::{Hooks, Observer},
+    successor::{CandidatePod, Registration, Registry, Successor},
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
@@ -84,6 +85,9 @@ pub(crate) struct Shared {
     /// This candidate's instance id, written beside every record it writes, so that it tells
     /// its own records from those of another process with the same identity.
     pub(crate) instance: String,
+    /// This candidate's registration ([`Successor::Youngest`]), from its first campaign until
+    /// shutdown (or until the elector is dropped).
+    registration: tokio::sync::Mutex<Option<Registration>>,
 }
 
 impl Shared {
@@ -93,7 +97,31 @@ impl Shared {
             renewals: watch::channel(Renewals::default()).0,
             transitions_seen: std::sync::Mutex::new(None),
             instance: new_instance_id(),
+            registration: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// Registers this candidate with `registry`, unless it is registered already (a campaign
+    /// after an earlier term) or `shutdown` is cancelled (a stopping candidate never registers).
+    async fn register(
+        &self,
+        registry: &Registry,
+        identity: &str,
+        pod: Option<&CandidatePod>,
+        shutdown: &CancellationToken,
+    ) {
+        let mut registration = self.registration.lock().await;
+        if registration.is_none() && !shutdown.is_cancelled() {
+            *registration = Some(registry.register(identity, pod, shutdown).await);
+        }
+    }
+
+    /// Withdraws this candidate's registration (a stopping candidate), awaiting its deletion.
+    async fn withdraw(&self) {
+        let registration = self.registration.lock().await.take();
+        if let Some(r) = registration {
+            r.withdraw().await;
+        }
     }
 
     /// Publishes the current leader (`token`: the holder's fencing token, if known).
@@ -190,6 +218,8 @@ pub struct LeaseElector {
     namespace: Option<String>,
     identity: Option<String>,
     config: LeaseConfig,
+    /// This candidate's Pod, for its registration (see [`candidate_pod`](Self::candidate_pod)).
+    pod: Option<CandidatePod>,
     shared: Arc<Shared>,
     /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
     hooks: Hooks,
@@ -223,6 +253,7 @@ impl LeaseElector {
             namespace: None,
             identity: None,
             config: LeaseConfig::default(),
+            pod: None,
             shared: Shared::new(),
         }
     }
@@ -249,6 +280,31 @@ impl LeaseElector {
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.shared = Shared::new();
         self.identity = Some(identity.into());
+        self
+    }
+
+    /// Which candidate this one hands over to when it steps down; see [`Successor`] and
+    /// [`LeaseConfig::successor`]. Default [`Successor::Youngest`].
+    #[must_use]
+    pub fn successor(mut self, successor: Successor) -> Self {
+        self.config.successor = successor;
+        self
+    }
+
+    /// How long a candidate that is not the preferred successor defers to it after a release;
+    /// see [`LeaseConfig::successor_wait`]. Default 2 s.
+    #[must_use]
+    pub fn successor_wait(mut self, wait: Duration) -> Self {
+        self.config.successor_wait = wait;
+        self
+    }
+
+    /// This candidate's Pod: its registration is owned by the Pod (deleted with it) and ordered
+    /// by the Pod's creation time, if set. Without it the registration stays until this candidate
+    /// withdraws it (a stale one is ignored) and counts from when it was first written.
+    #[must_use]
+    pub fn candidate_pod(mut self, pod: CandidatePod) -> Self {
+        self.pod = Some(pod);
         self
     }
 
@@ -389,15 +445,29 @@ impl LeaseElector {
         let lock = self.lock()?;
         let identity = self.resolved_identity()?;
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
-        let campaign = Campaign::new(
-            self.client.clone(),
-            self.config.clone(),
-            self.shared.clone(),
-            self.hooks.clone(),
-            lock,
-            identity,
-        );
-        campaign.run(shutdown.clone()).instrument(span).await
+        let registry = (self.config.successor == Successor::Youngest)
+            .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.api_timeout()));
+        let campaign = async {
+            if let Some(registry) = &registry {
+                let pod = self.pod.as_ref();
+                self.shared.register(registry, &identity, pod, shutdown).await;
+            }
+            let campaign = Campaign::new(
+                self.client.clone(),
+                self.config.clone(),
+                self.shared.clone(),
+                self.hooks.clone(),
+                lock,
+                identity.clone(),
+            );
+            let result = campaign.with_registry(registry).run(shutdown.clone()).await;
+            if matches!(result, Err(Error::Cancelled { .. })) {
+                // Stopping: no leader may prefer this candidate any more.
+                self.shared.withdraw().await;
+            }
+            result
+        };
+        campaign.instrument(span).await
     }
 
     /// Runs `work` whenever this candidate leads, until `shutdown`.

@@ -5,14 +5,17 @@ use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{api::PostParams, Api};
-use tokio::time::Instant;
+use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
     elector::{lease_op, Shared},
-    record::{now_micro, set_fencing_token, set_writer, stored_fencing_token, written_by, LeaseRecord},
+    record::{
+        now_micro, set_fencing_token, set_preferred, set_writer, stored_fencing_token, written_by,
+        LeaseRecord,
+    },
 };
 use crate::{
     api::{call, Failure},
@@ -20,6 +23,7 @@ use crate::{
     leadership::{KeeperHandle, LossReason},
     lock::{self, LockRef},
     object_watch::ObjectWatch,
+    successor::Registry,
     time::{sleep_until_opt, until_deadline},
 };
 
@@ -37,6 +41,10 @@ pub(crate) struct Keeper {
     pub(crate) fencing_token: u64,
     /// When the last successful renewal was sent.
     pub(crate) last_sent: Instant,
+    /// The candidates' registrations, to name the successor of a release.
+    pub(crate) registry: Option<Registry>,
+    /// The successor, looked up while the work stops (from the shutdown on).
+    pub(crate) successor: Option<JoinHandle<Option<String>>>,
 }
 
 /// What one turn of the keeper's loop came to.
@@ -79,6 +87,7 @@ impl Keeper {
                     info!(lock = %self.lock, identity = %self.identity, "shutdown: stopping work before releasing");
                     handle.lose(LossReason::Cancelled);
                     grace_until = Some(Instant::now() + self.cfg.shutdown_grace);
+                    self.look_up_successor();
                     Turn::Keep
                 }
                 _ = sleep_until_opt(grace_until) => {
@@ -253,7 +262,27 @@ impl Keeper {
         }
     }
 
-    /// Clears the holder, as client-go's `ReleaseOnCancel` does: holder "", duration 1 s.
+    /// Starts looking up the youngest registered candidate, the successor a release names;
+    /// it runs while the work stops, so the release waits for no extra request.
+    fn look_up_successor(&mut self) {
+        if let (Some(registry), None) = (&self.registry, &self.successor) {
+            let (registry, me) = (registry.clone(), self.identity.clone());
+            let lookup = async move { registry.youngest_other(&me).await };
+            self.successor = Some(tokio::spawn(lookup.in_current_span()));
+        }
+    }
+
+    /// The successor the release names (see [`look_up_successor`](Self::look_up_successor)).
+    async fn successor(&mut self) -> Option<String> {
+        self.look_up_successor();
+        let lookup = self.successor.take()?;
+        let found = tokio::time::timeout(self.cfg.api_timeout(), lookup).await;
+        found.ok().and_then(|r| r.ok()).flatten()
+    }
+
+    /// Clears the holder, as client-go's `ReleaseOnCancel` does: holder "", duration 1 s; with
+    /// a registry, names the youngest live candidate as the preferred successor
+    /// ([`PREFERRED_HOLDER_ANNOTATION`](crate::successor::PREFERRED_HOLDER_ANNOTATION)).
     async fn release(&mut self, handle: &KeeperHandle) -> Result<()> {
         if handle.is_lost() && !matches!(handle.reason(), Some(LossReason::Cancelled) | None) {
             return Ok(());
@@ -261,6 +290,7 @@ impl Keeper {
         // The loss first: once the release is written, a successor may start at once, and no
         // work gated on this term may still be running then.
         handle.lose(LossReason::Released);
+        let successor = self.successor().await;
         let now = now_micro();
         let record = LeaseRecord {
             holder: None,
@@ -273,12 +303,14 @@ impl Keeper {
             let mut lease = self.lease.clone();
             record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
             set_fencing_token(&mut lease, None);
+            set_preferred(&mut lease, successor.as_deref().map(|s| (s, now)));
             set_writer(&mut lease, &self.shared.instance, &record);
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
             match call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await {
                 Ok(_) => {
-                    info!(lock = %self.lock, identity = %self.identity, "released the lease");
+                    let successor = successor.as_deref().unwrap_or("(none)");
+                    info!(lock = %self.lock, identity = %self.identity, %successor, "released the lease");
                     return Ok(());
                 }
                 Err(Failure::Conflict) => {

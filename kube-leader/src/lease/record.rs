@@ -147,6 +147,34 @@ pub(crate) fn stored_fencing_token(lease: &Lease, record: &LeaseRecord) -> Optio
     annotations.get(FENCING_TOKEN_ANNOTATION)?.trim().parse().ok()
 }
 
+/// The successor a released `lease` (its record: `record`) prefers, if any.
+pub(crate) fn preferred_in(lease: &Lease, record: &LeaseRecord) -> Option<String> {
+    if record.holder.is_some() {
+        return None;
+    }
+    crate::successor::preferred_for(lease.metadata.annotations.as_ref(), record.renew_time)
+}
+
+/// Names `successor` as the one the release written at `released` prefers, or (`None`) clears
+/// the preference.
+pub(crate) fn set_preferred(lease: &mut Lease, successor: Option<(&str, Timestamp)>) {
+    use crate::successor::{preferred_value, PREFERRED_HOLDER_ANNOTATION};
+    match successor {
+        Some((identity, released)) => {
+            let a = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            a.insert(
+                PREFERRED_HOLDER_ANNOTATION.to_string(),
+                preferred_value(released, identity),
+            );
+        }
+        None => {
+            if let Some(a) = lease.metadata.annotations.as_mut() {
+                a.remove(PREFERRED_HOLDER_ANNOTATION);
+            }
+        }
+    }
+}
+
 /// Sets (`Some((holder, token))`) or clears (`None`) the fencing-token annotations of a Lease,
 /// keeping every other annotation.
 pub(crate) fn set_fencing_token(lease: &mut Lease, token: Option<(&str, u64)>) {

@@ -23,6 +23,8 @@ pub(crate) struct Fate {
     pub(crate) ended_since: Option<Instant>,
     /// The lock was last seen marked released by this leader.
     pub(crate) released: bool,
+    /// The successor the release prefers, and when this candidate first saw the release.
+    pub(crate) preferred: Option<(String, Instant)>,
     /// The owner's liveness heartbeat as last seen, if its lock carries one.
     pub(crate) heartbeat: Option<SeenHeartbeat>,
     /// This candidate deleted the owner's lock on a proof: with no lock, it creates one at
@@ -52,6 +54,7 @@ impl Fate {
             deletion_seen: false,
             ended_since: None,
             released: false,
+            preferred: None,
             heartbeat: None,
             proven: false,
         }

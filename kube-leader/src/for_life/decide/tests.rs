@@ -25,6 +25,7 @@ fn lock(owner: Result<PodRef, Malformed>) -> LockRecord {
         acquired_at: None,
         deleting: false,
         released: false,
+        preferred: None,
         heartbeat: Ok(None),
     }
 }

@@ -1,0 +1,319 @@
+//! Preferred successors against a real control plane: a leader that steps down hands over to
+//! the youngest live candidate; a stopping candidate never campaigns and withdraws its
+//! registration; a preferred successor that does not come is waited for only briefly.
+//!
+//! Leader for life's candidates are Pod objects (no kubelet), created a second apart: a Pod's
+//! `creationTimestamp` has whole seconds.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::{
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::Pod,
+    },
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube::{
+    api::{DeleteParams, ListParams, PostParams},
+    Api, Client,
+};
+use kube_leader::{
+    for_life::Environment,
+    lease::LeaseRecord,
+    successor::{CANDIDATE_FOR_LABEL, LOCK_KIND_LABEL, PREFERRED_HOLDER_ANNOTATION},
+    Error, ForLife, Leadership, Successor,
+};
+use kube_leader_e2e::{init_tracing, short_lease_elector, wait_for};
+use kube_leader_testenv::{create_pod, ControlPlane};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const SOON: Duration = Duration::from_secs(20);
+/// How long a candidate that must not lead is watched.
+const STILL_WAITING: Duration = Duration::from_secs(3);
+
+type Campaign = JoinHandle<kube_leader::Result<Leadership>>;
+
+/// The identities registered as candidates for `lock` (of `kind`).
+async fn registered(client: &Client, ns: &str, lock: &str, kind: &str) -> Vec<String> {
+    let selector = format!("{CANDIDATE_FOR_LABEL}={lock},{LOCK_KIND_LABEL}={kind}");
+    let mut ids: Vec<String> = Api::<Lease>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|l| l.spec?.holder_identity)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Waits until the candidates registered for `lock` are `want`, and, where `maybe` is given,
+/// perhaps that one too (a leader whose elector was dropped has withdrawn: it needs none).
+async fn wait_registered(
+    client: &Client,
+    ns: &str,
+    lock: &str,
+    kind: &str,
+    want: &[&str],
+    maybe: Option<&str>,
+) {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    wait_for(&format!("registrations {want:?}"), SOON, || async {
+        let mut now = registered(client, ns, lock, kind).await;
+        now.retain(|id| Some(id.as_str()) != maybe);
+        (now == want).then_some(())
+    })
+    .await;
+}
+
+fn lease_candidate(client: &Client, ns: &str, id: &str, shutdown: &CancellationToken) -> Campaign {
+    let e = short_lease_elector(client, ns, "lock", id).successor_wait(Duration::from_secs(1));
+    let s = shutdown.clone();
+    tokio::spawn(async move { e.become_leader(&s).await })
+}
+
+async fn lease_record(client: &Client, ns: &str) -> (LeaseRecord, Lease) {
+    let l = Api::<Lease>::namespaced(client.clone(), ns)
+        .get("lock")
+        .await
+        .unwrap();
+    (LeaseRecord::from_lease(&l), l)
+}
+
+#[tokio::test]
+async fn lease_leader_steps_down_to_the_youngest_candidate() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let shutdown = CancellationToken::new();
+    let old = lease_candidate(&client, ns.name(), "old", &shutdown);
+    let old = tokio::time::timeout(SOON, old).await.unwrap().unwrap().unwrap();
+    // Registered in this order: "middle" is older than "young".
+    let middle = lease_candidate(&client, ns.name(), "middle", &shutdown);
+    wait_registered(&client, ns.name(), "lock", "Lease", &["middle"], Some("old")).await;
+    let young = lease_candidate(&client, ns.name(), "young", &shutdown);
+    wait_registered(
+        &client,
+        ns.name(),
+        "lock",
+        "Lease",
+        &["middle", "young"],
+        Some("old"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let released = Instant::now();
+    old.release().await.unwrap();
+    let next = tokio::time::timeout(SOON, young)
+        .await
+        .expect("the youngest leads")
+        .unwrap()
+        .unwrap();
+    eprintln!("release → youngest leads: {:?}", released.elapsed());
+    assert_eq!(next.identity(), "young");
+    assert!(
+        !middle.is_finished(),
+        "the older candidate did not take the lease"
+    );
+    let (rec, lease) = lease_record(&client, ns.name()).await;
+    assert_eq!(rec.holder.as_deref(), Some("young"));
+    assert_eq!(rec.transitions, 1, "one transition: old → young");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(PREFERRED_HOLDER_ANNOTATION),
+        "the successor's takeover clears the preference: {annotations:?}"
+    );
+
+    // "young" steps down: "middle" is the youngest other candidate ("old", if still
+    // registered, is older).
+    next.release().await.unwrap();
+    let third = tokio::time::timeout(SOON, middle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.identity(), "middle");
+    third.release().await.unwrap();
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_stopping_lease_candidate_withdraws_and_a_missing_successor_is_waited_for_briefly() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let shutdown = CancellationToken::new();
+    let leader = lease_candidate(&client, ns.name(), "leader", &shutdown);
+    let leader = tokio::time::timeout(SOON, leader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let follower = lease_candidate(&client, ns.name(), "follower", &shutdown);
+    let stopping_token = CancellationToken::new();
+    let stopping = lease_candidate(&client, ns.name(), "stopping", &stopping_token);
+    let maybe = Some("leader");
+    wait_registered(
+        &client,
+        ns.name(),
+        "lock",
+        "Lease",
+        &["follower", "stopping"],
+        maybe,
+    )
+    .await;
+
+    // A stopping candidate (its shutdown requested) withdraws before its campaign returns.
+    stopping_token.cancel();
+    let r = tokio::time::timeout(SOON, stopping).await.unwrap().unwrap();
+    assert!(matches!(r, Err(Error::Cancelled { .. })), "{r:?}");
+    let mut left = registered(&client, ns.name(), "lock", "Lease").await;
+    left.retain(|id| id != "leader");
+    assert_eq!(left, ["follower"], "withdrawn when its campaign returned");
+
+    // A registration whose candidate never comes (it hung right after registering): younger
+    // than everyone, live by its heartbeat. The release prefers it; "follower" defers for the
+    // successor wait (1 s here) only, then takes the lease.
+    let ghost = Lease {
+        metadata: ObjectMeta {
+            name: Some("lock-candidate-ghost".into()),
+            labels: Some(
+                [
+                    (CANDIDATE_FOR_LABEL.to_string(), "lock".to_string()),
+                    (LOCK_KIND_LABEL.to_string(), "Lease".to_string()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            acquire_time: Some(MicroTime(Timestamp::now())),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            lease_duration_seconds: Some(45),
+            ..LeaseSpec::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), ns.name())
+        .create(&PostParams::default(), &ghost)
+        .await
+        .unwrap();
+    let released = Instant::now();
+    leader.release().await.unwrap();
+    let (rec, lease) = lease_record(&client, ns.name()).await;
+    let preferred = lease.metadata.annotations.unwrap_or_default()[PREFERRED_HOLDER_ANNOTATION].clone();
+    assert!(
+        preferred.ends_with(" ghost"),
+        "the release prefers the youngest: {preferred}"
+    );
+    assert_eq!(rec.holder, None);
+    let next = tokio::time::timeout(SOON, follower)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let gap = released.elapsed();
+    eprintln!("release → a non-preferred candidate leads (the preferred one never came): {gap:?}");
+    assert_eq!(next.identity(), "follower");
+    assert!(
+        gap >= Duration::from_secs(1),
+        "it deferred to the preferred successor first: {gap:?}"
+    );
+    next.release().await.unwrap();
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn with_successor_any_nobody_registers_or_defers() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let shutdown = CancellationToken::new();
+    let e = short_lease_elector(&client, ns.name(), "lock", "a").successor(Successor::Any);
+    let a = e.become_leader(&shutdown).await.unwrap();
+    assert!(registered(&client, ns.name(), "lock", "Lease").await.is_empty());
+    a.release().await.unwrap();
+    let (_, lease) = lease_record(&client, ns.name()).await;
+    assert!(!lease
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(PREFERRED_HOLDER_ANNOTATION));
+}
+
+fn for_life_candidate(client: &Client, ns: &str, pod: &str, shutdown: &CancellationToken) -> Campaign {
+    let e = ForLife::new(client.clone(), "lock")
+        .namespace(ns)
+        .pod_name(pod)
+        .backoff_cap(Duration::from_secs(2))
+        .api_timeout(Duration::from_secs(5))
+        .environment(Environment::default())
+        .successor_wait(Duration::from_secs(1));
+    let s = shutdown.clone();
+    tokio::spawn(async move { e.become_leader(&s).await })
+}
+
+#[tokio::test]
+async fn for_life_leader_steps_down_to_the_youngest_pod_and_a_going_pod_never_campaigns() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let shutdown = CancellationToken::new();
+    for name in ["old", "middle", "young", "going"] {
+        create_pod(&client, ns.name(), name).await.unwrap();
+        // creationTimestamp has whole seconds.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+    }
+    let old = for_life_candidate(&client, ns.name(), "old", &shutdown);
+    let old = tokio::time::timeout(SOON, old).await.unwrap().unwrap().unwrap();
+    let middle = for_life_candidate(&client, ns.name(), "middle", &shutdown);
+    let young = for_life_candidate(&client, ns.name(), "young", &shutdown);
+    let going = for_life_candidate(&client, ns.name(), "going", &shutdown);
+    let all = ["going", "middle", "young"];
+    wait_registered(&client, ns.name(), "lock", "ConfigMap", &all, Some("old")).await;
+
+    // The youngest Pod is deleted: it stops campaigning at once and withdraws its registration.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    pods.delete("going", &DeleteParams::default()).await.unwrap();
+    let r = tokio::time::timeout(SOON, going).await.unwrap().unwrap();
+    assert!(matches!(r, Err(Error::Stopping { .. })), "{r:?}");
+    wait_registered(
+        &client,
+        ns.name(),
+        "lock",
+        "ConfigMap",
+        &["middle", "young"],
+        Some("old"),
+    )
+    .await;
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    old.release().await.unwrap();
+    let next = tokio::time::timeout(SOON, young)
+        .await
+        .expect("the youngest leads")
+        .unwrap()
+        .unwrap();
+    eprintln!("for life: release → youngest leads: {:?}", released.elapsed());
+    assert_eq!(next.identity(), "young");
+    tokio::time::sleep(STILL_WAITING).await;
+    assert!(!middle.is_finished(), "the older candidate did not take the lock");
+    next.release().await.unwrap();
+    let third = tokio::time::timeout(SOON, middle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.identity(), "middle");
+    shutdown.cancel();
+}

@@ -1,0 +1,532 @@
+//! Preferred successors: a leader that steps down hands over to the youngest live candidate.
+//!
+//! Most changes of leader are not crashes but rollouts: `kubectl rollout restart`, a new image,
+//! a node drain. Without a preference, leadership hops from an old Pod to another old Pod that
+//! the rollout terminates a moment later, and every hop stops and restarts the work. With one,
+//! a leader stepping down names the youngest live candidate (a Pod of the newest ReplicaSet in
+//! a rolling update) in its release, and that candidate takes over at once; the others defer
+//! to it for a short, bounded [`successor_wait`](crate::LeaseConfig::successor_wait).
+//!
+//! How candidates learn of each other: every candidate keeps a **registration**, a Lease of its
+//! own beside the lock (the mechanics of Kubernetes' `LeaseCandidate`, emulated with
+//! `coordination.k8s.io/v1` Leases, which every API server since 1.14 serves):
+//!
+//! | field | meaning |
+//! | --- | --- |
+//! | name | `<lock>-candidate-<16 hex digits of a hash of the lock kind and identity>` |
+//! | labels | [`CANDIDATE_FOR_LABEL`] (the lock's name, or a hash of a longer one) and [`LOCK_KIND_LABEL`] |
+//! | `spec.holderIdentity` | the candidate's identity |
+//! | `spec.acquireTime` | the candidate's age: its Pod's creation time where known, else its first registration |
+//! | `spec.renewTime` | its heartbeat, every [`REGISTRATION_HEARTBEAT`] |
+//! | `spec.leaseDurationSeconds` | how long after `renewTime` it counts as live (three heartbeats) |
+//! | `ownerReferences` | its Pod, where known: the registration goes with the Pod |
+//!
+//! A candidate registers before its first election result (so a Pod that is `Ready` by the
+//! sidecar's `/readyz` is registered), withdraws the registration the moment it stops (shutdown
+//! requested, or its Pod is being deleted: a stopping candidate never campaigns again), and the
+//! garbage collector deletes the registration of a Pod that was deleted. A leader stepping down
+//! lists the registrations of its lock once (it lists them while its work stops, so the
+//! handover waits for no extra request) and names the youngest live one other than itself in
+//! [`PREFERRED_HOLDER_ANNOTATION`].
+//!
+//! Crash failover is untouched: nobody stepped down, so nobody is preferred and nobody waits.
+//! Registrations are an optimisation, never a safety property: a candidate that may not
+//! register (no permission) logs one warning and campaigns as before.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference},
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    Api, Client,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::{
+    api::{call, Failure, Op},
+    lock::{LockRef, MANAGED_BY_LABEL},
+};
+
+/// Label on a candidate registration: the name of the lock it is a candidate for (a hash of
+/// the name when it is longer than a label value may be).
+pub const CANDIDATE_FOR_LABEL: &str = "kube-leader.io/candidate-for";
+/// Label on a candidate registration: the kind of its lock (`Lease` or `ConfigMap`).
+pub const LOCK_KIND_LABEL: &str = "kube-leader.io/lock-kind";
+/// Annotation on a released lock: `<release time> <identity>`, the successor the leader that
+/// stepped down prefers. It counts only for the release it was written with (the lock's
+/// `renewTime` for a Lease, the release mark's time for leader for life): a later release by a
+/// client-go candidate, which keeps annotations it does not know, names nobody.
+pub const PREFERRED_HOLDER_ANNOTATION: &str = "kube-leader.io/preferred-holder";
+/// How often a candidate renews its registration; it counts as live for three of these.
+pub const REGISTRATION_HEARTBEAT: Duration = Duration::from_secs(15);
+/// How long after its last heartbeat a registration counts as live, in whole seconds.
+const LIVE_SECONDS: i32 = 45;
+
+/// Which candidate a leader that steps down hands over to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Successor {
+    /// The youngest live candidate (by its Pod's creation time): a Pod of the newest ReplicaSet
+    /// in a rolling update, the Pod that replaced others in a drain. Every candidate keeps a
+    /// registration (see the [module documentation](self)), which needs `create`, `patch`,
+    /// `delete` and `list` on `leases` in the lock's namespace.
+    #[default]
+    Youngest,
+    /// Whoever is first, as client-go: no registration, no preference.
+    Any,
+}
+
+/// This candidate's Pod, as its registration names it: the owner of the registration (so that
+/// it is deleted with the Pod) and the candidate's age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CandidatePod {
+    /// The Pod's name.
+    pub name: String,
+    /// The Pod's UID.
+    pub uid: String,
+    /// The Pod's `metadata.creationTimestamp`, if known: the candidate's age. Without it, the
+    /// candidate is as old as its first registration.
+    pub created: Option<Timestamp>,
+}
+
+// === impl CandidatePod ===
+
+impl CandidatePod {
+    /// The Pod `name` with UID `uid` (the Downward API's `metadata.name` and `metadata.uid`).
+    #[must_use]
+    pub fn new(name: impl Into<String>, uid: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            uid: uid.into(),
+            created: None,
+        }
+    }
+
+    /// Sets the Pod's creation time.
+    #[must_use]
+    pub fn created(mut self, created: Timestamp) -> Self {
+        self.created = Some(created);
+        self
+    }
+}
+
+/// The registrations of one lock's candidates.
+#[derive(Clone)]
+pub(crate) struct Registry {
+    api: Api<Lease>,
+    lock: LockRef,
+    kind: &'static str,
+    api_timeout: Duration,
+}
+
+/// This candidate's registration, kept fresh in the background until it is withdrawn (or
+/// dropped, or the shutdown token it was started with is cancelled).
+#[derive(Debug)]
+pub(crate) struct Registration {
+    stop: CancellationToken,
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+// === impl Registry ===
+
+impl Registry {
+    /// The registrations of candidates for `lock` (of `kind`: `Lease` or `ConfigMap`).
+    pub(crate) fn new(client: Client, lock: &LockRef, kind: &'static str, api_timeout: Duration) -> Self {
+        Self {
+            api: Api::namespaced(client, &lock.namespace),
+            lock: lock.clone(),
+            kind,
+            api_timeout,
+        }
+    }
+
+    fn op<'a>(&'a self, verb: &'static str, name: &'a str) -> Op<'a> {
+        Op {
+            verb,
+            resource: "leases",
+            namespace: &self.lock.namespace,
+            name,
+            hint: RBAC_HINT,
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!(
+            "{CANDIDATE_FOR_LABEL}={},{LOCK_KIND_LABEL}={}",
+            label_value(&self.lock.name),
+            self.kind
+        )
+    }
+
+    /// Registers `identity` (awaiting the first write, bounded by the API timeout) and keeps the
+    /// registration fresh until it is withdrawn, dropped, or `shutdown` is cancelled; then it is
+    /// deleted. A registration that cannot be written is logged (once, with the permission
+    /// missing) and the candidate goes on without one.
+    pub(crate) async fn register(
+        &self,
+        identity: &str,
+        pod: Option<&CandidatePod>,
+        shutdown: &CancellationToken,
+    ) -> Registration {
+        let name = registration_name(&self.lock.name, self.kind, identity);
+        let stop = shutdown.child_token();
+        let (tx, done) = tokio::sync::oneshot::channel();
+        let registered = self.write(&name, identity, pod).await;
+        let registry = self.clone();
+        let (identity, pod, task_stop) = (identity.to_string(), pod.cloned(), stop.clone());
+        let task = async move {
+            if registered {
+                registry.keep(&name, &identity, pod.as_ref(), &task_stop).await;
+                registry.delete(&name).await;
+            }
+            let _ = tx.send(());
+        };
+        tokio::spawn(task.in_current_span());
+        Registration { stop, done }
+    }
+
+    /// Writes the registration: created, or (it exists: this candidate before a restart, or its
+    /// Pod's former incarnation) patched. `false`: it could not be written.
+    async fn write(&self, name: &str, identity: &str, pod: Option<&CandidatePod>) -> bool {
+        let now = Timestamp::now();
+        let lease = self.registration(name, identity, pod, now);
+        let params = PostParams::default();
+        let create = self.api.create(&params, &lease);
+        let failure = match call(self.op("create", name), self.api_timeout, create).await {
+            Ok(_) => {
+                debug!(registration = %name, "registered as a candidate");
+                return true;
+            }
+            Err(Failure::Conflict) => match self.renew(name, identity, pod, now).await {
+                Ok(()) => return true,
+                Err(f) => f,
+            },
+            Err(f) => f,
+        };
+        match failure {
+            Failure::Fatal(e) => warn!(lock = %self.lock, registration = %name, error = %e,
+                "cannot register as a candidate: a leader stepping down cannot prefer this \
+                 candidate as its successor (leadership itself is unaffected)"),
+            e => info!(lock = %self.lock, registration = %name, error = ?e,
+                "registering as a candidate failed; campaigning without a registration"),
+        }
+        false
+    }
+
+    /// Renews the registration's heartbeat (a merge patch: no read, no conflict).
+    async fn renew(
+        &self,
+        name: &str,
+        identity: &str,
+        pod: Option<&CandidatePod>,
+        now: Timestamp,
+    ) -> Result<(), Failure> {
+        // A merge patch of the fields set here (k8s-openapi leaves out the unset ones).
+        let patch = Lease {
+            metadata: ObjectMeta {
+                // The Pod of this name now (a StatefulSet's Pod recreated under its old name).
+                owner_references: pod.map(|p| vec![owner_reference(p)]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(identity.to_string()),
+                renew_time: Some(MicroTime(now)),
+                lease_duration_seconds: Some(LIVE_SECONDS),
+                acquire_time: pod.and_then(|p| p.created).map(MicroTime),
+                ..LeaseSpec::default()
+            }),
+        };
+        let params = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        let fut = self.api.patch(name, &params, &patch);
+        call(self.op("patch", name), self.api_timeout, fut)
+            .await
+            .map(|_| ())
+    }
+
+    /// Renews every [`REGISTRATION_HEARTBEAT`] until `stop`; a registration deleted meanwhile
+    /// is written again.
+    async fn keep(&self, name: &str, identity: &str, pod: Option<&CandidatePod>, stop: &CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(REGISTRATION_HEARTBEAT) => {}
+            }
+            match self.renew(name, identity, pod, Timestamp::now()).await {
+                Ok(()) => {}
+                Err(Failure::NotFound) => {
+                    let _ = self.write(name, identity, pod).await;
+                }
+                Err(e) => debug!(registration = %name, error = ?e, "renewing the registration failed"),
+            }
+        }
+    }
+
+    async fn delete(&self, name: &str) {
+        let params = DeleteParams::default();
+        let fut = self.api.delete(name, &params);
+        match call(self.op("delete", name), self.api_timeout, fut).await {
+            Ok(_) | Err(Failure::NotFound) => debug!(registration = %name, "withdrew the registration"),
+            Err(e) => debug!(registration = %name, error = ?e,
+                "withdrawing the registration failed; it stops counting once its heartbeat is stale"),
+        }
+    }
+
+    /// The registration object of `identity`.
+    fn registration(&self, name: &str, identity: &str, pod: Option<&CandidatePod>, now: Timestamp) -> Lease {
+        let labels = BTreeMap::from([
+            (CANDIDATE_FOR_LABEL.to_string(), label_value(&self.lock.name)),
+            (LOCK_KIND_LABEL.to_string(), self.kind.to_string()),
+            (MANAGED_BY_LABEL.to_string(), "kube-leader".to_string()),
+        ]);
+        let since = pod.and_then(|p| p.created).unwrap_or(now);
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.lock.namespace.clone()),
+                labels: Some(labels),
+                owner_references: pod.map(|p| vec![owner_reference(p)]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(identity.to_string()),
+                acquire_time: Some(MicroTime(since)),
+                renew_time: Some(MicroTime(now)),
+                lease_duration_seconds: Some(LIVE_SECONDS),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// The youngest live candidate other than `me`, by one list of the registrations; `None`
+    /// if there is none or the list failed (logged: the release then prefers nobody).
+    pub(crate) async fn youngest_other(&self, me: &str) -> Option<String> {
+        let params = ListParams::default().labels(&self.selector());
+        let name = format!("{}-candidate-*", self.lock.name);
+        match call(self.op("list", &name), self.api_timeout, self.api.list(&params)).await {
+            Ok(list) => {
+                let found = youngest(&list.items, me, Timestamp::now());
+                debug!(lock = %self.lock, candidates = list.items.len(), preferred = ?found, "chose a successor");
+                found
+            }
+            Err(e) => {
+                warn!(lock = %self.lock, error = ?e,
+                    "cannot list the candidates' registrations; stepping down without a preferred successor");
+                None
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("lock", &self.lock)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Registration ===
+
+impl Registration {
+    /// Withdraws the registration now: deleted before this returns (bounded by the API
+    /// timeout). A stopping candidate calls this first, so no leader prefers it any more.
+    pub(crate) async fn withdraw(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.done).await;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+const RBAC_HINT: &str = "a candidate registration needs create, patch, delete and list on leases \
+    in the lock's namespace (print the Role with `kube-leader rbac`), or turn the preference off \
+    (Successor::Any, --successor any)";
+
+fn owner_reference(pod: &CandidatePod) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        ..OwnerReference::default()
+    }
+}
+
+/// The youngest live registration's identity among `registrations`, other than `me`, at `now`
+/// (by the wall clock: a registration counts as live for three heartbeats after its last one,
+/// which absorbs clock skew of seconds). Ties go to the greater identity, so that every
+/// leader's choice is the same.
+pub(crate) fn youngest(registrations: &[Lease], me: &str, now: Timestamp) -> Option<String> {
+    registrations
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| {
+            let spec = r.spec.as_ref()?;
+            let identity = spec
+                .holder_identity
+                .as_deref()
+                .filter(|i| !i.is_empty() && *i != me)?;
+            let renewed = spec.renew_time.as_ref()?.0;
+            let live =
+                SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(LIVE_SECONDS)));
+            if renewed.checked_add(live).ok()? < now {
+                return None;
+            }
+            let since = spec
+                .acquire_time
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| r.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+            Some((since, identity))
+        })
+        .max()
+        .map(|(_, identity)| identity.to_string())
+}
+
+/// The name of `identity`'s registration for the lock `lock` of `kind`.
+pub(crate) fn registration_name(lock: &str, kind: &str, identity: &str) -> String {
+    // A DNS-1123 subdomain of at most 253 characters: the lock's name (one already) cut short
+    // enough, and a hash that tells identities (and lock kinds) apart.
+    let hash = fnv1a(&[kind.as_bytes(), b"/", identity.as_bytes()]);
+    let prefix: String = lock.chars().take(253 - 11 - 16).collect();
+    let prefix = prefix.trim_end_matches(['.', '-']);
+    format!("{prefix}-candidate-{hash:016x}")
+}
+
+/// A label value for the lock's name: itself if it is one, else a hash.
+fn label_value(lock: &str) -> String {
+    let valid = lock.len() <= 63
+        && lock
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && lock.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && lock.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        lock.to_string()
+    } else {
+        format!("h-{:016x}", fnv1a(&[lock.as_bytes()]))
+    }
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The annotation value naming `identity` as the successor of a release written at `released`.
+pub(crate) fn preferred_value(released: Timestamp, identity: &str) -> String {
+    format!("{} {identity}", truncate_micros(released))
+}
+
+/// The successor `annotations` prefer for the release written at `released` (see
+/// [`PREFERRED_HOLDER_ANNOTATION`]); `None` if they name none, or name one for another release.
+pub(crate) fn preferred_for(
+    annotations: Option<&BTreeMap<String, String>>,
+    released: Option<Timestamp>,
+) -> Option<String> {
+    let value = annotations?.get(PREFERRED_HOLDER_ANNOTATION)?;
+    let (at, identity) = value.split_once(' ')?;
+    let at: Timestamp = at.parse().ok()?;
+    (Some(at) == released.map(truncate_micros) && !identity.is_empty()).then(|| identity.to_string())
+}
+
+/// `t` at microsecond precision (a Lease's `MicroTime`).
+fn truncate_micros(t: Timestamp) -> Timestamp {
+    let nanos = t.as_nanosecond();
+    Timestamp::from_nanosecond(nanos - nanos.rem_euclid(1_000)).unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(identity: &str, since_s: i64, renewed_s: i64) -> Lease {
+        let at = |s| MicroTime(Timestamp::from_second(s).unwrap());
+        Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: Some(identity.into()),
+                acquire_time: Some(at(since_s)),
+                renew_time: Some(at(renewed_s)),
+                lease_duration_seconds: Some(LIVE_SECONDS),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn the_youngest_live_other_candidate_is_preferred() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let regs = [reg("old", 100, 990), reg("new", 900, 995), reg("me", 950, 999)];
+        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("new"), "never itself");
+        // A stale registration (its heartbeat older than three heartbeats) is not live.
+        let regs = [reg("old", 100, 990), reg("gone", 900, 1_000 - 46)];
+        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("old"));
+        assert_eq!(youngest(&[], "me", now), None);
+        // Equal ages: the same choice for every leader.
+        let regs = [reg("a", 900, 990), reg("b", 900, 990)];
+        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("b"));
+        // Being deleted (its Pod is going): not a successor.
+        let mut deleting = reg("new", 900, 995);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert_eq!(
+            youngest(&[reg("old", 100, 990), deleting], "me", now).as_deref(),
+            Some("old")
+        );
+    }
+
+    #[test]
+    fn a_preference_counts_only_for_its_release() {
+        let t: Timestamp = "2026-12-03T10:00:00.123456789Z".parse().unwrap();
+        let a = BTreeMap::from([(
+            PREFERRED_HOLDER_ANNOTATION.to_string(),
+            preferred_value(t, "pod b"),
+        )]);
+        assert_eq!(
+            preferred_for(Some(&a), Some(truncate_micros(t))).as_deref(),
+            Some("pod b")
+        );
+        assert_eq!(
+            preferred_for(Some(&a), Some(t)).as_deref(),
+            Some("pod b"),
+            "as read back at µs"
+        );
+        let later = t.checked_add(SignedDuration::from_secs(1)).unwrap();
+        assert_eq!(preferred_for(Some(&a), Some(later)), None, "another release");
+        assert_eq!(preferred_for(Some(&a), None), None);
+        assert_eq!(preferred_for(None, Some(t)), None);
+        let bad = BTreeMap::from([(PREFERRED_HOLDER_ANNOTATION.to_string(), "yesterday b".to_string())]);
+        assert_eq!(preferred_for(Some(&bad), Some(t)), None);
+    }
+
+    #[test]
+    fn registration_names_are_object_names() {
+        let n = registration_name("my-lock", "Lease", "pod-1");
+        assert!(n.starts_with("my-lock-candidate-") && n.len() == "my-lock-candidate-".len() + 16);
+        assert_ne!(n, registration_name("my-lock", "ConfigMap", "pod-1"));
+        assert_ne!(n, registration_name("my-lock", "Lease", "pod-2"));
+        let long = "a".repeat(253);
+        let n = registration_name(&long, "Lease", "x");
+        assert!(n.len() <= 253, "{}", n.len());
+        crate::lock::validate_name(&n).unwrap();
+        assert_eq!(label_value("my.lock"), "my.lock");
+        assert!(label_value(&long).starts_with("h-") && label_value(&long).len() <= 63);
+    }
+}
