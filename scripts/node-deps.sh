@@ -5,7 +5,8 @@
 #   containernetworking-plugins      only its `loopback` CNI plugin is used (Pods use hostNetwork)
 #   busybox-static                   the shell and tools of the images
 #   gcc, libc6-dev                   the pause image and the test workload: static C programs
-#   musl-tools, gcc-aarch64-linux-gnu the static sidecar binaries (scripts/static.sh: amd64 and a
+#   musl-tools, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross the static sidecar binaries
+#                                    (scripts/static.sh: amd64 and a
 #                                    cross-compiled arm64)
 #   buildah                          the daemonless image builder that builds the Dockerfile
 #                                    offline (scripts/image.sh)
@@ -26,6 +27,9 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v musl-gcc >/dev/null 2>&1 || need+=(musl-tools)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+# The cross compiler's C library headers: only a Recommends of gcc-aarch64-linux-gnu, which
+# --no-install-recommends leaves out (ring's C then fails: bits/libc-header-start.h).
+[ -f /usr/aarch64-linux-gnu/include/stdio.h ] || need+=(libc6-dev-arm64-cross)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 
 if [ ${#need[@]} -eq 0 ]; then
