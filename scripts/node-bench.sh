@@ -10,6 +10,10 @@
 # percentiles of each step of the handover (docs/node.md, "Where the time goes"). RUNS=0 runs
 # only the rounds.
 #
+# KUBE_LEADER_NODE_ROLLOUTS=N (default 1) makes each run do N `kubectl rollout restart`s per
+# strategy in a row: the transitions per rollout and the longest leaderless gap of each are
+# summarised (`KUBE_LEADER_NODE_ROLLOUTS=10 scripts/node-bench.sh 1 0`: docs/node.md).
+#
 # The tests apply deploy/ (and the client-go candidate in the same Deployment shape) to a real
 # kubelet node and print each figure on a line `node: figure LABEL NAME MS`; this script only
 # collects those lines. Where the machine cannot run a node, the tests print why and there are no
@@ -37,6 +41,15 @@ for run in $(seq 1 "$RUNS"); do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 FIGURES=$(grep '^node: figure ' "$LOG" | grep -v ' delete_round_' || true)
+# Rollouts: transitions per rollout (a count) and the longest leaderless gap of each.
+grep -E '^node: (count [a-z-]+ rollout_transitions|figure [a-z-]+ rollout_gap) ' "$LOG" | awk '
+  $2 == "count" { t[$3] = t[$3] " " $5; n[$3]++; if ($5 == 1) one[$3]++ }
+  $2 == "figure" { g[$3] = g[$3] " " $5; if ($5 + 0 > gmax[$3]) gmax[$3] = $5 + 0 }
+  END {
+    if (length(n) == 0) exit
+    print "\nrollouts: transitions per rollout, longest leaderless gap (ms) per rollout\n" > "/dev/stderr"
+    for (s in n) printf "%-9s %d rollouts, %d with exactly 1 transition; transitions:%s; gaps:%s (max %d)\n", s, n[s], one[s], t[s], g[s], gmax[s] > "/dev/stderr"
+  }' || true
 
 ROUNDS_LOG=$(mktemp)
 trap 'rm -f "$LOG" "$ROUNDS_LOG"' EXIT

@@ -429,9 +429,24 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
         next_start.saturating_sub(end.mono_ns),
     );
     deployed.history().report(mono_ns()).assert_safe();
-    let leader = next;
+    let mut leader = next;
 
-    // kubectl rollout restart: leadership moves to a new Pod, never two COMMANDs at once.
+    // kubectl rollout restart, KUBE_LEADER_NODE_ROLLOUTS times (default 1; node-bench.sh runs
+    // 10): leadership moves once, to a Pod of the new ReplicaSet; never two COMMANDs at once.
+    let rollouts: usize = std::env::var("KUBE_LEADER_NODE_ROLLOUTS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    for round in 1..=rollouts {
+        leader = rollout(&deployed, &leader, round, rollouts).await;
+    }
+}
+
+/// One `kubectl rollout restart` with `leader` leading: exactly one transition for
+/// kube-leader's strategies, to a Pod of the new ReplicaSet. The leader after it.
+async fn rollout(deployed: &Deployed, leader: &str, round: usize, rounds: usize) -> String {
+    let strategy = deployed.strategy;
+    let s = strategy.label();
     let rollout = mono_ns();
     deployed.kubectl(&["rollout", "restart", "deployment", DEPLOYMENT]);
     deployed.kubectl(&["rollout", "status", "deployment", DEPLOYMENT, "--timeout=180s"]);
@@ -456,8 +471,17 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     );
     let report = deployed.history().report_window(rollout, done);
     report.assert_safe();
+    say(&format!("count {s} rollout_transitions {}", report.transitions));
+    if strategy != Strategy::ClientGo {
+        // The leader steps down to the youngest candidate, a Pod of the new ReplicaSet, which
+        // leads to the end of the rollout: no hop through a Pod that the rollout stops later.
+        assert_eq!(
+            report.transitions, 1,
+            "{s}: exactly one transition per rollout (to {new_leader})"
+        );
+    }
     say(&format!(
-        "{s}: rollout restart: {} transition(s), longest leaderless gap {}, rollout took {}",
+        "{s}: rollout restart {round}/{rounds}: {} transition(s), longest leaderless gap {}, rollout took {}",
         report.transitions,
         report.longest_gap.map_or("none".to_owned(), |g| ms(g.len_ns())),
         ms(done - rollout)
@@ -469,6 +493,7 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     );
     deployed.assert_one_leader(&new_leader).await;
     deployed.history().report(mono_ns()).assert_safe();
+    new_leader
 }
 
 /// COMMAND of `leader` crashes (exit 1): the container restarts in place; a leader for life

@@ -434,8 +434,21 @@ mod tests {
         );
         assert!(y.contains("verbs: [\"create\"]"), "{y}");
         assert!(!y.contains("pods"), "{y}");
-        assert!(!y.contains("delete"), "{y}");
         assert!(y.contains("namespace: ns1"), "{y}");
+        // The candidates' registrations (--successor youngest, the default): namespace-wide.
+        assert!(
+            y.contains("resources: [\"leases\"]\n    verbs: [\"list\", \"patch\", \"delete\"]"),
+            "{y}"
+        );
+        let any = yaml(
+            &args("kube-leader rbac --strategy lease --lock my-lock --successor any"),
+            "ns1",
+        );
+        assert!(!any.contains("delete") && !any.contains("patch"), "{any}");
+        assert!(
+            any.contains("`kube-leader run --strategy lease --lock my-lock --successor any`"),
+            "{any}"
+        );
         // client-go's LeaderElection Events.
         assert!(
             y.contains("resources: [\"events\"]\n    verbs: [\"create\"]"),
@@ -457,7 +470,10 @@ mod tests {
             y.contains("`kube-leader run --strategy lease --lock l --watch-own-pod`"),
             "{y}"
         );
-        assert!(!y.contains("\"patch\""), "{y}");
+        assert!(
+            !y.contains("resources: [\"pods\"]\n    verbs: [\"patch\"]"),
+            "{y}"
+        );
     }
 
     #[test]

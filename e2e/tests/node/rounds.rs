@@ -38,6 +38,7 @@ pub(super) async fn run_on(deployed: &Deployed) {
     let mut replacements_led = 0;
     for round in 1..=rounds {
         let waiting = settle(deployed, &leader).await;
+        let youngest = youngest(deployed, &waiting).await;
         let deleted = mono_ns();
         deployed.kubectl(&["delete", "pod", &leader, "--wait=false"]);
         let kubectl_done = mono_ns();
@@ -101,6 +102,15 @@ pub(super) async fn run_on(deployed: &Deployed) {
             );
         }
         deployed.history().report(mono_ns()).assert_safe();
+        if strategy != Strategy::ClientGo {
+            // A drain: the leader's Pod deleted while newer Pods exist (from round 2 on, the
+            // last round's replacement): the youngest leads next, not an older Pod that a
+            // rollout or drain would stop next.
+            assert_eq!(
+                next, youngest,
+                "{s}: the leader's successor is the youngest waiting candidate"
+            );
+        }
         leader = next;
     }
     if strategy != Strategy::ClientGo {
@@ -109,6 +119,18 @@ pub(super) async fn run_on(deployed: &Deployed) {
             "{s}: a waiting candidate takes over at once, not the replacement Pod"
         );
     }
+}
+
+/// The youngest of `waiting` by its Pod's creation time (whole seconds; ties go to the greater
+/// name, as kube-leader's choice of a successor does).
+async fn youngest(deployed: &Deployed, waiting: &[String]) -> String {
+    let pods = deployed.pods().await;
+    pods.into_iter()
+        .filter_map(|p| Some((p.metadata.creation_timestamp?.0, p.metadata.name?)))
+        .filter(|(_, name)| waiting.contains(name))
+        .max()
+        .map(|(_, name)| name)
+        .expect("a waiting candidate")
 }
 
 /// Waits until the Deployment's Pods all run, none is being deleted, and every status server

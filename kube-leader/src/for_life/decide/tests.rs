@@ -339,3 +339,69 @@ fn messages() {
 
 mod liveness;
 mod proof;
+
+#[test]
+fn a_release_that_prefers_another_candidate_is_deferred_briefly_and_a_crash_never() {
+    let t0 = Instant::now();
+    let wait = Duration::from_secs(2);
+    let mut released = lock(Ok(leader()));
+    released.released = true;
+    let mut fate = Fate::new(leader());
+    fate.released = true;
+    fate.preferred = Some(("young".into(), t0));
+    let d = run_at(
+        Some(&released),
+        &pod("leader-1", "Running", None),
+        &mut fate,
+        SEED,
+        t0,
+    );
+    assert!(
+        matches!(
+            d,
+            Decision::DeleteLock {
+                why: Stale::Released { .. },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    let deferred = defer_to_preferred(d.clone(), Some(&fate), &me(), t0, wait);
+    assert!(
+        matches!(deferred, Decision::Wait { why: Waiting::Successor { .. }, recheck_at: Some(at) } if at == t0 + wait),
+        "{deferred:?}"
+    );
+    // The preferred candidate goes ahead at once; the others after the wait.
+    let young = PodRef {
+        name: "young".into(),
+        uid: "young-1".into(),
+    };
+    assert_eq!(defer_to_preferred(d.clone(), Some(&fate), &young, t0, wait), d);
+    assert_eq!(
+        defer_to_preferred(d.clone(), Some(&fate), &me(), t0 + wait, wait),
+        d
+    );
+    // With the lock gone after the release: the same.
+    let create = defer_to_preferred(Decision::Create, Some(&fate), &me(), t0, wait);
+    assert!(
+        matches!(
+            create,
+            Decision::Wait {
+                why: Waiting::Successor { .. },
+                ..
+            }
+        ),
+        "{create:?}"
+    );
+    // A lock gone without a release (the Pod deleted with it, a crash): created at once.
+    let mut crashed = Fate::new(leader());
+    crashed.preferred = None;
+    assert_eq!(
+        defer_to_preferred(Decision::Create, Some(&crashed), &me(), t0, wait),
+        Decision::Create
+    );
+    assert_eq!(
+        defer_to_preferred(Decision::Create, None, &me(), t0, wait),
+        Decision::Create
+    );
+}

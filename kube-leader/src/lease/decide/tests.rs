@@ -317,3 +317,40 @@ mod props {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_released_lease_that_prefers_another_is_deferred_briefly() {
+    let t0 = Instant::now();
+    let wait = Duration::from_secs(2);
+    let obs = Observed::update(None, rec(None, Some(1), 5), None, t0).preferring(Some("young".into()));
+    let d = decide(Some(&obs), "old", t0, D);
+    assert_eq!(
+        defer_to_preferred(d.clone(), &obs, "old", t0, wait),
+        Decision::WaitUntil(t0 + wait)
+    );
+    assert_eq!(
+        defer_to_preferred(d.clone(), &obs, "young", t0, wait),
+        Decision::Takeover,
+        "the preferred one at once"
+    );
+    tokio::time::advance(wait).await;
+    let d = decide(Some(&obs), "old", Instant::now(), D);
+    assert_eq!(
+        defer_to_preferred(d, &obs, "old", Instant::now(), wait),
+        Decision::Takeover,
+        "only briefly"
+    );
+    // An expired (crashed) holder is never deferred: no preference on a held record.
+    let held =
+        Observed::update(None, rec(Some("gone"), Some(1), 5), None, t0).preferring(Some("young".into()));
+    assert_eq!(held.preferred, None);
+    let d = decide(Some(&held), "old", Instant::now(), D);
+    assert_eq!(
+        defer_to_preferred(d, &held, "old", Instant::now(), wait),
+        Decision::Takeover
+    );
+    // No preference: taken at once, as before.
+    let plain = Observed::update(None, rec(None, Some(1), 5), None, t0);
+    let d = decide(Some(&plain), "old", t0, D);
+    assert_eq!(defer_to_preferred(d, &plain, "old", t0, wait), Decision::Takeover);
+}
