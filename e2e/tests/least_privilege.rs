@@ -108,12 +108,41 @@ fn without(rules: &[PolicyRule], rule: usize, verb: &str) -> Vec<PolicyRule> {
 }
 
 /// The resource as kube-leader's errors name it: `leases.coordination.k8s.io`, `configmaps`.
+/// What the test calls the rule's resource: `candidate registrations` for the rule of the
+/// candidates' registrations (Leases, namespace-wide, with list), else `resource.group`.
 fn resource_of(rule: &PolicyRule) -> String {
+    let leases = rule
+        .resources
+        .as_ref()
+        .is_some_and(|r| r == &["leases".to_string()]);
+    let unnamed = rule.resource_names.as_ref().is_none_or(|n| n.is_empty());
+    if leases && unnamed && rule.verbs.iter().any(|v| v == "list") {
+        return REGISTRATIONS.into();
+    }
     let resource = rule.resources.as_ref().unwrap()[0].clone();
     match rule.api_groups.as_ref().map(|g| g[0].as_str()) {
         Some("") | None => resource,
         Some(group) => format!("{resource}.{group}"),
     }
+}
+
+/// The rule of the candidates' registrations (`--successor youngest`).
+const REGISTRATIONS: &str = "candidate registrations";
+
+/// A candidate without `verb` on its registrations: it elects, renews and releases as before
+/// (the registration is an optimisation: warned once); only the preference is lost.
+async fn registration_without(
+    candidate: impl std::future::Future<Output = kube_leader::Result<kube_leader::Leadership>>,
+    verb: &str,
+) -> String {
+    let l = tokio::time::timeout(SOON, candidate)
+        .await
+        .expect("no answer")
+        .unwrap_or_else(|e| panic!("elects without {verb} on the registrations: {e}"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(l.is_leader());
+    l.release().await.unwrap();
+    "elects, renews, releases; only the preferred successor of a rollout needs it (warned once)".into()
 }
 
 /// Waits until the RBAC authorizer lets `client` do the first thing `rules` allow.
@@ -228,6 +257,16 @@ async fn lease_without(
     verb: String,
 ) -> String {
     const RESOURCE: &str = "leases.coordination.k8s.io";
+    // The registrations' namespace-wide list is the lock watch's list too.
+    let resource = match (resource.as_str(), verb.as_str()) {
+        (REGISTRATIONS, "list") => RESOURCE.to_string(),
+        (REGISTRATIONS, _) => {
+            let elector = lease_elector(client, &ns, &lock);
+            let elect = async move { elector.become_leader(&CancellationToken::new()).await };
+            return registration_without(elect, &verb).await;
+        }
+        _ => resource,
+    };
     if (resource.as_str(), verb.as_str()) == ("events", "create") {
         let l = lease_elector(client, &ns, &lock)
             .become_leader(&CancellationToken::new())
@@ -418,6 +457,14 @@ async fn for_life_without(
     let me = format!("{lock}-me");
     let old = format!("{lock}-old");
     create_pod(&admin, &ns, &me).await.unwrap();
+    if resource == REGISTRATIONS {
+        let elector = for_life_candidate(client, &ns, &lock, &me);
+        return registration_without(
+            async move { elector.become_leader(&CancellationToken::new()).await },
+            &verb,
+        )
+        .await;
+    }
     let elect = || {
         let elector = for_life_candidate(client.clone(), &ns, &lock, &me);
         async move {

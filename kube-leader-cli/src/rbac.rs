@@ -27,7 +27,7 @@ pub(crate) fn rules(strategy: StrategyArg, lock: &str, label_pod: bool) -> Vec<R
         StrategyArg::Lease => lease_rules(lock),
         StrategyArg::ForLife => for_life_rules(lock, DeadLeaderPodArg::DeleteEvicted),
     };
-    rules.extend(registration_rules(strategy));
+    with_registrations(strategy, &mut rules);
     if label_pod {
         rules.push(Rule {
             why: "--label-pod: label this candidate's Pod kube-leader.io/leader=true|false. Beware: \
@@ -123,6 +123,23 @@ fn registration_rules(strategy: StrategyArg) -> Vec<Rule> {
         resource_names: vec![],
         verbs,
     }]
+}
+
+/// Adds the rules of the candidates' registrations to `rules` (of `strategy`). The Lease's
+/// namespace-wide `list` then covers the lock's too: the lock's rule loses its `list`.
+fn with_registrations(strategy: StrategyArg, rules: &mut Vec<Rule>) {
+    if strategy == StrategyArg::Lease {
+        for rule in rules
+            .iter_mut()
+            .filter(|r| r.resource == "leases" && !r.resource_names.is_empty())
+        {
+            rule.verbs = &["get", "watch", "update"];
+            rule.why = "get: status and re-reads after a conflict; watch: candidates and the leader \
+                        watch the Lease (its list: the rule below); update: take over, renew and \
+                        release";
+        }
+    }
+    rules.extend(registration_rules(strategy));
 }
 
 /// The rules of the Lease strategy.
@@ -251,7 +268,7 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
     };
     if args.shards.is_none() {
         match args.successor {
-            SuccessorArg::Youngest => rules.extend(registration_rules(strategy)),
+            SuccessorArg::Youngest => with_registrations(strategy, &mut rules),
             SuccessorArg::Any => {
                 command.push_str(" --successor any");
                 run.push_str(" --successor any");
@@ -428,10 +445,7 @@ mod tests {
     fn lease_rules_are_limited_to_the_lock_where_possible() {
         let y = yaml(&args("kube-leader rbac --strategy lease --lock my-lock"), "ns1");
         assert!(y.contains("resourceNames: [\"my-lock\"]"), "{y}");
-        assert!(
-            y.contains("verbs: [\"get\", \"list\", \"watch\", \"update\"]"),
-            "{y}"
-        );
+        assert!(y.contains("verbs: [\"get\", \"watch\", \"update\"]"), "{y}");
         assert!(y.contains("verbs: [\"create\"]"), "{y}");
         assert!(!y.contains("pods"), "{y}");
         assert!(y.contains("namespace: ns1"), "{y}");
@@ -445,6 +459,10 @@ mod tests {
             "ns1",
         );
         assert!(!any.contains("delete") && !any.contains("patch"), "{any}");
+        assert!(
+            any.contains("verbs: [\"get\", \"list\", \"watch\", \"update\"]"),
+            "{any}"
+        );
         assert!(
             any.contains("`kube-leader run --strategy lease --lock my-lock --successor any`"),
             "{any}"

@@ -351,9 +351,12 @@ impl ForLife {
         let pod_name = pod_name.filter(|n| !n.is_empty()).ok_or(Error::NoPodName)?;
         let lock = LockRef::new(namespace, self.name.clone())?;
         let span = info_span!("leader_for_life", lock = %lock, pod = %pod_name);
-        let campaign = self
-            .campaign(lock.clone(), pod_name, source, shutdown.clone())
-            .instrument(span);
+        // On the heap: the campaign's state (watches, registration) is large, and callers join
+        // many of these in one task.
+        let campaign = Box::pin(
+            self.campaign(lock.clone(), pod_name, source, shutdown.clone())
+                .instrument(span),
+        );
         let result = tokio::select! {
             biased;
             () = shutdown.cancelled() => {

@@ -467,7 +467,8 @@ impl LeaseElector {
             }
             result
         };
-        campaign.instrument(span).await
+        // On the heap: the campaign's state is large, and callers join many of these in a task.
+        Box::pin(campaign.instrument(span)).await
     }
 
     /// Runs `work` whenever this candidate leads, until `shutdown`.
