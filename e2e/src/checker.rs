@@ -104,6 +104,9 @@ pub struct Report {
     /// How many times leadership passed to a *different* candidate (terms in order of their
     /// start; a candidate that leads again after itself is not a transition).
     pub transitions: usize,
+    /// Of those, the transitions to a term that started within the window of the report (see
+    /// [`History::report_window`]): a rollout's own transitions.
+    pub window_transitions: usize,
     /// The longest span in which no candidate led (frozen leaders count as leading: they hold the
     /// lock), within the window of the report; `None` if there was no gap.
     pub longest_gap: Option<Span>,
@@ -322,9 +325,14 @@ impl History {
         }
         overlaps.sort_by_key(|o| o.span);
 
-        let transitions = terms
+        let changes: Vec<&[&Term]> = terms
             .windows(2)
             .filter(|w| w[0].candidate != w[1].candidate)
+            .collect();
+        let transitions = changes.len();
+        let window_transitions = changes
+            .iter()
+            .filter(|w| (from..=until).contains(&w[1].start))
             .count();
 
         // Gaps: the window minus the union of all terms (frozen leaders still hold the lock).
@@ -342,6 +350,7 @@ impl History {
         let longest_gap = subtract(window, &union).into_iter().max_by_key(Span::len_ns);
 
         Report {
+            window_transitions,
             overlaps,
             terms: terms.len(),
             transitions,

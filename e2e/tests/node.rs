@@ -471,18 +471,25 @@ async fn rollout(deployed: &Deployed, leader: &str, round: usize, rounds: usize)
     );
     let report = deployed.history().report_window(rollout, done);
     report.assert_safe();
-    say(&format!("count {s} rollout_transitions {}", report.transitions));
+    let transitions = report.window_transitions;
+    say(&format!("count {s} rollout_transitions {transitions}"));
     if strategy != Strategy::ClientGo {
         // The leader steps down to the youngest candidate, a Pod of the new ReplicaSet, which
         // leads to the end of the rollout: no hop through a Pod that the rollout stops later.
+        let terms = deployed
+            .history()
+            .terms()
+            .iter()
+            .filter(|t| t.start >= rollout)
+            .map(|t| t.candidate.clone())
+            .collect::<Vec<_>>();
         assert_eq!(
-            report.transitions, 1,
-            "{s}: exactly one transition per rollout (to {new_leader})"
+            transitions, 1,
+            "{s}: exactly one transition per rollout (to {new_leader}; terms begun in the rollout: {terms:?})"
         );
     }
     say(&format!(
-        "{s}: rollout restart {round}/{rounds}: {} transition(s), longest leaderless gap {}, rollout took {}",
-        report.transitions,
+        "{s}: rollout restart {round}/{rounds}: {transitions} transition(s), longest leaderless gap {}, rollout took {}",
         report.longest_gap.map_or("none".to_owned(), |g| ms(g.len_ns())),
         ms(done - rollout)
     ));
