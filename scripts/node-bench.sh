@@ -13,6 +13,8 @@
 # KUBE_LEADER_NODE_ROLLOUTS=N (default 1) makes each run do N `kubectl rollout restart`s per
 # strategy in a row: the transitions per rollout and the longest leaderless gap of each are
 # summarised (`KUBE_LEADER_NODE_ROLLOUTS=10 scripts/node-bench.sh 1 0`: docs/node.md).
+# KUBE_LEADER_NODE_SUCCESSOR=any runs kube-leader's Pods with `--successor any` (no preferred
+# successor: the behaviour before it), for a comparison; the tests' assertions on it are off.
 #
 # The tests apply deploy/ (and the client-go candidate in the same Deployment shape) to a real
 # kubelet node and print each figure on a line `node: figure LABEL NAME MS`; this script only

@@ -473,7 +473,7 @@ async fn rollout(deployed: &Deployed, leader: &str, round: usize, rounds: usize)
     report.assert_safe();
     let transitions = report.window_transitions;
     say(&format!("count {s} rollout_transitions {transitions}"));
-    if strategy != Strategy::ClientGo {
+    if prefer_youngest(strategy) {
         // The leader steps down to the youngest candidate, a Pod of the new ReplicaSet, which
         // leads to the end of the rollout: no hop through a Pod that the rollout stops later.
         let terms = deployed
@@ -1148,6 +1148,11 @@ fn for_the_node(
             env.retain(|e| e["name"] != "POD_NAMESPACE");
         }
         env.push(json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}));
+        // `--successor` of the Pods' kube-leader (KUBE_LEADER_SUCCESSOR): node-bench.sh measures
+        // `any` beside the default.
+        if let Some(successor) = successor_override() {
+            env.push(json!({"name": "KUBE_LEADER_SUCCESSOR", "value": successor}));
+        }
         // A log filter for the Pods' kube-leader (RUST_LOG), to trace a run.
         if let Ok(filter) = std::env::var("KUBE_LEADER_NODE_RUST_LOG") {
             env.push(json!({"name": "RUST_LOG", "value": filter}));
@@ -1162,6 +1167,18 @@ fn for_the_node(
             container.remove(key);
         }
     }
+}
+
+/// `KUBE_LEADER_NODE_SUCCESSOR`: the Pods' `--successor` in place of the default (youngest).
+fn successor_override() -> Option<String> {
+    std::env::var("KUBE_LEADER_NODE_SUCCESSOR")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// Whether kube-leader's Pods prefer the youngest successor (the default).
+fn prefer_youngest(strategy: Strategy) -> bool {
+    strategy != Strategy::ClientGo && successor_override().is_none_or(|s| s == "youngest")
 }
 
 fn phase(pod: &Pod) -> String {

@@ -102,7 +102,7 @@ pub(super) async fn run_on(deployed: &Deployed) {
             );
         }
         deployed.history().report(mono_ns()).assert_safe();
-        if strategy != Strategy::ClientGo {
+        if super::prefer_youngest(strategy) {
             // A drain: the leader's Pod deleted while newer Pods exist (from round 2 on, the
             // last round's replacement): the youngest leads next, not an older Pod that a
             // rollout or drain would stop next.
