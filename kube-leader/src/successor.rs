@@ -125,6 +125,16 @@ pub(crate) struct Registry {
     api_timeout: Duration,
 }
 
+/// What came of writing a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Yes,
+    /// Transient: written again with the next heartbeat.
+    Failed,
+    /// Refused (a permission): not tried again.
+    Refused,
+}
+
 /// This candidate's registration, kept fresh in the background until it is withdrawn (or
 /// dropped, or the shutdown token it was started with is cancelled).
 #[derive(Debug)]
@@ -177,11 +187,11 @@ impl Registry {
         let name = registration_name(&self.lock.name, self.kind, identity);
         let stop = shutdown.child_token();
         let (tx, done) = tokio::sync::oneshot::channel();
-        let registered = self.write(&name, identity, pod).await;
+        let refused = self.write(&name, identity, pod).await == Written::Refused;
         let registry = self.clone();
         let (identity, pod, task_stop) = (identity.to_string(), pod.cloned(), stop.clone());
         let task = async move {
-            if registered {
+            if !refused {
                 registry.keep(&name, &identity, pod.as_ref(), &task_stop).await;
                 registry.delete(&name).await;
             }
@@ -192,8 +202,8 @@ impl Registry {
     }
 
     /// Writes the registration: created, or (it exists: this candidate before a restart, or its
-    /// Pod's former incarnation) patched. `false`: it could not be written.
-    async fn write(&self, name: &str, identity: &str, pod: Option<&CandidatePod>) -> bool {
+    /// Pod's former incarnation) patched.
+    async fn write(&self, name: &str, identity: &str, pod: Option<&CandidatePod>) -> Written {
         let now = Timestamp::now();
         let lease = self.registration(name, identity, pod, now);
         let params = PostParams::default();
@@ -201,22 +211,27 @@ impl Registry {
         let failure = match call(self.op("create", name), self.api_timeout, create).await {
             Ok(_) => {
                 debug!(registration = %name, "registered as a candidate");
-                return true;
+                return Written::Yes;
             }
             Err(Failure::Conflict) => match self.renew(name, identity, pod, now).await {
-                Ok(()) => return true,
+                Ok(()) => return Written::Yes,
                 Err(f) => f,
             },
             Err(f) => f,
         };
         match failure {
-            Failure::Fatal(e) => warn!(lock = %self.lock, registration = %name, error = %e,
-                "cannot register as a candidate: a leader stepping down cannot prefer this \
-                 candidate as its successor (leadership itself is unaffected)"),
-            e => info!(lock = %self.lock, registration = %name, error = ?e,
-                "registering as a candidate failed; campaigning without a registration"),
+            Failure::Fatal(e) => {
+                warn!(lock = %self.lock, registration = %name, error = %e,
+                    "cannot register as a candidate: a leader stepping down cannot prefer this \
+                     candidate as its successor (leadership itself is unaffected)");
+                Written::Refused
+            }
+            e => {
+                info!(lock = %self.lock, registration = %name, error = ?e,
+                    "registering as a candidate failed; retrying with the next heartbeat");
+                Written::Failed
+            }
         }
-        false
     }
 
     /// Renews the registration's heartbeat (a merge patch: no read, no conflict).
@@ -261,7 +276,9 @@ impl Registry {
             match self.renew(name, identity, pod, Timestamp::now()).await {
                 Ok(()) => {}
                 Err(Failure::NotFound) => {
-                    let _ = self.write(name, identity, pod).await;
+                    if self.write(name, identity, pod).await == Written::Refused {
+                        return;
+                    }
                 }
                 Err(e) => debug!(registration = %name, error = ?e, "renewing the registration failed"),
             }
