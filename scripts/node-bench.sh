@@ -38,7 +38,7 @@ failed=0
 for run in $(seq 1 "$RUNS"); do
   echo "run $run of $RUNS: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%F %T') UTC" >&2
   cargo test --quiet -p kube-leader-e2e --test node -- --nocapture 2>&1 | tee -a "$LOG" \
-    | grep -E '^(node: |kube-leader-testenv: SKIPPED|test result)' >&2 || true
+    | grep -E '^(node: |kube-leader-testenv: SKIPPED|test result|test .* FAILED|thread .* panicked|assertion|  left| right)' >&2 || true
   [ "${PIPESTATUS[0]}" = 0 ] || { failed=1; echo "run $run: the node tests failed (figures kept)" >&2; }
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
