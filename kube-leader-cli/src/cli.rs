@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::{exit, version};
 
 mod elect;
+mod fence;
 mod parse;
 #[cfg(test)]
 mod props;
@@ -19,6 +20,7 @@ mod validate;
 mod values;
 
 pub(crate) use elect::ElectArgs;
+pub(crate) use fence::{FenceArgs, FenceCertsArgs, FenceCommand, FenceServeArgs, FenceWebhooksArgs};
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
@@ -69,6 +71,9 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Print the least-privilege Role and RoleBinding for `run` with these options.
     Rbac(RbacArgs),
+    /// The fence: an admission webhook by which the API server refuses a deposed leader's
+    /// writes to fenced objects (docs/fence.md).
+    Fence(FenceArgs),
     /// Copy this binary to DIR/kube-leader (mode 0755), for an initContainer that puts it into
     /// an emptyDir the program's own container runs it from (an image without cp or sh).
     Install(InstallArgs),

@@ -1,0 +1,16 @@
+//! `kube-leader fence`: an admission webhook by which Kubernetes itself refuses a deposed
+//! leader's writes (docs/fence.md).
+//!
+//! The rules file ([`config`]) names the fenced objects, the lock that guards them and the
+//! fenced writers; [`decide`] holds every decision as a pure function; [`server`] is the TLS
+//! webhook server around it, [`tls`] its certificates, [`webhooks`] the webhook
+//! configurations; [`command`] runs the subcommands.
+
+mod command;
+mod config;
+mod decide;
+mod server;
+mod tls;
+mod webhooks;
+
+pub(crate) use command::fence;
