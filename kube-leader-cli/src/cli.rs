@@ -357,6 +357,12 @@ pub(crate) struct RbacArgs {
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) shards: Option<u32>,
 
+    /// Also grant what a fenced writer (`kube-leader fence`, docs/fence.md) needs to carry its
+    /// fencing token: impersonate its own ServiceAccount (in the Role) and the user extra
+    /// kube-leader.io/fencing-token (cluster-scoped: a ClusterRole and its binding, printed too).
+    #[arg(long)]
+    pub(crate) fence: bool,
+
     /// With --shards: a candidate's identity (repeatable), so that the Role names its
     /// membership Lease; without any, the membership Leases need get, update and delete on every
     /// Lease of the namespace (their names contain the identities).

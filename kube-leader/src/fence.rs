@@ -42,8 +42,9 @@ pub const FENCING_TOKEN_EXTRA: &str = "kube-leader.io/fencing-token";
 pub const FENCED_TOKEN_ANNOTATION: &str = "kube-leader.io/fenced-token";
 
 /// The header that carries [`FENCING_TOKEN_EXTRA`]: `Impersonate-Extra-` and the key
-/// percent-encoded (the API server decodes `%2F` into `/` and lower-cases the key).
-pub const FENCING_TOKEN_HEADER: &str = "impersonate-extra-kube-leader.io%2Ffencing-token";
+/// percent-encoded, in lower case as header names are (the API server lower-cases the key and
+/// percent-decodes `%2f` into `/`).
+pub const FENCING_TOKEN_HEADER: &str = "impersonate-extra-kube-leader.io%2ffencing-token";
 
 /// The header that names the impersonated user.
 const IMPERSONATE_USER: &str = "impersonate-user";
@@ -176,15 +177,85 @@ where
     }
 }
 
-/// `client` with every request carrying `layer`'s headers (see
-/// [`Leadership::fenced_client`](crate::Leadership::fenced_client)).
+/// `client` with every request carrying `layer`'s headers, and every object it creates or
+/// replaces and every merge, strategic-merge or apply patch it sends stamped with the token
+/// ([`stamp_body`]; see [`Leadership::fenced_client`](crate::Leadership::fenced_client)).
 pub(crate) fn fenced_client(client: Client, layer: &FencedLayer) -> Client {
     let namespace = client.default_namespace().to_owned();
+    let token = layer.token;
     let service = layer.layer(tower::service_fn(move |req: Request<kube::client::Body>| {
         let client = client.clone();
-        async move { client.send(req).await }
+        async move {
+            let req = stamp_request(req, token).await?;
+            client.send(req).await
+        }
     }));
     Client::new(service.map_err(tower::BoxError::from), namespace)
+}
+
+/// `req` with its body stamped (see [`stamp_body`]) where it is an object or a patch that can
+/// carry annotations.
+async fn stamp_request(
+    req: Request<kube::client::Body>,
+    token: u64,
+) -> kube::Result<Request<kube::client::Body>> {
+    let stampable = matches!(
+        *req.method(),
+        http::Method::POST | http::Method::PUT | http::Method::PATCH
+    ) && req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            let t = t.split(';').next().unwrap_or("").trim();
+            // Not a JSON patch (application/json-patch+json): the fence's mutating half
+            // stamps those.
+            matches!(
+                t,
+                "application/json"
+                    | "application/merge-patch+json"
+                    | "application/strategic-merge-patch+json"
+                    | "application/apply-patch+yaml"
+            )
+        });
+    if !stampable {
+        return Ok(req);
+    }
+    let (mut parts, body) = req.into_parts();
+    let bytes = body.collect_bytes().await?;
+    let body = match stamp_body(&bytes, token) {
+        Some(stamped) => {
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            kube::client::Body::from(stamped)
+        }
+        None => kube::client::Body::from(bytes),
+    };
+    Ok(Request::from_parts(parts, body))
+}
+
+/// A JSON object (an object to create or replace, or a merge or apply patch of one) with
+/// `metadata.annotations["kube-leader.io/fenced-token"]` set to `token`; `None` if `body` is not
+/// a JSON object (or its `metadata` or `annotations` are not objects), to be sent unchanged.
+///
+/// The fence's mutating half stamps every fenced write itself; a client that stamps too makes
+/// the stamp independent of it (and of API servers that cannot apply a webhook's patch).
+pub fn stamp_body(body: &[u8], token: u64) -> Option<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object_mut()?;
+    let metadata = object
+        .entry("metadata")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
+        .as_object_mut()?;
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    if annotations.is_null() {
+        *annotations = serde_json::Value::Object(serde_json::Map::new());
+    }
+    annotations
+        .as_object_mut()?
+        .insert(FENCED_TOKEN_ANNOTATION.into(), token.to_string().into());
+    serde_json::to_vec(&value).ok()
 }
 
 #[cfg(test)]
@@ -199,8 +270,24 @@ mod tests {
         // The API server takes the rest of the name after `Impersonate-Extra-`, lower-cased, and
         // percent-decodes it: the key must come out as FENCING_TOKEN_EXTRA.
         let key = extra.as_str().strip_prefix("impersonate-extra-").unwrap();
-        assert_eq!(key.replace("%2F", "/"), FENCING_TOKEN_EXTRA);
+        assert_eq!(key.replace("%2f", "/"), FENCING_TOKEN_EXTRA);
         assert_eq!(t, "4711");
+    }
+
+    #[test]
+    fn bodies_are_stamped_where_they_can_carry_annotations() {
+        let stamped = |b: &str| {
+            stamp_body(b.as_bytes(), 7).map(|v| serde_json::from_slice::<serde_json::Value>(&v).unwrap())
+        };
+        let v = stamped(r#"{"metadata":{"name":"a","annotations":{"x":"y"}},"data":{}}"#).unwrap();
+        assert_eq!(v["metadata"]["annotations"][FENCED_TOKEN_ANNOTATION], "7");
+        assert_eq!(v["metadata"]["annotations"]["x"], "y");
+        let v = stamped(r#"{"data":{"v":"1"}}"#).unwrap();
+        assert_eq!(v["metadata"]["annotations"][FENCED_TOKEN_ANNOTATION], "7");
+        let v = stamped(r#"{"metadata":{"annotations":null}}"#).unwrap();
+        assert_eq!(v["metadata"]["annotations"][FENCED_TOKEN_ANNOTATION], "7");
+        assert!(stamped(r#"[{"op":"add","path":"/x","value":1}]"#).is_none());
+        assert!(stamped("not json").is_none());
     }
 
     #[test]

@@ -415,6 +415,10 @@ impl Leadership {
     /// # }
     /// ```
     ///
+    /// The objects it creates or replaces, and the merge, strategic-merge and apply patches it
+    /// sends, are stamped with the token too (`kube-leader.io/fenced-token`,
+    /// [`fence::stamp_body`](crate::fence::stamp_body)), as the fence's mutating half would.
+    ///
     /// The writer needs `impersonate` on itself and on the token's user extra (see
     /// [`fence`](crate::fence); `kube-leader rbac --fence` prints it). A write refused by the
     /// fence fails with a 403 whose message names the lock, the tokens and the holder.

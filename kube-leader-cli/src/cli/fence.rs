@@ -116,6 +116,13 @@ pub(crate) struct FenceWebhooksArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
     pub(crate) timeout: Duration,
 
+    /// Leave out the MutatingWebhookConfiguration: the writers stamp their writes themselves
+    /// (`Leadership::fenced_client` does). For API servers that cannot apply a webhook's JSON
+    /// patch (Kubernetes 1.20 built with Go 1.18 or later crashes on one: its vendored
+    /// reflect2 1.0.1); the validating half still refuses an unstamped write.
+    #[arg(long)]
+    pub(crate) without_mutating: bool,
+
     /// Apply them (server-side apply) instead of printing them.
     #[arg(long)]
     pub(crate) apply: bool,

@@ -182,7 +182,10 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         timeout_seconds,
     };
     if !args.apply {
-        print!("{}", webhooks::yaml(&config, &o).map_err(usage)?);
+        print!(
+            "{}",
+            webhooks::yaml(&config, &o, !args.without_mutating).map_err(usage)?
+        );
         return Ok(0);
     }
     let client = crate::run::connect(
@@ -205,16 +208,17 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
             anyhow!("cannot apply {kind} {}: {e}{hint}", args.name),
         )
     };
-    let mut m = webhooks::mutating(&config, &o);
-    m.metadata.managed_fields = None;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .patch(
-            &args.name,
-            &params,
-            &Patch::Apply(with_kind(&m, "MutatingWebhookConfiguration")),
-        )
-        .await
-        .map_err(|e| cluster(e, "mutatingwebhookconfigurations"))?;
+    if !args.without_mutating {
+        let m = webhooks::mutating(&config, &o);
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .patch(
+                &args.name,
+                &params,
+                &Patch::Apply(with_kind(&m, "MutatingWebhookConfiguration")),
+            )
+            .await
+            .map_err(|e| cluster(e, "mutatingwebhookconfigurations"))?;
+    }
     let v = webhooks::validating(&config, &o);
     Api::<ValidatingWebhookConfiguration>::all(client)
         .patch(
@@ -224,10 +228,12 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         )
         .await
         .map_err(|e| cluster(e, "validatingwebhookconfigurations"))?;
-    println!(
-        "applied MutatingWebhookConfiguration and ValidatingWebhookConfiguration {}",
-        args.name
-    );
+    let what = if args.without_mutating {
+        "ValidatingWebhookConfiguration"
+    } else {
+        "MutatingWebhookConfiguration and ValidatingWebhookConfiguration"
+    };
+    println!("applied {what} {}", args.name);
     Ok(0)
 }
 

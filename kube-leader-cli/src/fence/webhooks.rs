@@ -157,8 +157,9 @@ pub(crate) fn validating(config: &FenceConfig, o: &Options<'_>) -> ValidatingWeb
     }
 }
 
-/// Both configurations as one YAML stream (two documents), with their kinds.
-pub(crate) fn yaml(config: &FenceConfig, o: &Options<'_>) -> Result<String, String> {
+/// Both configurations (`with_mutating`; else the validating one only) as one YAML stream,
+/// with their kinds.
+pub(crate) fn yaml(config: &FenceConfig, o: &Options<'_>, with_mutating: bool) -> Result<String, String> {
     let with_kind = |kind: &str, v: serde_json::Value| -> serde_json::Value {
         let mut m = serde_json::Map::new();
         m.insert("apiVersion".into(), "admissionregistration.k8s.io/v1".into());
@@ -172,7 +173,11 @@ pub(crate) fn yaml(config: &FenceConfig, o: &Options<'_>) -> Result<String, Stri
     let v = with_kind("ValidatingWebhookConfiguration", to_json(&validating(config, o))?);
     let m = serde_saphyr::to_string(&m).map_err(|e| e.to_string())?;
     let v = serde_saphyr::to_string(&v).map_err(|e| e.to_string())?;
-    Ok(format!("{m}---\n{v}"))
+    if with_mutating {
+        Ok(format!("{m}---\n{v}"))
+    } else {
+        Ok(v)
+    }
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, String> {
@@ -223,7 +228,7 @@ rules:
             .as_ref()
             .unwrap()
             .contains(&"DELETE".to_string()));
-        let y = yaml(&config, &o).unwrap();
+        let y = yaml(&config, &o, true).unwrap();
         assert!(
             y.contains("kind: MutatingWebhookConfiguration")
                 && y.contains("kind: ValidatingWebhookConfiguration"),
