@@ -52,6 +52,8 @@ struct Fence {
     dir: PathBuf,
     port: u16,
     server: Option<Child>,
+    /// `serve --audit-only`.
+    audit_only: bool,
     /// The fenced writer (a restricted user).
     writer: String,
     admin: Client,
@@ -62,6 +64,10 @@ struct Fence {
 
 impl Fence {
     async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(audit_only: bool) -> Self {
         let cp = ControlPlane::shared();
         let namespace = cp.namespace().await;
         let ns = namespace.name().to_owned();
@@ -90,6 +96,7 @@ impl Fence {
             dir,
             port,
             server: None,
+            audit_only,
             writer,
             admin,
             namespace,
@@ -138,6 +145,7 @@ impl Fence {
                 "--kubeconfig",
                 path(self.cp.kubeconfig_path()),
             ])
+            .args(self.audit_only.then_some("--audit-only"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -548,6 +556,52 @@ async fn with_the_webhook_down_fenced_writes_are_refused_and_others_pass() {
     let cm = put(&f.fenced(&a).await, &ns, "orders", "3").await.unwrap();
     assert_eq!(stamp(&cm), Some(a.fencing_token().to_string()));
     drop(a);
+}
+
+#[tokio::test]
+async fn audit_only_logs_what_it_would_refuse_and_allows_it() {
+    let f = Fence::start_with(true).await;
+    let ns = f.ns();
+    let a = f.lead("a").await;
+    let ta = a.fencing_token();
+    let client_a = f.fenced(&a).await;
+    // RBAC and the webhook configuration take a moment to be seen: the first write may fail.
+    let deadline = Instant::now() + SOON;
+    while let Err(e) = put(&client_a, ns, "orders", "1").await {
+        assert!(Instant::now() < deadline, "the first fenced write: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.release().await.unwrap();
+    let b = f.lead("b").await;
+    put(&f.fenced(&b).await, ns, "orders", "2").await.unwrap();
+    // The deposed leader's write lands: audit only.
+    let cm = put(&client_a, ns, "orders", "stale").await.unwrap();
+    assert_eq!(
+        stamp(&cm),
+        Some(ta.to_string()),
+        "the stale write landed, with its stale stamp"
+    );
+    let deadline = Instant::now() + SOON;
+    while !f.log().contains("would refuse") {
+        assert!(
+            Instant::now() < deadline,
+            "no 'would refuse' in the log: {}",
+            f.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = f
+        .log()
+        .lines()
+        .find(|l| l.contains("would refuse"))
+        .unwrap_or_default()
+        .to_owned();
+    println!("audit only: {line}");
+    assert!(
+        line.contains(&format!("its fencing token {ta} is older")),
+        "{line}"
+    );
+    drop(b);
 }
 
 #[test]
