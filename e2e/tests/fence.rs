@@ -604,6 +604,128 @@ async fn audit_only_logs_what_it_would_refuse_and_allows_it() {
     drop(b);
 }
 
+/// `kube-leader run --fence`: COMMAND (kubectl in a shell script, knowing nothing of fencing)
+/// writes through the loopback proxy; its write is checked by the fence and stamped with the
+/// term's token; the proxy refuses a request without its bearer token.
+#[tokio::test]
+async fn run_fence_gives_command_a_proxy_that_carries_the_token() {
+    let f = Fence::start().await;
+    wait_in_force(&f).await;
+    let ns = f.ns().to_owned();
+    // kube-leader runs as the fenced writer: it also needs the Lease.
+    bind_role(
+        &f.admin,
+        &ns,
+        &f.writer,
+        vec![
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["create", "get", "list", "watch", "update"],
+            ),
+            rule(&[""], &["events"], &["create"]),
+        ],
+    )
+    .await
+    .unwrap();
+    let assets = std::env::var("KUBEBUILDER_ASSETS").expect("KUBEBUILDER_ASSETS");
+    let kubectl = Path::new(&assets).join("kubectl");
+    let out = f.dir.join("command.out");
+    let script = format!(
+        r#"set -e
+echo "kubeconfig $KUBECONFIG" > {out}.tmp
+echo "token $KUBE_LEADER_FENCING_TOKEN" >> {out}.tmp
+printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: by-command\n  labels: {{fenced: "true"}}\ndata: {{v: "1"}}\n' \
+  | {kubectl} apply -n "$KUBE_LEADER_NAMESPACE" -f - >> {out}.tmp 2>&1
+mv {out}.tmp {out}
+exec sleep 600"#,
+        out = out.display(),
+        kubectl = kubectl.display(),
+    );
+    let mut child = Command::new(kube_leader_bin())
+        .args([
+            "run",
+            "--strategy",
+            "lease",
+            "--lock",
+            LOCK,
+            "--namespace",
+            &ns,
+            "--identity",
+            "sidecar",
+            "--kubeconfig",
+            path(f.cp.user_kubeconfig_path(&f.writer).unwrap()),
+            "--fence",
+            "--fence-user",
+            &f.writer,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(f.dir.join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + SOON;
+    while !out.exists() {
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "COMMAND did not write through the proxy; run log: {}; partial output: {}",
+            std::fs::read_to_string(f.dir.join("run.log")).unwrap_or_default(),
+            std::fs::read_to_string(format!("{}.tmp", out.display())).unwrap_or_default(),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    println!("COMMAND: {text}");
+    let token = text
+        .lines()
+        .find_map(|l| l.strip_prefix("token "))
+        .unwrap()
+        .to_owned();
+    let cm = Api::<ConfigMap>::namespaced(f.admin.clone(), &ns)
+        .get("by-command")
+        .await
+        .unwrap();
+    assert_eq!(
+        stamp(&cm),
+        Some(token.clone()),
+        "stamped with the term's token: {cm:?}"
+    );
+
+    // With COMMAND's kubeconfig but another bearer token: refused by the proxy.
+    let kubeconfig = text.lines().find_map(|l| l.strip_prefix("kubeconfig ")).unwrap();
+    let wrong = Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            kubeconfig,
+            "--token",
+            "not-the-one",
+            "get",
+            "configmaps",
+            "-n",
+            &ns,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    println!("another bearer token: {}", stderr.trim());
+    assert!(!wrong.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("kube-leader's fencing proxy: use the bearer token"),
+        "{stderr}"
+    );
+    let log = std::fs::read_to_string(f.dir.join("run.log")).unwrap_or_default();
+    assert!(
+        log.contains("refused a request without COMMAND's bearer token"),
+        "{log}"
+    );
+
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn rules_that_could_cover_leases_lock_config_maps_or_kube_system_are_refused() {
     let dir = std::env::temp_dir().join(format!("kube-leader-fence-rules-{}", std::process::id()));

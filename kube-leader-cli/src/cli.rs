@@ -303,6 +303,19 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "POLICY", default_value = "restart", value_parser = crate::shards::parse_on_change)]
     pub(crate) on_shards_change: crate::shards::OnChange,
 
+    /// Fence COMMAND's writes (docs/fence.md): COMMAND gets KUBECONFIG pointing at a loopback
+    /// proxy inside kube-leader that accepts only the per-term bearer token it gives COMMAND,
+    /// adds this term's fencing token to every request (impersonating --fence-user with the
+    /// user extra kube-leader.io/fencing-token), stamps the objects it writes, and forwards
+    /// with kube-leader's credentials. Needs `kube-leader rbac --fence`.
+    #[arg(long, conflicts_with = "shards")]
+    pub(crate) fence: bool,
+
+    /// With --fence: kube-leader's own user name, which the proxy impersonates [default: the
+    /// in-cluster ServiceAccount's, system:serviceaccount:NAMESPACE:NAME].
+    #[arg(long, value_name = "USER", requires = "fence")]
+    pub(crate) fence_user: Option<String>,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,

@@ -103,6 +103,8 @@ impl ElectArgs {
             liveness: self.liveness,
             shards: None,
             on_shards_change: crate::shards::OnChange::Restart,
+            fence: false,
+            fence_user: None,
             command: Vec::new(),
         }
     }

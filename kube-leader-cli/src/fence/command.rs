@@ -27,6 +27,25 @@ use crate::{
 /// The field manager of `kube-leader fence webhooks --apply`.
 const FIELD_MANAGER: &str = "kube-leader-fence";
 
+/// `run --fence`: the user the proxy impersonates (`--fence-user`, else the in-cluster
+/// ServiceAccount's), or `None` without `--fence`.
+pub(crate) fn proxy_user(args: &crate::cli::RunArgs) -> Result<Option<String>, Fail> {
+    if !args.fence {
+        return Ok(None);
+    }
+    match args.fence_user.clone().or_else(super::proxy::in_cluster_user) {
+        Some(user) => Ok(Some(user)),
+        None => Err(Fail::new(
+            exit::USAGE,
+            anyhow!(
+                "--fence: no --fence-user, and no in-cluster ServiceAccount token to read the \
+                 user from: give --fence-user USER (kube-leader's own user name, as in \
+                 system:serviceaccount:NAMESPACE:NAME)"
+            ),
+        )),
+    }
+}
+
 /// `kube-leader fence`: returns the exit code.
 pub(crate) async fn fence(args: FenceArgs) -> Result<u8, Fail> {
     match args.command {

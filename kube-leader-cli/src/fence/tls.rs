@@ -44,9 +44,34 @@ impl CertFiles {
     }
 }
 
+/// A generated CA and serving certificate, PEM.
+#[derive(Debug, Clone)]
+pub(crate) struct Generated {
+    /// The CA certificate.
+    pub(crate) ca_cert: String,
+    /// The CA key.
+    pub(crate) ca_key: String,
+    /// The serving certificate.
+    pub(crate) cert: String,
+    /// The serving key.
+    pub(crate) key: String,
+}
+
 /// Generates a CA and a serving certificate for `sans` (DNS names or IP addresses) into `dir`
 /// (created if missing; the keys are written with mode 0600).
 pub(crate) fn generate(dir: &Path, sans: &[String]) -> Result<CertFiles, String> {
+    let g = generate_pem(sans)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let files = CertFiles::in_dir(dir);
+    write(&files.ca_cert, &g.ca_cert, false)?;
+    write(&dir.join("ca.key"), &g.ca_key, true)?;
+    write(&files.cert, &g.cert, false)?;
+    write(&files.key, &g.key, true)?;
+    Ok(files)
+}
+
+/// Generates a CA and a serving certificate for `sans`, in memory.
+pub(crate) fn generate_pem(sans: &[String]) -> Result<Generated, String> {
     if sans.is_empty() {
         return Err(
             "no --san: give every name and address the API server reaches the webhook \
@@ -93,14 +118,12 @@ pub(crate) fn generate(dir: &Path, sans: &[String]) -> Result<CertFiles, String>
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(|e| fail("serving certificate", e))?;
-
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let files = CertFiles::in_dir(dir);
-    write(&files.ca_cert, &ca_cert.pem(), false)?;
-    write(&dir.join("ca.key"), &ca_key_pem, true)?;
-    write(&files.cert, &cert.pem(), false)?;
-    write(&files.key, &key.serialize_pem(), true)?;
-    Ok(files)
+    Ok(Generated {
+        ca_cert: ca_cert.pem(),
+        ca_key: ca_key_pem,
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
 }
 
 /// The current year (by days since 1970: accurate to a day, which 1 January leaves room for).
@@ -136,13 +159,32 @@ pub(crate) fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::Serve
     }
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("cannot read the key {}: {e}", key.display()))?;
+    config_for(chain, key, &cert.display().to_string())
+}
+
+/// [`server_config`] for a generated certificate.
+pub(crate) fn server_config_pem(g: &Generated) -> Result<Arc<rustls::ServerConfig>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(g.cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the generated certificate: {e}"))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(g.key.as_bytes()).map_err(|e| format!("the generated key: {e}"))?;
+    config_for(chain, key, "the generated certificate")
+}
+
+fn config_for(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    what: &str,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let cert = what;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| format!("the certificate {} and its key: {e}", cert.display()))?;
+        .map_err(|e| format!("the certificate {cert} and its key: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
