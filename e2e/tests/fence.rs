@@ -207,6 +207,15 @@ impl Drop for Fence {
                 .args(["delete", kind, &self.name, "--ignore-not-found"])
                 .output();
         }
+        // The writer's cluster-scoped impersonation grant (grant_writer).
+        let writer_role = format!("fence-writer-{}", self.namespace.name());
+        for kind in ["clusterrolebinding", "clusterrole"] {
+            let _ = self
+                .cp
+                .kubectl()
+                .args(["delete", kind, &writer_role, "--ignore-not-found"])
+                .output();
+        }
         self.stop_server();
     }
 }
@@ -724,6 +733,95 @@ exec sleep 600"#,
 
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `kube-leader rbac --fence`: the printed Role and ClusterRole let the ServiceAccount
+/// impersonate itself with the fencing-token extra, and nothing more of impersonation.
+#[tokio::test]
+async fn rbac_fence_grants_impersonating_itself_with_the_token_extra_only() {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let cp = ControlPlane::shared();
+    let namespace = cp.namespace().await;
+    let ns = namespace.name();
+    let admin = cp.client().await;
+    let printed = run_ok(&[
+        "rbac",
+        "--strategy",
+        "lease",
+        "--lock",
+        LOCK,
+        "--namespace",
+        ns,
+        "--service-account",
+        "op",
+        "--fence",
+    ]);
+    cp.kubectl_with_stdin(&["apply", "-f", "-"], &printed)
+        .unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    let sa = format!("system:serviceaccount:{ns}:op");
+    let may = |namespace: Option<&str>, group: &str, resource: &str, sub: Option<&str>, name: &str| {
+        let review = SubjectAccessReview {
+            metadata: ObjectMeta::default(),
+            spec: SubjectAccessReviewSpec {
+                user: Some(sa.clone()),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    format!("system:serviceaccounts:{ns}"),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: namespace.map(Into::into),
+                    verb: Some("impersonate".into()),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    subresource: sub.map(Into::into),
+                    name: Some(name.into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            status: None,
+        };
+        let admin = admin.clone();
+        async move {
+            Api::<SubjectAccessReview>::all(admin)
+                .create(&PostParams::default(), &review)
+                .await
+                .unwrap()
+                .status
+                .is_some_and(|s| s.allowed)
+        }
+    };
+    let extra = Some("kube-leader.io/fencing-token");
+    // The RBAC authorizer sees new bindings a moment later.
+    let deadline = Instant::now() + SOON;
+    while !(may(Some(ns), "", "serviceaccounts", None, "op").await
+        && may(None, "authentication.k8s.io", "userextras", extra, "4711").await)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the printed RBAC does not grant it:\n{printed}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !may(Some(ns), "", "serviceaccounts", None, "other").await,
+        "another ServiceAccount"
+    );
+    assert!(!may(None, "", "users", None, "admin").await, "a user");
+    assert!(!may(None, "", "groups", None, "system:masters").await, "a group");
+    assert!(
+        !may(None, "authentication.k8s.io", "userextras", Some("scopes"), "x").await,
+        "another extra"
+    );
+    let name = format!("kube-leader-fence-writer-{ns}-op");
+    for kind in ["clusterrolebinding", "clusterrole"] {
+        let _ = cp
+            .kubectl()
+            .args(["delete", kind, &name, "--ignore-not-found"])
+            .output();
+    }
 }
 
 #[test]
