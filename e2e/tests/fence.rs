@@ -64,10 +64,11 @@ struct Fence {
 
 impl Fence {
     async fn start() -> Self {
-        Self::start_with(false).await
+        Self::start_with(false, rules).await
     }
 
-    async fn start_with(audit_only: bool) -> Self {
+    /// With `serve --audit-only`, and the rules `rules(namespace, writer)`.
+    async fn start_with(audit_only: bool, rules: fn(&str, &str) -> String) -> Self {
         let cp = ControlPlane::shared();
         let namespace = cp.namespace().await;
         let ns = namespace.name().to_owned();
@@ -569,7 +570,7 @@ async fn with_the_webhook_down_fenced_writes_are_refused_and_others_pass() {
 
 #[tokio::test]
 async fn audit_only_logs_what_it_would_refuse_and_allows_it() {
-    let f = Fence::start_with(true).await;
+    let f = Fence::start_with(true, rules).await;
     let ns = f.ns();
     let a = f.lead("a").await;
     let ta = a.fencing_token();
@@ -822,6 +823,70 @@ async fn rbac_fence_grants_impersonating_itself_with_the_token_extra_only() {
             .args(["delete", kind, &name, "--ignore-not-found"])
             .output();
     }
+}
+
+/// The rules of the shards test: ConfigMaps labelled fenced=true, each guarded by the shard
+/// Lease `work-<label shard>` of the test's namespace.
+fn shard_rules(ns: &str, writer: &str) -> String {
+    rules(ns, writer).replace(
+        &format!("lock: {{ namespace: {ns}, name: {LOCK}, strategy: lease }}"),
+        &format!("shards: {{ namespace: {ns}, set: work, label: shard }}"),
+    )
+}
+
+/// A rule with `shards`: each object is fenced by the token of the shard its label names.
+#[tokio::test]
+async fn with_shards_each_object_is_fenced_by_its_shards_token() {
+    let f = Fence::start_with(false, shard_rules).await;
+    wait_in_force(&f).await;
+    let ns = f.ns();
+    // The holder of shard 0 (a shard is a Lease <set>-<index>).
+    let shard0 = LeaseElector::new(f.admin.clone(), "work-0")
+        .namespace(ns)
+        .identity("a")
+        .become_leader(&CancellationToken::new())
+        .await
+        .unwrap();
+    let client = Api::<ConfigMap>::namespaced(f.fenced(&shard0).await, ns);
+    let in_shard = |name: &str, shard: Option<&str>| {
+        let mut cm = fenced_cm(name, "1");
+        if let Some(shard) = shard {
+            cm.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("shard".into(), shard.into());
+        }
+        cm
+    };
+    // Wait for the writer's impersonation grant to be seen (as wait_in_force does for the rest).
+    let deadline = Instant::now() + SOON;
+    let cm = loop {
+        match client
+            .create(&PostParams::default(), &in_shard("zero", Some("0")))
+            .await
+        {
+            Ok(cm) => break cm,
+            Err(e) => assert!(Instant::now() < deadline, "shard 0's write: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(stamp(&cm), Some(shard0.fencing_token().to_string()));
+    // Shard 1 has no Lease: nobody leads it.
+    let e = refusal(
+        client
+            .create(&PostParams::default(), &in_shard("one", Some("1")))
+            .await,
+    );
+    println!("another shard: {e}");
+    assert!(e.contains(&format!("lock {ns}/work-1 does not exist")), "{e}");
+    let e = refusal(
+        client
+            .create(&PostParams::default(), &in_shard("none", None))
+            .await,
+    );
+    println!("no shard label: {e}");
+    assert!(e.contains("has no label shard"), "{e}");
+    drop(shard0);
 }
 
 #[test]

@@ -248,18 +248,12 @@ async fn validate(
     // The shard guarding the object: by its stored labels (update, delete), else its new ones.
     let labelled = req.old_object.as_ref().or(req.object.as_ref());
     let target = lock_target(rule, labelled.and_then(|o| o.metadata.labels.as_ref()));
-    let target = match (target, writer) {
-        (_, Writer::Other) => return Ok(()),
-        (Err(e), _) => {
-            return Err(format!(
-                "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
-                operation.to_lowercase(),
-                write.resource
-            ))
-        }
-        (Ok(t), _) => t,
+    // The lock for the messages, also when the object names no shard.
+    let lock_name = match (&target, rule.guard()) {
+        (Ok(t), _) => format!("{}/{}", t.namespace, t.name),
+        (Err(_), Guard::Shards(s)) => format!("a shard of set {}/{}", s.namespace, s.set),
+        (Err(_), Guard::Lock(l)) => format!("{}/{}", l.namespace, l.name),
     };
-    let lock_name = format!("{}/{}", target.namespace, target.name);
     let token = match writer {
         Writer::Other => return Ok(()),
         Writer::NoToken => {
@@ -272,6 +266,13 @@ async fn validate(
         Writer::BadToken(why) => return Err(decide::no_token(write, why, &lock_name)),
         Writer::Token(t) => *t,
     };
+    let target = target.map_err(|e| {
+        format!(
+            "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
+            operation.to_lowercase(),
+            write.resource
+        )
+    })?;
     let lock = read_lock(&fence.client, &target).await.map_err(|e| {
         format!(
             "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
