@@ -80,7 +80,8 @@ fn summary(config: &FenceConfig) -> String {
             })
             .collect();
         let guard = match r.guard() {
-            Guard::Lock(l) => format!(
+            None => "no lock".to_string(),
+            Some(Guard::Lock(l)) => format!(
                 "lock {}/{} ({})",
                 l.namespace,
                 l.name,
@@ -89,7 +90,7 @@ fn summary(config: &FenceConfig) -> String {
                     LockKind::ForLife => "for-life",
                 }
             ),
-            Guard::Shards(sh) => format!("shard {}/{}-<{}> (lease)", sh.namespace, sh.set, sh.label),
+            Some(Guard::Shards(sh)) => format!("shard {}/{}-<{}> (lease)", sh.namespace, sh.set, sh.label),
         };
         s.push_str(&format!(
             "rule {}: {} guarded by {guard}; fenced writers: {}\n",

@@ -158,13 +158,13 @@ impl FenceConfig {
 // === impl Rule ===
 
 impl Rule {
-    /// Which lock guards this rule's objects.
-    pub(crate) fn guard(&self) -> Guard<'_> {
+    /// Which lock guards this rule's objects: `None` only for a rule that was not validated
+    /// (every rule read from a file is).
+    pub(crate) fn guard(&self) -> Option<Guard<'_>> {
         match (&self.lock, &self.shards) {
-            (Some(lock), _) => Guard::Lock(lock),
-            (None, Some(shards)) => Guard::Shards(shards),
-            // Validated: exactly one is set.
-            (None, None) => unreachable!("validated rules have a lock or shards"),
+            (Some(lock), _) => Some(Guard::Lock(lock)),
+            (None, Some(shards)) => Some(Guard::Shards(shards)),
+            (None, None) => None,
         }
     }
 
@@ -373,7 +373,7 @@ rules:
         let r = c.rule("orders").unwrap();
         assert!(r.fences("system:serviceaccount:app:orders"));
         assert!(!r.fences("system:serviceaccount:kube-system:generic-garbage-collector"));
-        assert!(matches!(r.guard(), Guard::Lock(l) if l.strategy == LockKind::Lease));
+        assert!(matches!(r.guard(), Some(Guard::Lock(l)) if l.strategy == LockKind::Lease));
         let ns = r.webhook_namespace_selector();
         let e = &ns.match_expressions.unwrap()[0];
         assert_eq!(
@@ -443,7 +443,7 @@ rules:
             "shards: { namespace: app, set: work, label: example.com/shard }",
         );
         let c = FenceConfig::parse(&shards).unwrap();
-        assert!(matches!(c.rules[0].guard(), Guard::Shards(s) if s.set == "work"));
+        assert!(matches!(c.rules[0].guard(), Some(Guard::Shards(s)) if s.set == "work"));
     }
 
     #[test]

@@ -204,6 +204,10 @@ fn mutate(
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return allow;
     }
+    // Already stamped with this token (the fenced client and `run --fence` stamp): no patch.
+    if decide::stamp(object.metadata.annotations.as_ref()) == Some(Ok(*token)) {
+        return allow;
+    }
     let patch = decide::stamp_patch(object.metadata.annotations.is_some(), *token);
     match serde_json::from_value::<json_patch::Patch>(patch)
         .map_err(|e| e.to_string())
@@ -251,8 +255,9 @@ async fn validate(
     // The lock for the messages, also when the object names no shard.
     let lock_name = match (&target, rule.guard()) {
         (Ok(t), _) => format!("{}/{}", t.namespace, t.name),
-        (Err(_), Guard::Shards(s)) => format!("a shard of set {}/{}", s.namespace, s.set),
-        (Err(_), Guard::Lock(l)) => format!("{}/{}", l.namespace, l.name),
+        (Err(_), Some(Guard::Shards(s))) => format!("a shard of set {}/{}", s.namespace, s.set),
+        (Err(_), Some(Guard::Lock(l))) => format!("{}/{}", l.namespace, l.name),
+        (Err(_), None) => "no lock".to_string(),
     };
     let token = match writer {
         Writer::Other => return Ok(()),
@@ -309,12 +314,13 @@ fn lock_target(
     labels: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<LockTarget, String> {
     match rule.guard() {
-        Guard::Lock(l) => Ok(LockTarget {
+        None => Err(format!("rule {:?} names no lock", rule.name)),
+        Some(Guard::Lock(l)) => Ok(LockTarget {
             namespace: l.namespace.clone(),
             name: l.name.clone(),
             kind: l.strategy,
         }),
-        Guard::Shards(s) => {
+        Some(Guard::Shards(s)) => {
             let index = labels.and_then(|l| l.get(&s.label)).ok_or_else(|| {
                 format!(
                     "the object has no label {} naming its shard of set {}/{}",
@@ -393,6 +399,42 @@ fn deny(req: &AdmissionRequest<DynamicObject>, message: String) -> AdmissionResp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(annotations: serde_json::Value) -> AdmissionRequest<DynamicObject> {
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+                "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+                "name": "orders", "namespace": "app", "operation": "UPDATE",
+                "userInfo": {"username": "user-1"},
+                "object": {"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "orders", "annotations": annotations}},
+                "oldObject": null, "dryRun": false
+            }
+        });
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(review).unwrap();
+        review.try_into().unwrap()
+    }
+
+    #[test]
+    fn the_mutating_half_stamps_only_a_fenced_writers_unstamped_object() {
+        let req = request(serde_json::json!({"x": "y"}));
+        let allow = AdmissionResponse::from(&req);
+        let r = mutate(allow.clone(), &req, &Writer::Token(7));
+        let patch: serde_json::Value = serde_json::from_slice(r.patch.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            patch[0]["path"],
+            "/metadata/annotations/kube-leader.io~1fenced-token"
+        );
+        assert_eq!(patch[0]["value"], "7");
+        assert!(mutate(allow.clone(), &req, &Writer::Other).patch.is_none());
+        assert!(mutate(allow.clone(), &req, &Writer::NoToken).patch.is_none());
+        let stamped = request(serde_json::json!({FENCED: "7"}));
+        assert!(mutate(allow, &stamped, &Writer::Token(7)).patch.is_none());
+    }
+
+    const FENCED: &str = kube_leader::fence::FENCED_TOKEN_ANNOTATION;
 
     #[test]
     fn shards_are_named_by_the_objects_label() {
