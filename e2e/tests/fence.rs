@@ -69,7 +69,16 @@ impl Fence {
 
     /// With `serve --audit-only`, and the rules `rules(namespace, writer)`.
     async fn start_with(audit_only: bool, rules: fn(&str, &str) -> String) -> Self {
-        let cp = ControlPlane::shared();
+        Self::start_on(ControlPlane::shared(), audit_only, rules, false).await
+    }
+
+    /// On `cp`; `with_mutating`: the MutatingWebhookConfiguration too.
+    async fn start_on(
+        cp: &'static ControlPlane,
+        audit_only: bool,
+        rules: fn(&str, &str) -> String,
+        with_mutating: bool,
+    ) -> Self {
         let namespace = cp.namespace().await;
         let ns = namespace.name().to_owned();
         let admin = cp.client().await;
@@ -103,26 +112,34 @@ impl Fence {
             namespace,
         };
         fence.serve();
-        run_ok(&[
+        let kubeconfig = path(cp.kubeconfig_path()).to_owned();
+        let url = format!("https://127.0.0.1:{port}");
+        let rules_file = fence.dir.join("rules.yaml");
+        let ca_file = fence.dir.join("ca.crt");
+        let mut args = vec![
             "fence",
             "webhooks",
             "--rules",
-            path(&fence.dir.join("rules.yaml")),
+            path(&rules_file),
             "--ca-bundle",
-            path(&fence.dir.join("ca.crt")),
+            path(&ca_file),
             "--url",
-            &format!("https://127.0.0.1:{port}"),
+            &url,
             "--name",
             &fence.name,
+            "--apply",
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        if !with_mutating {
             // This control plane's kube-apiserver (1.20.2 built with Go 1.19) crashes on any
             // mutating webhook's JSON patch (its vendored reflect2 1.0.1 faults iterating the
             // patch's maps for the audit annotation): the writers stamp their writes themselves
             // (`Leadership::fenced_client`), and the validating half checks every stamp.
-            "--without-mutating",
-            "--apply",
-            "--kubeconfig",
-            path(cp.kubeconfig_path()),
-        ]);
+            args.push("--without-mutating");
+        }
+        let out = run_ok(&args);
+        println!("{}", out.trim());
         fence
     }
 
@@ -147,7 +164,8 @@ impl Fence {
                 path(self.cp.kubeconfig_path()),
             ])
             .args(self.audit_only.then_some("--audit-only"))
-            .env("RUST_LOG", "info")
+            // The binary's own `fence` module at debug: one line per review.
+            .env("RUST_LOG", "info,kube_leader::fence=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -823,6 +841,47 @@ async fn rbac_fence_grants_impersonating_itself_with_the_token_extra_only() {
             .args(["delete", kind, &name, "--ignore-not-found"])
             .output();
     }
+}
+
+/// Both halves registered, on a control plane of its own (a webhook's JSON patch would crash
+/// this build's API server: see `start_on`): the API server accepts the
+/// MutatingWebhookConfiguration and calls the mutating half, which answers a write the fenced
+/// client stamped already without a patch; the validating half refuses as before.
+#[tokio::test]
+async fn with_both_halves_registered_stamped_writes_pass_and_stale_ones_are_refused() {
+    let cp: &'static ControlPlane = Box::leak(Box::new(ControlPlane::start().unwrap()));
+    let f = Fence::start_on(cp, false, rules, true).await;
+    let ns = f.ns();
+    let mutating = cp
+        .kubectl()
+        .args(["get", "mutatingwebhookconfiguration", &f.name, "-o", "name"])
+        .output()
+        .unwrap();
+    assert!(mutating.status.success(), "{mutating:?}");
+    let a = f.lead("a").await;
+    let client_a = f.fenced(&a).await;
+    let deadline = Instant::now() + SOON;
+    let cm = loop {
+        match put(&client_a, ns, "orders", "1").await {
+            Ok(cm) => break cm,
+            Err(e) => assert!(Instant::now() < deadline, "the leader's first write: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(stamp(&cm), Some(a.fencing_token().to_string()));
+    let ta = a.fencing_token();
+    a.release().await.unwrap();
+    let b = f.lead("b").await;
+    put(&f.fenced(&b).await, ns, "orders", "2").await.unwrap();
+    let e = refusal(put(&client_a, ns, "orders", "stale").await);
+    assert!(e.contains(&format!("its fencing token {ta} is older")), "{e}");
+    // The API server called the mutating half too.
+    let log = f.log();
+    let mutations = log.lines().filter(|l| l.contains("review half=Mutate")).count();
+    let validations = log.lines().filter(|l| l.contains("review half=Validate")).count();
+    println!("reviews: {mutations} mutating, {validations} validating");
+    assert!(mutations > 0, "the mutating half was never called:\n{log}");
+    drop(b);
 }
 
 /// The rules of the shards test: ConfigMaps labelled fenced=true, each guarded by the shard

@@ -171,6 +171,7 @@ async fn review(
     }
     let user = req.user_info.username.as_deref().unwrap_or("");
     let writer = decide::writer(rule.fences(user), req.user_info.extra.as_ref());
+    debug!(?half, rule = rule_name, operation = ?req.operation, user, ?writer, "review");
     match half {
         Half::Mutate => mutate(allow, req, &writer),
         Half::Validate => {
