@@ -31,8 +31,13 @@ const SOON: Duration = Duration::from_secs(30);
 /// The lock of every test: a Lease in the test's namespace.
 const LOCK: &str = "leader";
 
+/// The `kube-leader` binary: `KUBE_LEADER_CLI` if set and not empty (a release build, for the
+/// latency figures), else the one cargo built beside the tests.
 fn kube_leader_bin() -> PathBuf {
-    kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate"))
+    match std::env::var_os("KUBE_LEADER_CLI").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate")),
+    }
 }
 
 /// A free port on 127.0.0.1.
@@ -1017,7 +1022,7 @@ fn rules_that_could_cover_leases_lock_config_maps_or_kube_system_are_refused() {
 /// ConfigMap in turn, N times; printed as percentiles of each and of the paired differences.
 #[tokio::test]
 async fn latency_added_per_write() {
-    const N: usize = 200;
+    const N: usize = 500;
     let f = Fence::start().await;
     wait_in_force(&f).await;
     let ns = f.ns();
@@ -1049,7 +1054,10 @@ async fn latency_added_per_write() {
         v.sort_by(f64::total_cmp);
         v[((v.len() as f64 - 1.0) * p).round() as usize]
     };
-    println!("fence latency over {N} paired merge patches (ms; 2-core machine, shared):");
+    println!(
+        "fence latency over {N} paired merge patches (ms; 2-core machine, shared; webhook: {}):",
+        kube_leader_bin().display()
+    );
     for (label, v) in [
         ("fenced", &mut with),
         ("unfenced", &mut without),
