@@ -73,6 +73,10 @@ pub fn fencing_headers(
 
 /// A tower layer that adds a fencing token to every request: see the [module docs](self).
 ///
+/// It adds the headers only; the objects it writes are stamped by the fence's mutating half
+/// (or stamp them yourself with [`stamp_body`]). [`Leadership::fenced_client`](crate::Leadership::fenced_client)
+/// does both.
+///
 /// ```no_run
 /// # async fn doc(leadership: kube_leader::Leadership) -> Result<(), Box<dyn std::error::Error>> {
 /// use kube::{client::ClientBuilder, Config};
