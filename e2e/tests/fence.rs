@@ -289,7 +289,7 @@ async fn grant_writer(admin: &Client, ns: &str, writer: &str) {
         vec![rule(
             &[""],
             &["configmaps"],
-            &["get", "list", "create", "update", "patch", "delete"],
+            &["get", "list", "watch", "create", "update", "patch", "delete"],
         )],
     )
     .await
@@ -668,6 +668,9 @@ async fn run_fence_gives_command_a_proxy_that_carries_the_token() {
         r#"set -e
 echo "kubeconfig $KUBECONFIG" > {out}.tmp
 echo "token $KUBE_LEADER_FENCING_TOKEN" >> {out}.tmp
+# A watch through the proxy, started before the write: the write streams in as an event.
+{kubectl} get configmaps -n "$KUBE_LEADER_NAMESPACE" --watch-only -o name > {out}.watch 2>&1 &
+sleep 1
 printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: by-command\n  labels: {{fenced: "true"}}\ndata: {{v: "1"}}\n' \
   | {kubectl} apply -n "$KUBE_LEADER_NAMESPACE" -f - >> {out}.tmp 2>&1
 mv {out}.tmp {out}
@@ -726,6 +729,19 @@ exec sleep 600"#,
         Some(token.clone()),
         "stamped with the term's token: {cm:?}"
     );
+
+    // The watch COMMAND opened through the proxy streamed the write.
+    let watch = PathBuf::from(format!("{}.watch", out.display()));
+    let deadline = Instant::now() + SOON;
+    loop {
+        let w = std::fs::read_to_string(&watch).unwrap_or_default();
+        if w.contains("configmap/by-command") {
+            println!("COMMAND's watch through the proxy: {}", w.trim());
+            break;
+        }
+        assert!(Instant::now() < deadline, "COMMAND's watch saw nothing: {w}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // With COMMAND's kubeconfig but another bearer token: refused by the proxy.
     let kubeconfig = text.lines().find_map(|l| l.strip_prefix("kubeconfig ")).unwrap();
