@@ -1034,6 +1034,75 @@ fn rules_that_could_cover_leases_lock_config_maps_or_kube_system_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Concurrent writers through a takeover: the deposed leader keeps patching the object while the
+/// new leader does too. Ordered by resourceVersion (commit order), the stamps of the writes that
+/// landed never go down: no landed write regresses the object's token.
+#[tokio::test]
+async fn concurrent_writes_through_a_takeover_never_regress_the_objects_token() {
+    let f = Fence::start().await;
+    wait_in_force(&f).await;
+    let ns = f.ns().to_owned();
+    let a = f.lead("a").await;
+    let (ta, client_a) = (a.fencing_token(), f.fenced(&a).await);
+    put(&client_a, &ns, "orders", "0").await.unwrap();
+    let stop = CancellationToken::new();
+    // A writer: patches until `stop`; returns (resourceVersion, stamp) of each landed write and
+    // the number refused by the fence.
+    let writer = |client: Client, ns: String, stop: CancellationToken| async move {
+        let api = Api::<ConfigMap>::namespaced(client, &ns);
+        let (mut landed, mut refused, mut i) = (Vec::new(), 0usize, 0usize);
+        while !stop.is_cancelled() {
+            i += 1;
+            let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
+            match api.patch("orders", &PatchParams::default(), &patch).await {
+                Ok(cm) => landed.push((
+                    cm.metadata
+                        .resource_version
+                        .as_deref()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap(),
+                    stamp(&cm).unwrap().parse::<u64>().unwrap(),
+                )),
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("fenced:") => refused += 1,
+                Err(e) => panic!("an unexpected error: {e}"),
+            }
+        }
+        (landed, refused)
+    };
+    let task_a = tokio::spawn(writer(client_a.clone(), ns.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A is deposed while its writer goes on (a paused leader that does not know yet).
+    a.release().await.unwrap();
+    let b = f.lead("b").await;
+    let tb = b.fencing_token();
+    let task_b = tokio::spawn(writer(f.fenced(&b).await, ns.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.cancel();
+    let (landed_a, refused_a) = task_a.await.unwrap();
+    let (landed_b, refused_b) = task_b.await.unwrap();
+    let mut all: Vec<(u64, u64)> = landed_a.iter().chain(&landed_b).copied().collect();
+    all.sort_unstable();
+    let regressions = all.windows(2).filter(|w| w[1].1 < w[0].1).count();
+    let first_b = all.iter().position(|&(_, t)| t == tb);
+    let a_after_b = first_b.map_or(0, |i| all[i..].iter().filter(|&&(_, t)| t == ta).count());
+    println!(
+        "tokens a {ta}, b {tb}: a landed {} and was refused {refused_a}; b landed {} and was \
+         refused {refused_b}; regressions of the stamp in commit order: {regressions}; a's writes \
+         after b's first: {a_after_b}",
+        landed_a.len(),
+        landed_b.len()
+    );
+    assert!(
+        !landed_b.is_empty() && refused_a > 0,
+        "the takeover happened while both wrote"
+    );
+    assert_eq!(refused_b, 0, "the leader is never refused");
+    assert_eq!(regressions, 0, "{all:?}");
+    assert_eq!(a_after_b, 0, "{all:?}");
+    drop(b);
+}
+
 /// The latency the fence adds per write: the same writer updates a fenced and an unfenced
 /// ConfigMap in turn, N times; printed as percentiles of each and of the paired differences.
 #[tokio::test]
