@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::{exit, version};
 
 mod elect;
+mod fence;
 mod parse;
 #[cfg(test)]
 mod props;
@@ -19,6 +20,7 @@ mod validate;
 mod values;
 
 pub(crate) use elect::ElectArgs;
+pub(crate) use fence::{FenceArgs, FenceCertsArgs, FenceCommand, FenceServeArgs, FenceWebhooksArgs};
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
@@ -69,6 +71,9 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Print the least-privilege Role and RoleBinding for `run` with these options.
     Rbac(RbacArgs),
+    /// The fence: an admission webhook by which the API server refuses a deposed leader's
+    /// writes to fenced objects (docs/fence.md).
+    Fence(FenceArgs),
     /// Copy this binary to DIR/kube-leader (mode 0755), for an initContainer that puts it into
     /// an emptyDir the program's own container runs it from (an image without cp or sh).
     Install(InstallArgs),
@@ -321,6 +326,19 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "POLICY", default_value = "restart", value_parser = crate::shards::parse_on_change)]
     pub(crate) on_shards_change: crate::shards::OnChange,
 
+    /// Fence COMMAND's writes (docs/fence.md): COMMAND gets KUBECONFIG pointing at a loopback
+    /// proxy inside kube-leader that accepts only the per-term bearer token it gives COMMAND,
+    /// adds this term's fencing token to every request (impersonating --fence-user with the
+    /// user extra kube-leader.io/fencing-token), stamps the objects it writes, and forwards
+    /// with kube-leader's credentials. Needs `kube-leader rbac --fence`.
+    #[arg(long, conflicts_with = "shards")]
+    pub(crate) fence: bool,
+
+    /// With --fence: kube-leader's own user name, which the proxy impersonates [default: the
+    /// in-cluster ServiceAccount's, system:serviceaccount:NAMESPACE:NAME].
+    #[arg(long, value_name = "USER", requires = "fence")]
+    pub(crate) fence_user: Option<String>,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -379,6 +397,12 @@ pub(crate) struct RbacArgs {
     /// Leases; --strategy does not apply).
     #[arg(long, value_name = "M", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) shards: Option<u32>,
+
+    /// Also grant what a fenced writer (`kube-leader fence`, docs/fence.md) needs to carry its
+    /// fencing token: impersonate its own ServiceAccount (in the Role) and the user extra
+    /// kube-leader.io/fencing-token (cluster-scoped: a ClusterRole and its binding, printed too).
+    #[arg(long)]
+    pub(crate) fence: bool,
 
     /// With --shards: a candidate's identity (repeatable), so that the Role names its
     /// membership Lease; without any, the membership Leases need get, update and delete on every

@@ -7,7 +7,8 @@
 //!                 -- COMMAND [ARGS...]
 //! kube-leader elect  --lock NAME [--strategy for-life|lease] [--status-addr :4040]
 //! kube-leader status --lock NAME [--namespace NS] [--strategy for-life|lease] [-o text|json]
-//! kube-leader rbac   --lock NAME [--namespace NS] [--strategy for-life|lease]
+//! kube-leader rbac   --lock NAME [--namespace NS] [--strategy for-life|lease] [--fence]
+//! kube-leader fence  serve|certs|webhooks|check --rules FILE ...
 //! ```
 //!
 //! `run` starts COMMAND through a supervisor process ([`supervisor`]) that stops it even when
@@ -19,6 +20,7 @@ mod client;
 mod elect;
 mod elector;
 mod exit;
+mod fence;
 mod install;
 mod label;
 mod metrics;
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),
+            Command::Fence(args) => fence::fence(args).await,
             Command::Install(args) => install::install(&args.dir),
             Command::Completions(args) => Ok(cli::completions(args.shell)),
             Command::Supervise(args) => Ok(supervisor::supervise(args, log_format).await),

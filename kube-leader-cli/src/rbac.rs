@@ -294,6 +294,18 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
             verbs: &["get", "list", "watch"],
         });
     }
+    if args.fence {
+        command.push_str(" --fence");
+        rules.push(Rule {
+            why: "--fence: a fenced writer carries its fencing token by impersonating itself \
+                  (Impersonate-User: its own ServiceAccount) with the user extra \
+                  kube-leader.io/fencing-token, which the ClusterRole below allows",
+            api_group: "",
+            resource: "serviceaccounts",
+            resource_names: vec![args.service_account.clone()],
+            verbs: &["impersonate"],
+        });
+    }
     if args.label_pod {
         command.push_str(" --label-pod");
         rules.extend(
@@ -362,7 +374,47 @@ pub(crate) fn yaml(args: &RbacArgs, namespace: &str) -> String {
         "  - kind: ServiceAccount\n    name: {}\n    namespace: {namespace}",
         args.service_account
     );
+    if args.fence {
+        fence_cluster_role(&mut y, &args.service_account, namespace);
+    }
     y
+}
+
+/// `--fence`: the ClusterRole (user extras are cluster-scoped) by which `service_account`
+/// impersonates itself with a fencing token, and its binding.
+fn fence_cluster_role(y: &mut String, service_account: &str, namespace: &str) {
+    let name = format!("kube-leader-fence-writer-{namespace}-{service_account}");
+    let _ = writeln!(y, "---");
+    let _ = writeln!(y, "apiVersion: rbac.authorization.k8s.io/v1");
+    let _ = writeln!(y, "kind: ClusterRole");
+    let _ = writeln!(y, "metadata:\n  name: {name}");
+    let _ = writeln!(y, "rules:");
+    let _ = writeln!(
+        y,
+        "  # --fence: send the fencing token as the user extra kube-leader.io/fencing-token \
+         (any value: the token changes with every term; impersonation extras cannot be \
+         limited to a namespace)"
+    );
+    let _ = writeln!(y, "  - apiGroups: [\"authentication.k8s.io\"]");
+    let _ = writeln!(
+        y,
+        "    resources: [\"userextras/{}\"]",
+        kube_leader::fence::FENCING_TOKEN_EXTRA
+    );
+    let _ = writeln!(y, "    verbs: [\"impersonate\"]");
+    let _ = writeln!(y, "---");
+    let _ = writeln!(y, "apiVersion: rbac.authorization.k8s.io/v1");
+    let _ = writeln!(y, "kind: ClusterRoleBinding");
+    let _ = writeln!(y, "metadata:\n  name: {name}");
+    let _ = writeln!(
+        y,
+        "roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {name}"
+    );
+    let _ = writeln!(y, "subjects:");
+    let _ = writeln!(
+        y,
+        "  - kind: ServiceAccount\n    name: {service_account}\n    namespace: {namespace}"
+    );
 }
 
 fn quote(s: &str) -> String {
@@ -590,6 +642,31 @@ mod tests {
         args("kube-leader rbac --lock l --dead-leader-pod keep")
             .validate()
             .unwrap();
+    }
+
+    #[test]
+    fn fence_grants_impersonating_itself_with_the_token_extra() {
+        let y = yaml(
+            &args("kube-leader rbac --strategy lease --lock l --service-account op --fence"),
+            "ns",
+        );
+        assert!(
+            y.contains(
+                "resources: [\"serviceaccounts\"]\n    resourceNames: [\"op\"]\n    verbs: [\"impersonate\"]"
+            ),
+            "{y}"
+        );
+        assert!(
+            y.contains("kind: ClusterRole\nmetadata:\n  name: kube-leader-fence-writer-ns-op"),
+            "{y}"
+        );
+        assert!(
+            y.contains("apiGroups: [\"authentication.k8s.io\"]\n    resources: [\"userextras/kube-leader.io/fencing-token\"]"),
+            "{y}"
+        );
+        assert!(y.contains("--fence"), "{y}");
+        let y = yaml(&args("kube-leader rbac --strategy lease --lock l"), "ns");
+        assert!(!y.contains("impersonate") && !y.contains("ClusterRole"), "{y}");
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     let elector = crate::elector::elector(client.clone(), &args, &lock, &identity, candidate_pod);
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
+    let fence = crate::fence::proxy_user(&args)?.map(|user| (client.clone(), user));
 
     // The supervisor, and COMMAND's process, get ready while this candidate follows: winning
     // then costs one message and COMMAND's exec.
@@ -86,6 +87,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         log_format,
         status: &status,
         label: label.as_ref(),
+        fence,
     };
     let code = leading
         .run(leadership, standby, elector.renewals(), &mut signals)

@@ -403,6 +403,38 @@ impl Leadership {
         self.term.fencing_token
     }
 
+    /// `client` with every request carrying this term's fencing token, impersonating `user`
+    /// (the writer's own user: `system:serviceaccount:<namespace>:<name>` for a ServiceAccount),
+    /// so that `kube-leader fence` refuses its writes to fenced objects once a later leader
+    /// wrote, or the lock moved on. One line for an operator:
+    ///
+    /// ```no_run
+    /// # async fn doc(leadership: kube_leader::Leadership, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = leadership.fenced_client(client, "system:serviceaccount:app:orders")?;
+    /// # let _ = client; Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The objects it creates or replaces, and the merge, strategic-merge and apply patches it
+    /// sends, are stamped with the token too (`kube-leader.io/fenced-token`,
+    /// [`fence::stamp_body`](crate::fence::stamp_body)), as the fence's mutating half would.
+    ///
+    /// The writer needs `impersonate` on itself and on the token's user extra (see
+    /// [`fence`](crate::fence); `kube-leader rbac --fence` prints it). A write refused by the
+    /// fence fails with a 403 whose message names the lock, the tokens and the holder.
+    ///
+    /// # Errors
+    ///
+    /// If `user` cannot be a header value (a control character).
+    pub fn fenced_client(
+        &self,
+        client: kube::Client,
+        user: impl Into<String>,
+    ) -> std::result::Result<kube::Client, http::header::InvalidHeaderValue> {
+        let layer = crate::fence::FencedLayer::new(user, self.fencing_token())?;
+        Ok(crate::fence::fenced_client(client, &layer))
+    }
+
     /// Whether the election was skipped because this process does not run in a cluster.
     pub fn is_skipped(&self) -> bool {
         self.skipped

@@ -60,6 +60,7 @@ pub mod discovery;
 mod elector;
 pub mod error;
 pub mod events;
+pub mod fence;
 pub mod for_life;
 pub mod leadership;
 pub mod lease;

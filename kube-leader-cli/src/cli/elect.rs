@@ -115,6 +115,8 @@ impl ElectArgs {
             successor_wait: self.successor_wait,
             shards: None,
             on_shards_change: crate::shards::OnChange::Restart,
+            fence: false,
+            fence_user: None,
             command: Vec::new(),
         }
     }

@@ -23,6 +23,8 @@ pub(super) struct Leading<'a> {
     pub(super) log_format: LogFormat,
     pub(super) status: &'a Status,
     pub(super) label: Option<&'a PodLabel>,
+    /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
+    pub(super) fence: Option<(kube::Client, String)>,
 }
 
 /// How kube-leader steps down once COMMAND is gone.
@@ -54,12 +56,30 @@ impl Leading<'_> {
     ) -> u8 {
         let lock = &self.status.lock;
         let token = leadership.fencing_token();
-        let env = [
+        let mut env = vec![
             ("KUBE_LEADER_IDENTITY", self.status.identity.clone()),
             ("KUBE_LEADER_LOCK", lock.name.clone()),
             ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
             ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
         ];
+        // `--fence`: COMMAND's API requests go through a proxy that adds this term's token; it
+        // stops when this function returns.
+        let _proxy = match &self.fence {
+            Some((client, user)) => {
+                match crate::fence::start_proxy(client.clone(), user, token, &std::env::temp_dir()).await {
+                    Ok(proxy) => {
+                        env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
+                        Some(proxy)
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot start the fencing proxy");
+                        self.step_down(leadership, StepDown::Keep).await;
+                        return exit::INTERNAL;
+                    }
+                }
+            }
+            None => None,
+        };
         let ready = standby.and_then(|mut s| (!s.process.has_exited()).then_some(s));
         let supervisor = match ready {
             Some(s) => Ok(s),
