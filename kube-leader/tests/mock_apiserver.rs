@@ -8,7 +8,10 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{LeaseConfig, LeaseElector, LossReason};
+use kube_leader::{
+    successor::{PREFERRED_HOLDER_ANNOTATION, REGISTRATION_HEARTBEAT},
+    LeaseConfig, LeaseElector, LossReason, Successor,
+};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +34,8 @@ struct State {
     reads_after_conflict: usize,
     /// Every request but watches: when, method and path.
     requests: Vec<(Instant, String)>,
+    /// The candidates' registrations (Leases other than "lock"), as last written.
+    registrations: Vec<Value>,
     /// Open watches: each gets a line per change made with [`Mock::write`].
     watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
 }
@@ -39,12 +44,15 @@ struct State {
 struct Mock(Arc<Mutex<State>>);
 
 impl Mock {
-    /// The candidate "me" for the Lease "lock" against this server, with `config`.
+    /// The candidate "me" for the Lease "lock" against this server, with `config`, and no
+    /// registration (`Successor::Any`): these tests count the lock's requests; the
+    /// registration's own are tested in `a_registered_candidate_heartbeats_and_its_release_names_the_youngest`.
     fn candidate(&self, config: LeaseConfig) -> LeaseElector {
         LeaseElector::new(self.client(), "lock")
             .namespace("ns")
             .identity("me")
             .config(config)
+            .successor(Successor::Any)
     }
 
     /// The Lease exists at revision `revision`, held by "other" for `seconds`, after
@@ -94,6 +102,39 @@ impl Mock {
                     let (tx, response) = support::watch();
                     s.watchers.push(tx);
                     return response;
+                }
+                (&Method::GET, LEASES) if query.contains("labelSelector") => {
+                    let items = s.registrations.clone();
+                    return respond(
+                        200,
+                        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                            "metadata": {"resourceVersion": "1"}, "items": items}),
+                    );
+                }
+                (&Method::POST, LEASES) if !is_lock(&body) => {
+                    let registration: Value = serde_json::from_slice(&body).unwrap();
+                    s.registrations.push(registration.clone());
+                    return respond(201, &registration);
+                }
+                (&Method::PATCH, p) if p.starts_with(&format!("{LEASES}/lock-candidate-")) => {
+                    let name = p.rsplit('/').next().unwrap_or_default().to_string();
+                    let found = s
+                        .registrations
+                        .iter()
+                        .find(|r| r["metadata"]["name"] == name.as_str())
+                        .cloned();
+                    return match found {
+                        Some(r) => respond(200, &r),
+                        None => status(404, "NotFound"),
+                    };
+                }
+                (&Method::DELETE, p) if p.starts_with(&format!("{LEASES}/lock-candidate-")) => {
+                    let name = p.rsplit('/').next().unwrap_or_default().to_string();
+                    s.registrations.retain(|r| r["metadata"]["name"] != name.as_str());
+                    return respond(
+                        200,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    );
                 }
                 (&Method::GET, LEASES) => {
                     let rv = s.revision.to_string();
@@ -152,6 +193,11 @@ impl Mock {
         let () = hang.expect("every other request was answered");
         std::future::pending().await
     }
+}
+
+/// Whether a created Lease is the lock (not a candidate's registration).
+fn is_lock(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| v["metadata"]["name"] == "lock")
 }
 
 /// 2 s / 1 s / 200 ms.
@@ -332,4 +378,74 @@ async fn a_leader_deposed_by_a_write_learns_it_from_the_watch() {
     );
     let renewals = mock.0.lock().unwrap().updated_at.len();
     assert_eq!(renewals, 1, "only the acquiring write: no renewal was due");
+}
+
+/// With `Successor::Youngest` (the default), a candidate registers once (one create), renews its
+/// registration once per heartbeat (a merge patch, nothing else), and its release names the
+/// youngest live registration other than its own; it withdraws (one delete) on shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_registered_candidate_heartbeats_and_its_release_names_the_youngest() {
+    let mock = Mock::default();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let registration = |identity: &str, since: &str| {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": format!("lock-candidate-{identity}"), "namespace": "ns"},
+            "spec": {"holderIdentity": identity, "leaseDurationSeconds": 45,
+                "acquireTime": since, "renewTime": now.to_string()}
+        })
+    };
+    mock.0.lock().unwrap().registrations = vec![
+        registration("old", "2026-01-01T00:00:00.000000Z"),
+        registration("young", "2026-01-02T00:00:00.000000Z"),
+    ];
+    let elector = mock.candidate(short_timings()).successor(Successor::Youngest);
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    let requests = |m: &Mock, what: &str| {
+        let s = m.0.lock().unwrap();
+        s.requests
+            .iter()
+            .filter(|(_, r)| r.starts_with(what) && r.contains("lock-candidate-"))
+            .count()
+    };
+    let posts = mock
+        .0
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(_, r)| r == &format!("POST {LEASES}"))
+        .count();
+    assert_eq!(posts, 2, "one create of the registration, one of the lock");
+    tokio::time::sleep(REGISTRATION_HEARTBEAT * 2 + Duration::from_millis(500)).await;
+    assert_eq!(
+        requests(&mock, "PATCH"),
+        2,
+        "one heartbeat per {REGISTRATION_HEARTBEAT:?}"
+    );
+
+    leadership.release().await.unwrap();
+    let preferred = mock.0.lock().unwrap().lease.as_ref().unwrap()["metadata"]["annotations"]
+        [PREFERRED_HOLDER_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        preferred.ends_with(" young"),
+        "the release names the youngest: {preferred:?}"
+    );
+    let lists = mock
+        .0
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(_, r)| r == &format!("GET {LEASES}"))
+        .count();
+    assert!(lists >= 2, "the lock's list and the registrations' list: {lists}");
+
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(requests(&mock, "DELETE"), 1, "withdrawn on shutdown");
 }

@@ -183,6 +183,9 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
             service_account_namespace_file: None,
         })
         .events(false)
+        // The lock's and the Pods' requests only (the registrations are tested in
+        // mock_apiserver.rs and e2e/tests/successor.rs).
+        .successor(kube_leader::Successor::Any)
 }
 
 /// A waiting candidate sends nothing while the lock is held, wakes on the watch event of its

@@ -139,6 +139,9 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
             service_account_namespace_file: None,
         })
         .events(false)
+        // The lock's and the Pods' requests only (the registrations are tested in
+        // mock_apiserver.rs and e2e/tests/successor.rs).
+        .successor(kube_leader::Successor::Any)
 }
 
 /// A follower whose watches went silent reads the lock when they stay silent too long (90 s),
