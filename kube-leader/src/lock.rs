@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
 use crate::error::{Error, Result};
 
 // The metadata kube-leader writes on its lock objects (both strategies).
@@ -113,6 +115,24 @@ pub(crate) fn is_newer(a: Option<&str>, b: Option<&str>) -> bool {
     match (parse_resource_version(a), parse_resource_version(b)) {
         (Some(a), Some(b)) => a > b,
         _ => a != b,
+    }
+}
+
+/// The owner reference to the Pod `name` (UID `uid`) that kube-leader's objects carry (a
+/// leader-for-life lock, a candidate's registration), so that they go with the Pod:
+/// `apiVersion: v1, kind: Pod, name, uid`.
+///
+/// `controller` and `blockOwnerDeletion` stay unset (as with operator-sdk): setting
+/// `blockOwnerDeletion` would need `update` on `pods/finalizers` under the
+/// OwnerReferencesPermissionEnforcement admission plugin, for nothing, since the object only has
+/// to go after the Pod.
+pub(crate) fn pod_owner_reference(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+        ..OwnerReference::default()
     }
 }
 

@@ -372,13 +372,7 @@ const RBAC_HINT: &str = "a candidate registration needs create, patch, delete an
     (Successor::Any, --successor any)";
 
 fn owner_reference(pod: &CandidatePod) -> OwnerReference {
-    OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-        ..OwnerReference::default()
-    }
+    crate::lock::pod_owner_reference(&pod.name, &pod.uid)
 }
 
 /// The youngest live registration's identity among `registrations`, other than `me`, at `now`

@@ -227,20 +227,9 @@ pub(crate) fn set_heartbeat(cm: &mut ConfigMap, advertised: Option<Duration>) {
     annotations.insert(LIVENESS_ANNOTATION.to_string(), secs.to_string());
 }
 
-/// The owner reference to `pod` that a lock carries: `apiVersion: v1, kind: Pod, name, uid`.
-///
-/// `controller` and `blockOwnerDeletion` stay unset (as with operator-sdk): setting
-/// `blockOwnerDeletion` would need `update` on `pods/finalizers` under the
-/// OwnerReferencesPermissionEnforcement admission plugin, for nothing, since the lock only has
-/// to go after the Pod.
+/// The owner reference to `pod` that a lock carries (see [`pod_owner_reference`](crate::lock::pod_owner_reference)).
 pub(crate) fn owner_reference(pod: &PodRef) -> OwnerReference {
-    OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-        ..OwnerReference::default()
-    }
+    crate::lock::pod_owner_reference(&pod.name, &pod.uid)
 }
 
 /// The lock ConfigMap that `me` creates to become leader. The fencing token is added once the
