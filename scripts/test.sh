@@ -14,6 +14,18 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 start=$(date +%s)
 
+step "disk space"
+# A clean build of the workspace's tests takes about 6 GB under target/, the control planes and
+# node images a few more; a full disk fails the run half-way with a linker's bus error.
+need_gb=${KUBE_LEADER_MIN_FREE_GB:-12}
+free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+echo "free on $(df -P . | awk 'NR==2 {print $6}'): ${free_gb} GB (need ${need_gb} GB)"
+if [ "$free_gb" -lt "$need_gb" ]; then
+  echo "not enough free disk space for the test run: ${free_gb} GB free, ${need_gb} GB needed" >&2
+  echo "(free space under $(pwd) or set KUBE_LEADER_MIN_FREE_GB)" >&2
+  exit 1
+fi
+
 step "control-plane binaries"
 KUBEBUILDER_ASSETS="$(./scripts/testenv-assets.sh)"
 export KUBEBUILDER_ASSETS
