@@ -349,6 +349,12 @@ impl Leadership {
         this
     }
 
+    /// Marks a leadership that no election produced (see [`is_skipped`](Self::is_skipped)).
+    pub(crate) fn mark_skipped(mut self) -> Self {
+        self.skipped = true;
+        self
+    }
+
     /// Why leadership ended, as it becomes known (for the observer hook).
     pub(crate) fn loss_watch(&self) -> watch::Receiver<Option<LossReason>> {
         self.reason.clone()
@@ -398,7 +404,8 @@ impl Leadership {
     /// so this holds for etcd-backed API servers and does not survive restoring etcd from a
     /// backup.
     ///
-    /// 0 when the election was skipped outside a cluster.
+    /// Absent (0, which no etcd revision is) when no election took place
+    /// ([`is_skipped`](Self::is_skipped)).
     pub fn fencing_token(&self) -> u64 {
         self.term.fencing_token
     }
@@ -435,7 +442,9 @@ impl Leadership {
         Ok(crate::fence::fenced_client(client, &layer))
     }
 
-    /// Whether the election was skipped because this process does not run in a cluster.
+    /// Whether no election took place: leader for life outside a cluster
+    /// ([`OutsideCluster::Skip`](crate::OutsideCluster::Skip)), or the election
+    /// [disabled](crate::Election::Disabled). The fencing token is then absent (0).
     pub fn is_skipped(&self) -> bool {
         self.skipped
     }

@@ -57,6 +57,7 @@
 mod api;
 mod backoff;
 pub mod discovery;
+mod election;
 mod elector;
 pub mod error;
 pub mod events;
@@ -87,6 +88,7 @@ pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
     }
 }
 
+pub use election::Election;
 pub use elector::Elector;
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};

@@ -5,6 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use super::heartbeat::Liveness;
 use crate::{
     discovery,
+    election::Election,
     error::{invalid, Result},
     successor::Successor,
 };
@@ -152,6 +153,9 @@ pub struct ForLifeConfig {
     /// release mark; the preferred one takes over at once. Crash failover (the lock deleted with
     /// its Pod, a stale lock) never waits for it. Default 2 s.
     pub successor_wait: Duration,
+    /// Whether to campaign at all. Default [`Election::Enabled`]; [`Election::Disabled`]
+    /// leads at once without a lock, in or outside a cluster (local runs; see [`Election`]).
+    pub election: Election,
 }
 
 impl Default for ForLifeConfig {
@@ -170,6 +174,7 @@ impl Default for ForLifeConfig {
             liveness_grace: Duration::ZERO,
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
+            election: Election::Enabled,
         }
     }
 }

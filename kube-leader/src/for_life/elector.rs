@@ -226,6 +226,14 @@ impl ForLife {
         self
     }
 
+    /// Whether to campaign at all (default [`Election::Enabled`](crate::Election::Enabled);
+    /// see [`Election`](crate::Election)).
+    #[must_use]
+    pub fn election(mut self, election: crate::Election) -> Self {
+        self.config.election = election;
+        self
+    }
+
     /// Sets what to do outside a cluster (see [`OutsideCluster`]).
     #[must_use]
     pub fn outside_cluster(mut self, outside_cluster: OutsideCluster) -> Self {
@@ -345,7 +353,14 @@ impl ForLife {
             .clone()
             .or_else(|| env.pod_name.clone())
             .map(|n| n.trim().to_string());
-        let Some((namespace, source)) = discover_namespace(self.config.namespace.as_deref(), &env) else {
+        let found = discover_namespace(self.config.namespace.as_deref(), &env);
+        if self.config.election == crate::Election::Disabled {
+            let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
+            let identity = discovery::resolve_identity(pod_name.as_deref()).unwrap_or_default();
+            let lock = LockRef::new(namespace, self.name.clone())?;
+            return Ok(crate::election::unelected(Strategy::ForLife, lock, identity, shutdown));
+        }
+        let Some((namespace, source)) = found else {
             return self.skip_or_fail(&env, pod_name);
         };
         let pod_name = pod_name.filter(|n| !n.is_empty()).ok_or(Error::NoPodName)?;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::{
+    election::Election,
     error::{invalid, Result},
     successor::Successor,
 };
@@ -92,6 +93,10 @@ pub struct LeaseConfig {
     /// within milliseconds. Crash failover never waits for it (nobody stepped down). Default
     /// 2 s.
     pub successor_wait: Duration,
+    /// Whether to campaign at all. Default [`Election::Enabled`]; [`Election::Disabled`]
+    /// leads at once without a lock (local runs; see [`Election`]). The timings are still
+    /// validated.
+    pub election: Election,
 }
 
 impl Default for LeaseConfig {
@@ -106,6 +111,7 @@ impl Default for LeaseConfig {
             api_timeout: None,
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
+            election: Election::Enabled,
         }
     }
 }

@@ -14,8 +14,9 @@ use super::{
 use crate::{
     api::Op,
     discovery,
+    election::{self, Election},
     error::{Error, Result},
-    leadership::{LeaderInfo, Leadership, Term},
+    leadership::{LeaderInfo, Leadership, Strategy, Term},
     lock::LockRef,
     observer::{Hooks, Observer},
     successor::{CandidatePod, Registration, Registry, Successor},
@@ -378,6 +379,13 @@ impl LeaseElector {
         self
     }
 
+    /// Whether to campaign at all (default [`Election::Enabled`]; see [`Election`]).
+    #[must_use]
+    pub fn election(mut self, election: Election) -> Self {
+        self.config.election = election;
+        self
+    }
+
     /// The timings and options in force.
     pub fn settings(&self) -> &LeaseConfig {
         &self.config
@@ -444,6 +452,9 @@ impl LeaseElector {
         self.config.validate()?;
         let lock = self.lock()?;
         let identity = self.resolved_identity()?;
+        if self.config.election == Election::Disabled {
+            return Ok(election::unelected(Strategy::Lease, lock, identity, shutdown));
+        }
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
         let registry = (self.config.successor == Successor::Youngest)
             .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.api_timeout()));

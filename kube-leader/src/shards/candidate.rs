@@ -11,17 +11,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info_span, Instrument};
 
 use super::{
-    assignments::{Assignments, ShardSet},
+    assignments::{Assignments, Shard, ShardSet},
     balance,
     config::{ShardsConfig, MAX_SHARDS},
     engine::Engine,
 };
 use crate::{
     discovery,
+    election::{self, Election},
     error::{invalid, Error, Result},
-    leadership::Term,
+    leadership::{Strategy, Term},
     lease::LeaseConfig,
-    lock,
+    lock::{self, LockRef},
 };
 
 /// The label every Lease of a set carries, with the set's name: the one list/watch selects it.
@@ -173,6 +174,15 @@ impl Shards {
         self
     }
 
+    /// Whether to campaign at all (default [`Election::Enabled`]): with
+    /// [`Election::Disabled`] this replica gets every shard at once, each without a fencing
+    /// token, until shutdown (local runs; see [`Election`]).
+    #[must_use]
+    pub fn election(mut self, election: Election) -> Self {
+        self.config.lease.election = election;
+        self
+    }
+
     /// Sets the most API calls in flight (see [`ShardsConfig::max_in_flight`]).
     #[must_use]
     pub fn max_in_flight(mut self, n: usize) -> Self {
@@ -261,11 +271,43 @@ impl Shards {
         let identity = self.resolved_identity()?;
         let namespace = self.resolved_namespace();
         let (out, rx) = mpsc::unbounded_channel();
+        if self.config.lease.election == Election::Disabled {
+            return Ok(self.start_unelected(shutdown, &namespace, identity));
+        }
         let (held_tx, held) = watch::channel(ShardSet::default());
         let span = info_span!("shards", set = %self.name, identity = %identity, shards = self.count);
         let engine = Engine::new(self, namespace, identity, out, held_tx);
         let task = tokio::spawn(engine.run(shutdown.clone()).instrument(span));
         Ok(Assignments::new(rx, held, task))
+    }
+
+    /// Every shard at once, for a candidate whose election is disabled: held until shutdown.
+    fn start_unelected(&self, shutdown: &CancellationToken, namespace: &str, identity: String) -> Assignments {
+        let (out, rx) = mpsc::unbounded_channel();
+        let mut set = ShardSet {
+            members: 1,
+            quota: self.count,
+            ..ShardSet::default()
+        };
+        for index in 0..self.count {
+            let lock = LockRef {
+                namespace: namespace.to_string(),
+                name: self.lease_name(index),
+            };
+            let leadership = election::unelected(Strategy::Lease, lock, identity.clone(), shutdown);
+            set.held.insert(index, 0);
+            // The receiver is ours, in the Assignments returned below.
+            let _ = out.send(Shard::new(index, leadership));
+        }
+        let (held_tx, held) = watch::channel(set);
+        let shutdown = shutdown.clone();
+        let task = tokio::spawn(async move {
+            shutdown.cancelled().await;
+            held_tx.send_replace(ShardSet::default());
+            drop(out);
+            Ok(())
+        });
+        Assignments::new(rx, held, task)
     }
 
     /// Campaigns until `shutdown`, running `work(index, term, lost)` for every shard while it
