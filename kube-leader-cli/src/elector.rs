@@ -2,7 +2,7 @@
 
 use kube::Client;
 use kube_leader::{
-    CandidatePod, DeadLeaderPod, Elector, ForLife, LeaseElector, LockRef, OutsideCluster, Strategy, Successor,
+    options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, LockRef, OutsideCluster, Strategy, Successor,
 };
 
 use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RunArgs, StrategyArg, SuccessorArg};
@@ -26,7 +26,8 @@ impl From<DeadLeaderPodArg> for DeadLeaderPod {
     }
 }
 
-/// The candidate `run` campaigns as.
+/// The candidate `run` campaigns as: the library's mapping of the settings both strategies
+/// share ([`ElectorOptions`], which validates them), then the options of one strategy.
 ///
 /// Leader for life gets the namespace only when it was given with `--namespace`: without it
 /// the library looks at `POD_NAMESPACE` and the service-account file, and finding neither is how
@@ -40,43 +41,35 @@ pub(crate) fn elector(
     lock: &LockRef,
     identity: &str,
     pod: Option<CandidatePod>,
-) -> Elector {
-    let successor = match args.successor {
+) -> anyhow::Result<Elector> {
+    let mut options = ElectorOptions::new(args.lock.strategy.into(), lock.name.clone());
+    options.namespace = match args.lock.strategy {
+        StrategyArg::ForLife => args.lock.namespace.clone(),
+        StrategyArg::Lease => Some(lock.namespace.clone()),
+    };
+    options.identity = Some(identity.to_string());
+    options.timings = (args.lease_duration, args.renew_deadline, args.retry_period);
+    options.successor = match args.successor {
         SuccessorArg::Youngest => Successor::Youngest,
         SuccessorArg::Any => Successor::Any,
     };
-    match args.lock.strategy {
-        StrategyArg::ForLife => {
-            let mut e = ForLife::new(client, lock.name.clone())
-                .pod_name(identity)
-                .outside_cluster(match args.on_outside_cluster {
-                    OutsideClusterArg::Skip => OutsideCluster::Skip,
-                    OutsideClusterArg::Fail => OutsideCluster::Fail,
-                })
-                .not_ready_takeover(args.not_ready_takeover)
-                // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
-                .liveness(args.liveness())
-                .liveness_grace(args.grace())
-                .dead_leader_pod(args.dead_leader_pod.map_or(DeadLeaderPod::default(), Into::into))
-                .successor(successor)
-                .successor_wait(args.successor_wait);
-            if let Some(ns) = &args.lock.namespace {
-                e = e.namespace(ns.clone());
-            }
-            e.into()
-        }
-        StrategyArg::Lease => {
-            let mut config = args.lease_config();
-            config.successor = successor;
-            config.successor_wait = args.successor_wait;
-            let mut e = LeaseElector::new(client, lock.name.clone())
-                .namespace(lock.namespace.clone())
-                .identity(identity)
-                .config(config);
-            if let Some(pod) = pod {
-                e = e.candidate_pod(pod);
-            }
-            e.into()
-        }
-    }
+    options.successor_wait = args.successor_wait;
+    Ok(match options.elector(client)? {
+        Elector::ForLife(e) => e
+            .outside_cluster(match args.on_outside_cluster {
+                OutsideClusterArg::Skip => OutsideCluster::Skip,
+                OutsideClusterArg::Fail => OutsideCluster::Fail,
+            })
+            .not_ready_takeover(args.not_ready_takeover)
+            // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
+            .liveness(args.liveness())
+            .liveness_grace(args.grace())
+            .dead_leader_pod(args.dead_leader_pod.map_or(DeadLeaderPod::default(), Into::into))
+            .into(),
+        Elector::Lease(e) => match pod {
+            Some(pod) => e.candidate_pod(pod).into(),
+            None => e.into(),
+        },
+        other => other,
+    })
 }

@@ -55,6 +55,9 @@
 //! ```
 
 mod api;
+#[cfg(feature = "clap")]
+#[cfg_attr(docsrs, doc(cfg(feature = "clap")))]
+pub mod args;
 mod backoff;
 pub mod discovery;
 mod election;
@@ -68,6 +71,7 @@ pub mod lease;
 pub mod lock;
 mod object_watch;
 pub mod observer;
+pub mod options;
 pub mod shards;
 pub mod successor;
 mod time;

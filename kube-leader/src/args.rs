@@ -1,0 +1,233 @@
+//! Command-line arguments for an operator's own parser (the `clap` feature):
+//! [`LeaderElectionArgs`], with the flag names of Kubernetes' own components
+//! (component-base's `--leader-elect*`).
+
+use std::time::Duration;
+
+use kube::Client;
+
+use crate::{
+    election::Election,
+    elector::Elector,
+    error::Result,
+    leadership::Strategy,
+    options::ElectorOptions,
+    shards::Shards,
+};
+
+/// The lock kinds of `--leader-elect-resource-lock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum ResourceLock {
+    /// A `coordination.k8s.io/v1` Lease (client-go's `leases`): [`Strategy::Lease`].
+    Leases,
+    /// Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk's `leader.Become`):
+    /// [`Strategy::ForLife`].
+    ForLife,
+}
+
+/// Leader-election flags to flatten into an operator's `clap` parser, named as Kubernetes
+/// components name theirs, each with an environment variable; durations in humantime
+/// (`15s`, `1m30s`).
+///
+/// ```
+/// use clap::Parser;
+/// use kube_leader::args::LeaderElectionArgs;
+///
+/// /// My operator.
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     leader_election: LeaderElectionArgs,
+/// }
+///
+/// let cli = Cli::parse_from(["my-operator", "--leader-elect-lease-duration", "30s", "--leader-elect=false"]);
+/// assert_eq!(cli.leader_election.lease_duration, std::time::Duration::from_secs(30));
+/// assert!(!cli.leader_election.leader_elect);
+/// // let elector = cli.leader_election.elector(client, "my-operator")?;
+/// ```
+///
+/// | flag | environment | default |
+/// |---|---|---|
+/// | `--leader-elect[=BOOL]` | `LEADER_ELECT` | `true` |
+/// | `--leader-elect-lease-duration` | `LEADER_ELECT_LEASE_DURATION` | `15s` |
+/// | `--leader-elect-renew-deadline` | `LEADER_ELECT_RENEW_DEADLINE` | `10s` |
+/// | `--leader-elect-retry-period` | `LEADER_ELECT_RETRY_PERIOD` | `2s` |
+/// | `--leader-elect-resource-lock` | `LEADER_ELECT_RESOURCE_LOCK` | `leases` |
+/// | `--leader-elect-resource-name` | `LEADER_ELECT_RESOURCE_NAME` | the program's choice |
+/// | `--leader-elect-resource-namespace` | `LEADER_ELECT_RESOURCE_NAMESPACE` | the Pod's |
+/// | `--leader-elect-identity` | `LEADER_ELECT_IDENTITY` | `POD_NAME`, else the host name |
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[non_exhaustive]
+pub struct LeaderElectionArgs {
+    /// Campaign for the lock before running (false: lead at once, without a lock; for local
+    /// runs of a single replica)
+    #[arg(long = "leader-elect", env = "LEADER_ELECT", value_name = "BOOL",
+        default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+        action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// How long a lease is valid after its last observed renewal; followers wait this long
+    /// before taking over a silent leader
+    #[arg(long = "leader-elect-lease-duration", env = "LEADER_ELECT_LEASE_DURATION",
+        value_name = "DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader tries to renew before it stops leading
+    #[arg(long = "leader-elect-renew-deadline", env = "LEADER_ELECT_RENEW_DEADLINE",
+        value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often the leader renews, and candidates retry after an error
+    #[arg(long = "leader-elect-retry-period", env = "LEADER_ELECT_RETRY_PERIOD",
+        value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub retry_period: Duration,
+    /// The kind of lock
+    #[arg(long = "leader-elect-resource-lock", env = "LEADER_ELECT_RESOURCE_LOCK",
+        value_name = "KIND", value_enum, default_value_t = ResourceLock::Leases)]
+    pub resource_lock: ResourceLock,
+    /// The lock's name [default: the program's]
+    #[arg(long = "leader-elect-resource-name", env = "LEADER_ELECT_RESOURCE_NAME", value_name = "NAME")]
+    pub resource_name: Option<String>,
+    /// The lock's namespace [default: POD_NAMESPACE, the service-account namespace, the
+    /// kubeconfig context's]
+    #[arg(long = "leader-elect-resource-namespace", env = "LEADER_ELECT_RESOURCE_NAMESPACE", value_name = "NS")]
+    pub resource_namespace: Option<String>,
+    /// This candidate's identity, unique among candidates [default: POD_NAME, else the host
+    /// name]
+    #[arg(long = "leader-elect-identity", env = "LEADER_ELECT_IDENTITY", value_name = "ID")]
+    pub identity: Option<String>,
+}
+
+impl Default for LeaderElectionArgs {
+    fn default() -> Self {
+        use clap::Parser as _;
+        /// The defaults are the parser's, written once.
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: LeaderElectionArgs,
+        }
+        Only::parse_from(["leader-election"]).args
+    }
+}
+
+// === impl LeaderElectionArgs ===
+
+impl LeaderElectionArgs {
+    /// The strategy `--leader-elect-resource-lock` names.
+    pub fn strategy(&self) -> Strategy {
+        match self.resource_lock {
+            ResourceLock::Leases => Strategy::Lease,
+            ResourceLock::ForLife => Strategy::ForLife,
+        }
+    }
+
+    /// Whether to campaign (`--leader-elect`).
+    pub fn election(&self) -> Election {
+        Election::from_enabled(self.leader_elect)
+    }
+
+    /// The settings, for a lock named `default_name` unless `--leader-elect-resource-name`
+    /// names another.
+    pub fn options(&self, default_name: &str) -> ElectorOptions {
+        let mut o = ElectorOptions::new(
+            self.strategy(),
+            self.resource_name.as_deref().unwrap_or(default_name),
+        );
+        o.namespace.clone_from(&self.resource_namespace);
+        o.identity.clone_from(&self.identity);
+        o.election = self.election();
+        o.timings = (self.lease_duration, self.renew_deadline, self.retry_period);
+        o
+    }
+
+    /// The candidate these flags describe (see [`ElectorOptions::elector`]).
+    ///
+    /// # Errors
+    /// A setting that is not valid, named (for example a renew deadline not below the lease
+    /// duration).
+    pub fn elector(&self, client: Client, default_name: &str) -> Result<Elector> {
+        self.options(default_name).elector(client)
+    }
+
+    /// A [shard set](Shards) of `count` Leases named after the lock (`<name>-0` ..), with these
+    /// timings, namespace, identity and `--leader-elect`.
+    ///
+    /// # Errors
+    /// As [`elector`](Self::elector); leader for life has no shards.
+    pub fn shards(&self, client: Client, default_name: &str, count: u32) -> Result<Shards> {
+        let options = self.options(default_name);
+        if options.strategy != Strategy::Lease {
+            return Err(crate::error::invalid(
+                "resource_lock",
+                "shards are Leases: --leader-elect-resource-lock must be leases",
+            ));
+        }
+        options.validate()?;
+        let mut shards = Shards::new(client, options.lock.clone(), count).lease_config(options.lease_config());
+        if let Some(ns) = &options.namespace {
+            shards = shards.namespace(ns.clone());
+        }
+        if let Some(id) = &options.identity {
+            shards = shards.identity(id.clone());
+        }
+        Ok(shards)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        le: LeaderElectionArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LeaderElectionArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("op").chain(args.iter().copied())).map(|c| c.le)
+    }
+
+    #[test]
+    fn the_defaults_are_kubernetes_components() {
+        let a = LeaderElectionArgs::default();
+        assert!(a.leader_elect);
+        let o = a.options("my-operator");
+        assert_eq!(o, ElectorOptions::new(Strategy::Lease, "my-operator"));
+    }
+
+    #[test]
+    fn every_flag_maps_to_its_setting() {
+        let a = parse(&[
+            "--leader-elect=false",
+            "--leader-elect-lease-duration=1m",
+            "--leader-elect-renew-deadline=40s",
+            "--leader-elect-retry-period=5s",
+            "--leader-elect-resource-lock=for-life",
+            "--leader-elect-resource-name=lock",
+            "--leader-elect-resource-namespace=ops",
+            "--leader-elect-identity=me",
+        ])
+        .unwrap();
+        let o = a.options("ignored");
+        assert_eq!(o.strategy, Strategy::ForLife);
+        assert_eq!((o.lock.as_str(), o.namespace.as_deref(), o.identity.as_deref()), ("lock", Some("ops"), Some("me")));
+        assert_eq!(o.election, Election::Disabled);
+        let secs = Duration::from_secs;
+        assert_eq!(o.timings, (secs(60), secs(40), secs(5)));
+        // A bare `--leader-elect` is `true`.
+        assert!(parse(&["--leader-elect"]).unwrap().leader_elect);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_named() {
+        let e = parse(&["--leader-elect-lease-duration=soon"]).unwrap_err().to_string();
+        assert!(e.contains("--leader-elect-lease-duration"), "{e}");
+        let e = parse(&["--leader-elect-resource-lock=endpoints"]).unwrap_err().to_string();
+        assert!(e.contains("leases") && e.contains("for-life"), "{e}");
+        let a = parse(&["--leader-elect-renew-deadline=20s"]).unwrap();
+        let e = a.options("op").validate().unwrap_err().to_string();
+        assert!(e.contains("renew"), "{e}");
+    }
+}
