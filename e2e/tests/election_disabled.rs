@@ -22,7 +22,10 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let shutdown = CancellationToken::new();
 
     let elector = short_lease_elector(&client, ns.name(), "lock", "me").election(Election::Disabled);
-    let lease = tokio::time::timeout(SOON, elector.become_leader(&shutdown)).await.unwrap().unwrap();
+    let lease = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(lease.is_skipped() && lease.is_leader());
     assert_eq!(lease.fencing_token(), 0);
     assert_eq!(lease.lock().namespace, ns.name());
@@ -37,7 +40,10 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let elector = ForLife::new(client.clone(), "lock")
         .environment(env)
         .election(Election::Disabled);
-    let for_life = tokio::time::timeout(SOON, elector.become_leader(&shutdown)).await.unwrap().unwrap();
+    let for_life = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(for_life.is_skipped() && for_life.is_leader());
     assert_eq!(for_life.identity(), "no-such-pod");
 
@@ -57,17 +63,32 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     assert_eq!(shards.held().borrow().held.len(), 3);
 
     shutdown.cancel();
-    assert_eq!(tokio::time::timeout(SOON, lease.lost()).await.unwrap(), LossReason::Cancelled);
-    assert_eq!(tokio::time::timeout(SOON, for_life.lost()).await.unwrap(), LossReason::Cancelled);
+    assert_eq!(
+        tokio::time::timeout(SOON, lease.lost()).await.unwrap(),
+        LossReason::Cancelled
+    );
+    assert_eq!(
+        tokio::time::timeout(SOON, for_life.lost()).await.unwrap(),
+        LossReason::Cancelled
+    );
     for shard in &got {
-        tokio::time::timeout(SOON, shard.lost_token().cancelled()).await.unwrap();
+        tokio::time::timeout(SOON, shard.lost_token().cancelled())
+            .await
+            .unwrap();
     }
     assert!(tokio::time::timeout(SOON, shards.next()).await.unwrap().is_none());
     drop(got);
-    tokio::time::timeout(SOON, shards.finish()).await.unwrap().unwrap();
+    tokio::time::timeout(SOON, shards.finish())
+        .await
+        .unwrap()
+        .unwrap();
     lease.release().await.unwrap();
     for_life.release().await.unwrap();
-    assert_eq!(cp.request_count(&user).unwrap(), 0, "a disabled election sent requests");
+    assert_eq!(
+        cp.request_count(&user).unwrap(),
+        0,
+        "a disabled election sent requests"
+    );
 }
 
 /// Disabled is not a way around validation: bad timings are still refused, before anything.

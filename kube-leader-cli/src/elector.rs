@@ -2,7 +2,8 @@
 
 use kube::Client;
 use kube_leader::{
-    options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, LockRef, OutsideCluster, Strategy, Successor,
+    options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, LockRef, OutsideCluster, Strategy,
+    Successor,
 };
 
 use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RunArgs, StrategyArg, SuccessorArg};

@@ -59,8 +59,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         signals.stop_when_pod_ends(ending);
         candidate_pod = Some(pod);
     }
-    let elector =
-        crate::elector::elector(client.clone(), &args, &lock, &identity, candidate_pod).or_exit(exit::USAGE)?;
+    let elector = crate::elector::elector(client.clone(), &args, &lock, &identity, candidate_pod)
+        .or_exit(exit::USAGE)?;
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
     let fence = crate::fence::proxy_user(&args)?.map(|user| (client.clone(), user));

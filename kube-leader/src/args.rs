@@ -7,11 +7,7 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::{
-    election::Election,
-    elector::Elector,
-    error::Result,
-    leadership::Strategy,
-    options::ElectorOptions,
+    election::Election, elector::Elector, error::Result, leadership::Strategy, options::ElectorOptions,
     shards::Shards,
 };
 
@@ -84,15 +80,27 @@ pub struct LeaderElectionArgs {
         value_name = "KIND", value_enum, default_value_t = ResourceLock::Leases)]
     pub resource_lock: ResourceLock,
     /// The lock's name [default: the program's]
-    #[arg(long = "leader-elect-resource-name", env = "LEADER_ELECT_RESOURCE_NAME", value_name = "NAME")]
+    #[arg(
+        long = "leader-elect-resource-name",
+        env = "LEADER_ELECT_RESOURCE_NAME",
+        value_name = "NAME"
+    )]
     pub resource_name: Option<String>,
     /// The lock's namespace [default: POD_NAMESPACE, the service-account namespace, the
     /// kubeconfig context's]
-    #[arg(long = "leader-elect-resource-namespace", env = "LEADER_ELECT_RESOURCE_NAMESPACE", value_name = "NS")]
+    #[arg(
+        long = "leader-elect-resource-namespace",
+        env = "LEADER_ELECT_RESOURCE_NAMESPACE",
+        value_name = "NS"
+    )]
     pub resource_namespace: Option<String>,
     /// This candidate's identity, unique among candidates [default: POD_NAME, else the host
     /// name]
-    #[arg(long = "leader-elect-identity", env = "LEADER_ELECT_IDENTITY", value_name = "ID")]
+    #[arg(
+        long = "leader-elect-identity",
+        env = "LEADER_ELECT_IDENTITY",
+        value_name = "ID"
+    )]
     pub identity: Option<String>,
 }
 
@@ -162,7 +170,8 @@ impl LeaderElectionArgs {
             ));
         }
         options.validate()?;
-        let mut shards = Shards::new(client, options.lock.clone(), count).lease_config(options.lease_config());
+        let mut shards =
+            Shards::new(client, options.lock.clone(), count).lease_config(options.lease_config());
         if let Some(ns) = &options.namespace {
             shards = shards.namespace(ns.clone());
         }
@@ -212,7 +221,10 @@ mod tests {
         .unwrap();
         let o = a.options("ignored");
         assert_eq!(o.strategy, Strategy::ForLife);
-        assert_eq!((o.lock.as_str(), o.namespace.as_deref(), o.identity.as_deref()), ("lock", Some("ops"), Some("me")));
+        assert_eq!(
+            (o.lock.as_str(), o.namespace.as_deref(), o.identity.as_deref()),
+            ("lock", Some("ops"), Some("me"))
+        );
         assert_eq!(o.election, Election::Disabled);
         let secs = Duration::from_secs;
         assert_eq!(o.timings, (secs(60), secs(40), secs(5)));
@@ -222,9 +234,13 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_the_flag_named() {
-        let e = parse(&["--leader-elect-lease-duration=soon"]).unwrap_err().to_string();
+        let e = parse(&["--leader-elect-lease-duration=soon"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--leader-elect-lease-duration"), "{e}");
-        let e = parse(&["--leader-elect-resource-lock=endpoints"]).unwrap_err().to_string();
+        let e = parse(&["--leader-elect-resource-lock=endpoints"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("leases") && e.contains("for-life"), "{e}");
         let a = parse(&["--leader-elect-renew-deadline=20s"]).unwrap();
         let e = a.options("op").validate().unwrap_err().to_string();

@@ -282,7 +282,12 @@ impl Shards {
     }
 
     /// Every shard at once, for a candidate whose election is disabled: held until shutdown.
-    fn start_unelected(&self, shutdown: &CancellationToken, namespace: &str, identity: String) -> Assignments {
+    fn start_unelected(
+        &self,
+        shutdown: &CancellationToken,
+        namespace: &str,
+        identity: String,
+    ) -> Assignments {
         let (out, rx) = mpsc::unbounded_channel();
         let mut set = ShardSet {
             members: 1,
