@@ -3,11 +3,19 @@
 //! Only the leader reconciles: the controller starts once `become_leader` returns, and shuts
 //! down gracefully the moment leadership is lost or a shutdown signal arrives.
 //!
-//! Run it in a Pod with the ServiceAccount and Role of `deploy/for-life/rbac-for-life.yaml` (plus
-//! `get, list, watch` on ConfigMaps, which this controller reconciles: the Role has them) and
-//! `POD_NAME`/`POD_NAMESPACE` from the Downward API. Outside a cluster the election is skipped,
-//! as operator-sdk's `leader.Become` does, and the controller runs in the kubeconfig's default
-//! namespace.
+//! Run it in a Pod with `POD_NAME`/`POD_NAMESPACE` from the Downward API and a ServiceAccount
+//! bound to the Role of `deploy/for-life/rbac-for-life.yaml` (which grants the lock ConfigMap
+//! alone, by name) **plus** a rule for the ConfigMaps this controller reconciles, which that
+//! Role does not grant:
+//!
+//! ```yaml
+//!   - apiGroups: [""]
+//!     resources: ["configmaps"]
+//!     verbs: ["get", "list", "watch"]
+//! ```
+//!
+//! Outside a cluster the election is skipped, as operator-sdk's `leader.Become` does, and the
+//! controller runs in the kubeconfig's default namespace.
 //!
 //! ```text
 //! cargo run -p kube-leader-examples --example controller_for_life
