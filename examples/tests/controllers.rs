@@ -3,12 +3,11 @@
 //! it leads and hands over on SIGTERM; the shards controller's replicas reconcile exactly the
 //! objects of the shards they hold, and the survivor takes them all.
 
-use std::{
-    collections::BTreeMap,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::{Replica, SOON};
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{
@@ -17,7 +16,6 @@ use kube::{
 };
 use kube_leader_testenv::ControlPlane;
 
-const SOON: Duration = Duration::from_secs(60);
 const STAMP: &str = "example.kube-leader.io/reconciled-by";
 /// The tests' short timings, as Kubernetes components' flags.
 const TIMINGS: [&str; 3] = [
@@ -26,65 +24,13 @@ const TIMINGS: [&str; 3] = [
     "--leader-elect-retry-period=200ms",
 ];
 
-/// An example's binary, built beside this test by `cargo test --workspace --all-targets`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p kube-leader-examples --examples`",
-        bin.display()
-    );
-    bin
-}
-
-/// A running example; killed if the test fails before it stopped it.
-struct Replica(Child);
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Replica {
-    fn start(cp: &ControlPlane, name: &str, ns: &str, identity: &str, extra: &[&str]) -> Self {
-        let log = std::fs::File::create(cp.dir().join(format!("{name}-{ns}-{identity}.log"))).unwrap();
-        let child = Command::new(example(name))
-            .args(["--watch-namespace", ns, "--leader-elect-resource-namespace", ns])
-            .args(["--leader-elect-identity", identity])
-            .args(TIMINGS)
-            .args(extra)
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        Self(child)
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    async fn terminate(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                assert!(status.success(), "the example exited with {status} after SIGTERM");
-                return;
-            }
-            assert!(start.elapsed() < SOON, "the example did not exit after SIGTERM");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+/// A replica of controller example `name` in namespace `ns` as `identity`.
+fn replica(cp: &ControlPlane, name: &str, ns: &str, identity: &str, extra: &[&str]) -> Replica {
+    let mut args = vec!["--watch-namespace", ns, "--leader-elect-resource-namespace", ns];
+    args.extend(["--leader-elect-identity", identity]);
+    args.extend(TIMINGS);
+    args.extend(extra);
+    Replica::start(cp, name, &format!("{ns}-{identity}"), &args, &[])
 }
 
 async fn create_configmaps(client: &Client, ns: &str, manager: &str, names: &[String]) {
@@ -159,9 +105,9 @@ async fn the_lease_controller_reconciles_only_while_leading_and_hands_over_on_si
     let manager = "lease-controller-example";
     create_configmaps(&client, ns.name(), manager, &["one".into()]).await;
 
-    let a = Replica::start(cp, "lease_controller", ns.name(), "a", &[]);
+    let a = replica(cp, "lease_controller", ns.name(), "a", &[]);
     wait_stamps(&client, ns.name(), "a's reconcile", |s| all_by(s, "a")).await;
-    let b = Replica::start(cp, "lease_controller", ns.name(), "b", &[]);
+    let b = replica(cp, "lease_controller", ns.name(), "b", &[]);
     // b follows: a new object is reconciled by a alone.
     tokio::time::sleep(Duration::from_secs(2)).await;
     create_configmaps(&client, ns.name(), manager, &["two".into()]).await;
@@ -205,12 +151,12 @@ async fn the_shards_controller_reconciles_the_objects_of_its_shards() {
     create_configmaps(&client, ns.name(), manager, &names).await;
     let leases = Api::<Lease>::namespaced(client.clone(), ns.name());
 
-    let a = Replica::start(cp, "shards_controller", ns.name(), "a", &["--shards", "4"]);
+    let a = replica(cp, "shards_controller", ns.name(), "a", &["--shards", "4"]);
     wait_stamps(&client, ns.name(), "a reconciling every object", |s| {
         all_by(s, "a")
     })
     .await;
-    let b = Replica::start(cp, "shards_controller", ns.name(), "b", &["--shards", "4"]);
+    let b = replica(cp, "shards_controller", ns.name(), "b", &["--shards", "4"]);
     // Both replicas hold shards, and every object is stamped by its shard's holder, as the
     // shard's Lease names it, with that term's fencing token.
     let start = std::time::Instant::now();
