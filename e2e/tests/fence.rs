@@ -49,14 +49,49 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A TCP balancer on a free port of 127.0.0.1 in front of `backends`, as a Service in front of
+/// the webhook's Pods: each connection goes to the next backend in turn, skipping one that
+/// refuses it (a Pod whose endpoint is gone). It runs on a thread of its own until the test
+/// process ends.
+fn balance(backends: &[u16]) -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let backends = backends.to_vec();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            listener.set_nonblocking(true).unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let mut next = 0usize;
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { continue };
+                next += 1;
+                let order: Vec<u16> = (0..backends.len()).map(|i| backends[(next + i) % backends.len()]).collect();
+                tokio::spawn(async move {
+                    for port in order {
+                        if let Ok(mut out) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    port
+}
+
 /// A test's fence: its namespace, its webhook server and configurations, its writer.
 struct Fence {
     cp: &'static ControlPlane,
     /// Its name, and the name of its webhook configurations.
     name: String,
     dir: PathBuf,
-    port: u16,
-    server: Option<Child>,
+    /// The webhook servers' ports (`fence serve` replicas), and the one the webhook
+    /// configurations name: the first server's, or a balancer's in front of them all.
+    ports: Vec<u16>,
+    url_port: u16,
+    servers: Vec<Option<Child>>,
     /// `serve --audit-only`.
     audit_only: bool,
     /// The fenced writer (a restricted user).
@@ -74,7 +109,7 @@ impl Fence {
 
     /// With `serve --audit-only`, and the rules `rules(namespace, writer)`.
     async fn start_with(audit_only: bool, rules: fn(&str, &str) -> String) -> Self {
-        Self::start_on(ControlPlane::shared(), audit_only, rules, false).await
+        Self::start_on(ControlPlane::shared(), audit_only, rules, false, 1).await
     }
 
     /// On `cp`; `with_mutating`: the MutatingWebhookConfiguration too.
@@ -83,6 +118,7 @@ impl Fence {
         audit_only: bool,
         rules: fn(&str, &str) -> String,
         with_mutating: bool,
+        replicas: usize,
     ) -> Self {
         let namespace = cp.namespace().await;
         let ns = namespace.name().to_owned();
@@ -104,21 +140,29 @@ impl Fence {
         std::fs::write(dir.join("rules.yaml"), rules(&ns, &writer)).unwrap();
         run_ok(&["fence", "certs", "--out", path(&dir), "--san", "127.0.0.1"]);
         grant_writer(&admin, &ns, &writer).await;
-        let port = free_port();
+        let ports: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        // One replica: the URL is its own. More: a balancer in front, as a Service would be.
+        let url_port = match replicas {
+            1 => ports[0],
+            _ => balance(&ports),
+        };
         let mut fence = Fence {
             cp,
             name,
             dir,
-            port,
-            server: None,
+            ports,
+            url_port,
+            servers: (0..replicas).map(|_| None).collect(),
             audit_only,
             writer,
             admin,
             namespace,
         };
-        fence.serve();
+        for i in 0..replicas {
+            fence.serve_replica(i);
+        }
         let kubeconfig = path(cp.kubeconfig_path()).to_owned();
-        let url = format!("https://127.0.0.1:{port}");
+        let url = format!("https://127.0.0.1:{}", fence.url_port);
         let rules_file = fence.dir.join("rules.yaml");
         let ca_file = fence.dir.join("ca.crt");
         let mut args = vec![
@@ -152,9 +196,15 @@ impl Fence {
         self.namespace.name()
     }
 
-    /// Starts `kube-leader fence serve` and waits until it listens.
+    /// Starts `kube-leader fence serve` (the first replica) and waits until it listens.
     fn serve(&mut self) {
-        let log = std::fs::File::create(self.dir.join("serve.log")).unwrap();
+        self.serve_replica(0);
+    }
+
+    /// Starts replica `i` of `kube-leader fence serve` and waits until it listens.
+    fn serve_replica(&mut self, i: usize) {
+        let port = self.ports[i];
+        let log = std::fs::File::create(self.dir.join(format!("serve-{i}.log"))).unwrap();
         let child = Command::new(kube_leader_bin())
             .args([
                 "fence",
@@ -164,7 +214,7 @@ impl Fence {
                 "--tls-dir",
                 path(&self.dir),
                 "--listen",
-                &format!("127.0.0.1:{}", self.port),
+                &format!("127.0.0.1:{port}"),
                 "--kubeconfig",
                 path(self.cp.kubeconfig_path()),
             ])
@@ -175,28 +225,42 @@ impl Fence {
             .stderr(log)
             .spawn()
             .unwrap();
-        self.server = Some(child);
+        self.servers[i] = Some(child);
         let deadline = Instant::now() + SOON;
-        while TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_err() {
+        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "kube-leader fence serve did not listen on 127.0.0.1:{}; its log: {}",
-                self.port,
+                port,
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
+    /// Stops every replica.
     fn stop_server(&mut self) {
-        if let Some(mut c) = self.server.take() {
+        for i in 0..self.servers.len() {
+            self.stop_replica(i);
+        }
+    }
+
+    /// Stops replica `i` (SIGKILL: a crashed webhook Pod).
+    fn stop_replica(&mut self, i: usize) {
+        if let Some(mut c) = self.servers[i].take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
+    /// Replica `i`'s log.
+    fn replica_log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("serve-{i}.log"))).unwrap_or_default()
+    }
+
+    /// Every replica's log.
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+        (0..self.servers.len()).map(|i| self.replica_log(i)).collect()
     }
 
     /// The writer's own client (no token).
@@ -488,6 +552,73 @@ async fn a_leaders_writes_are_stamped_and_a_deposed_leaders_update_patch_and_del
         .await
         .unwrap();
     drop(b);
+}
+
+/// Two replicas of the webhook on their own ports behind one address (a balancer, as a
+/// Service): the API server keeps one connection to one replica; when that replica crashes it
+/// reaches the other, which decides alike (each reads the lock itself, they share no state): a
+/// deposed leader is refused and the leader passes whichever replica answers. Both down:
+/// fenced writes are refused (fail closed).
+#[tokio::test]
+async fn two_webhook_replicas_fence_alike_and_one_down_changes_nothing() {
+    let mut f = Fence::start_on(ControlPlane::shared(), false, rules, false, 2).await;
+    wait_in_force(&f).await;
+    let ns = f.ns().to_owned();
+    let a = f.lead("a").await;
+    let client_a = f.fenced(&a).await;
+    for i in 0..4 {
+        put(&client_a, &ns, &format!("orders-{i}"), "1").await.unwrap();
+    }
+    a.release().await.unwrap();
+    let b = f.lead("b").await;
+    let client_b = f.fenced(&b).await;
+    let round = |value: &'static str| {
+        let (client_a, client_b, ns) = (client_a.clone(), client_b.clone(), ns.clone());
+        async move {
+            for i in 0..4 {
+                let name = format!("orders-{i}");
+                put_retrying_webhook_unreachable(&client_b, &ns, &name, value).await;
+                let e = refusal(put(&client_a, &ns, &name, "stale").await);
+                assert!(e.contains("held by b"), "{e}");
+            }
+        }
+    };
+    round("2").await;
+    let reviews = |f: &Fence, i| f.replica_log(i).matches("review").count();
+    let first = (0..2).find(|&i| reviews(&f, i) > 0).expect("no replica reviewed a write");
+    let other = 1 - first;
+    println!("replica {first} reviewed {} writes, replica {other} {}", reviews(&f, first), reviews(&f, other));
+
+    // The replica the API server talks to crashes: it reaches the other one.
+    f.stop_replica(first);
+    let before = reviews(&f, other);
+    round("3").await;
+    assert!(reviews(&f, other) > before, "replica {other} took no reviews: {}", f.replica_log(other));
+    println!("after replica {first} crashed, replica {other} reviewed {}", reviews(&f, other) - before);
+
+    // Both down: fenced writes are refused (failurePolicy: Fail), the leader's too.
+    f.stop_replica(other);
+    let e = put(&client_b, &ns, "orders-0", "4").await.unwrap_err();
+    println!("with both replicas down: {e}");
+    let cm = Api::<ConfigMap>::namespaced(f.admin.clone(), &ns).get("orders-0").await.unwrap();
+    assert_eq!(cm.data.unwrap()["v"], "3", "a write landed with the webhook down");
+    drop(b);
+}
+
+/// `put`, retried while the API server reports the webhook unreachable (the write in flight
+/// when a replica crashed is refused, fail closed, until it reconnects to the other).
+async fn put_retrying_webhook_unreachable(client: &Client, ns: &str, name: &str, value: &str) {
+    let deadline = Instant::now() + SOON;
+    loop {
+        match put(client, ns, name, value).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.message.contains("failed calling webhook") && Instant::now() < deadline => {
+                println!("retried: {}", s.message);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the leader's write of {name} failed: {e}"),
+        }
+    }
 }
 
 #[tokio::test]
@@ -871,7 +1002,7 @@ async fn rbac_fence_grants_impersonating_itself_with_the_token_extra_only() {
 #[tokio::test]
 async fn with_both_halves_registered_stamped_writes_pass_and_stale_ones_are_refused() {
     let cp: &'static ControlPlane = Box::leak(Box::new(ControlPlane::start().unwrap()));
-    let f = Fence::start_on(cp, false, rules, true).await;
+    let f = Fence::start_on(cp, false, rules, true, 1).await;
     let ns = f.ns();
     let mutating = cp
         .kubectl()
