@@ -58,18 +58,26 @@ fn balance(backends: &[u16]) -> u16 {
     let port = listener.local_addr().unwrap().port();
     let backends = backends.to_vec();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             listener.set_nonblocking(true).unwrap();
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let mut next = 0usize;
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { continue };
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
                 next += 1;
-                let order: Vec<u16> = (0..backends.len()).map(|i| backends[(next + i) % backends.len()]).collect();
+                let order: Vec<u16> = (0..backends.len())
+                    .map(|i| backends[(next + i) % backends.len()])
+                    .collect();
                 tokio::spawn(async move {
                     for port in order {
-                        if let Ok(mut out) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await {
+                        if let Ok(mut out) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await
+                        {
                             let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                             return;
                         }
@@ -585,22 +593,38 @@ async fn two_webhook_replicas_fence_alike_and_one_down_changes_nothing() {
     };
     round("2").await;
     let reviews = |f: &Fence, i| f.replica_log(i).matches("review").count();
-    let first = (0..2).find(|&i| reviews(&f, i) > 0).expect("no replica reviewed a write");
+    let first = (0..2)
+        .find(|&i| reviews(&f, i) > 0)
+        .expect("no replica reviewed a write");
     let other = 1 - first;
-    println!("replica {first} reviewed {} writes, replica {other} {}", reviews(&f, first), reviews(&f, other));
+    println!(
+        "replica {first} reviewed {} writes, replica {other} {}",
+        reviews(&f, first),
+        reviews(&f, other)
+    );
 
     // The replica the API server talks to crashes: it reaches the other one.
     f.stop_replica(first);
     let before = reviews(&f, other);
     round("3").await;
-    assert!(reviews(&f, other) > before, "replica {other} took no reviews: {}", f.replica_log(other));
-    println!("after replica {first} crashed, replica {other} reviewed {}", reviews(&f, other) - before);
+    assert!(
+        reviews(&f, other) > before,
+        "replica {other} took no reviews: {}",
+        f.replica_log(other)
+    );
+    println!(
+        "after replica {first} crashed, replica {other} reviewed {}",
+        reviews(&f, other) - before
+    );
 
     // Both down: fenced writes are refused (failurePolicy: Fail), the leader's too.
     f.stop_replica(other);
     let e = put(&client_b, &ns, "orders-0", "4").await.unwrap_err();
     println!("with both replicas down: {e}");
-    let cm = Api::<ConfigMap>::namespaced(f.admin.clone(), &ns).get("orders-0").await.unwrap();
+    let cm = Api::<ConfigMap>::namespaced(f.admin.clone(), &ns)
+        .get("orders-0")
+        .await
+        .unwrap();
     assert_eq!(cm.data.unwrap()["v"], "3", "a write landed with the webhook down");
     drop(b);
 }
@@ -612,7 +636,9 @@ async fn put_retrying_webhook_unreachable(client: &Client, ns: &str, name: &str,
     loop {
         match put(client, ns, name, value).await {
             Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.message.contains("failed calling webhook") && Instant::now() < deadline => {
+            Err(kube::Error::Api(s))
+                if s.message.contains("failed calling webhook") && Instant::now() < deadline =>
+            {
                 println!("retried: {}", s.message);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -904,6 +930,134 @@ exec sleep 600"#,
 
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `run --shards --fence`: COMMAND's kubeconfig has a context per shard, and a write through
+/// `shard-<i>` carries shard i's token (the fence checks it against the object's shard), while
+/// one through a shard this replica does not hold is refused by the proxy itself.
+#[tokio::test]
+async fn run_fence_with_shards_gives_each_shards_context_its_token() {
+    let f = Fence::start_with(false, shard_rules).await;
+    wait_in_force(&f).await;
+    let ns = f.ns().to_owned();
+    bind_role(
+        &f.admin,
+        &ns,
+        &f.writer,
+        vec![
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["create", "get", "list", "watch", "update", "delete"],
+            ),
+            rule(&[""], &["events"], &["create"]),
+        ],
+    )
+    .await
+    .unwrap();
+    // Shard 2 is somebody else's: the sidecar gets shards 0 and 1.
+    let other = LeaseElector::new(f.admin.clone(), "work-2")
+        .namespace(&ns)
+        .identity("other")
+        .become_leader(&CancellationToken::new())
+        .await
+        .unwrap();
+    let assets = std::env::var("KUBEBUILDER_ASSETS").expect("KUBEBUILDER_ASSETS");
+    let kubectl = Path::new(&assets).join("kubectl");
+    let out = f.dir.join("command.out");
+    let script = format!(
+        r#"set -e
+[ "$KUBE_LEADER_SHARD_SET" = "0,1" ] || {{ echo "shards $KUBE_LEADER_SHARD_SET" > {out}; exec sleep 600; }}
+for i in 0 1 2; do
+  printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: obj-%s\n  labels: {{fenced: "true", shard: "%s"}}\ndata: {{v: "1"}}\n' $i $i \
+    | {kubectl} --context shard-$i apply -n "$KUBE_LEADER_NAMESPACE" -f - >> {out}.tmp 2>&1 || echo "shard $i refused" >> {out}.tmp
+done
+mv {out}.tmp {out}
+exec sleep 600"#,
+        out = out.display(),
+        kubectl = kubectl.display(),
+    );
+    let mut child = Command::new(kube_leader_bin())
+        .args([
+            "run",
+            "--strategy",
+            "lease",
+            "--shards",
+            "3",
+            "--lock",
+            "work",
+            "--namespace",
+            &ns,
+        ])
+        .args([
+            "--identity",
+            "sidecar",
+            "--lease-duration",
+            "2s",
+            "--renew-deadline",
+            "1s",
+        ])
+        .args(["--retry-period", "200ms", "--kubeconfig"])
+        .arg(f.cp.user_kubeconfig_path(&f.writer).unwrap())
+        .args(["--fence", "--fence-user", &f.writer, "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(f.dir.join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + SOON;
+    while !out.exists() {
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "COMMAND did not write through the proxy; run log: {}",
+            std::fs::read_to_string(f.dir.join("run.log")).unwrap_or_default(),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    println!("COMMAND: {text}");
+    assert!(
+        text.contains("shard 2 is not held by this replica") && text.contains("shard 2 refused"),
+        "{text}"
+    );
+    let (cms, leases) = (
+        Api::<ConfigMap>::namespaced(f.admin.clone(), &ns),
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(f.admin.clone(), &ns),
+    );
+    assert!(
+        cms.get_opt("obj-2").await.unwrap().is_none(),
+        "a write for a shard not held landed"
+    );
+    for i in 0..2 {
+        let cm = cms.get(&format!("obj-{i}")).await.unwrap();
+        // The shard's token, as its holder's renewals record it in the Lease.
+        let token = wait_token(&leases, &format!("work-{i}")).await;
+        assert_eq!(
+            stamp(&cm),
+            Some(token.clone()),
+            "obj-{i} carries shard {i}'s token"
+        );
+        println!("obj-{i}: shard {i}'s token {token}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(other);
+}
+
+/// The fencing token a Lease's holder records in it.
+async fn wait_token(leases: &Api<k8s_openapi::api::coordination::v1::Lease>, name: &str) -> String {
+    let deadline = Instant::now() + SOON;
+    loop {
+        let lease = leases.get(name).await.unwrap();
+        if let Some(t) = lease
+            .metadata
+            .annotations
+            .and_then(|a| a.get(kube_leader::lock::FENCING_TOKEN_ANNOTATION).cloned())
+        {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{name} records no fencing token");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `kube-leader rbac --fence`: the printed Role and ClusterRole let the ServiceAccount

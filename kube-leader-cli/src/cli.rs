@@ -330,8 +330,12 @@ pub(crate) struct RunArgs {
     /// proxy inside kube-leader that accepts only the per-term bearer token it gives COMMAND,
     /// adds this term's fencing token to every request (impersonating --fence-user with the
     /// user extra kube-leader.io/fencing-token), stamps the objects it writes, and forwards
-    /// with kube-leader's credentials. Needs `kube-leader rbac --fence`.
-    #[arg(long, conflicts_with = "shards")]
+    /// with kube-leader's credentials. With --shards the token is a shard's: the kubeconfig
+    /// has a context shard-<i> per shard whose requests carry shard i's token; its writes are
+    /// refused by the proxy while this replica does not hold shard i (the default context
+    /// carries no token).
+    /// Needs `kube-leader rbac --fence`.
+    #[arg(long)]
     pub(crate) fence: bool,
 
     /// With --fence: kube-leader's own user name, which the proxy impersonates [default: the

@@ -65,6 +65,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
+    let fence_client = client.clone();
     let shards = candidate(&args, client, &namespace, &identity, count)?;
     let (file, ack) = files(&args.lock.lock);
 
@@ -74,7 +75,24 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     info!(set = %args.lock.lock, identity = %identity, shards = count,
         on_change = ?args.on_shards_change, "campaigning for shards");
-    let env: Vec<(&'static str, String)> = vec![
+    // `--fence`: COMMAND's API requests go through a proxy that adds the token of the shard
+    // a context names (`shard-<i>`), while this replica holds it.
+    let fence = match crate::fence::proxy_user(&args)? {
+        Some(user) => {
+            let tokens = crate::fence::Tokens::Shards {
+                held: assignments.held(),
+                count,
+            };
+            let dir = std::env::temp_dir();
+            let proxy = crate::fence::start_proxy(fence_client.clone(), &user, tokens, &dir).await;
+            Some(
+                proxy
+                    .map_err(|e| Fail::new(exit::INTERNAL, anyhow!("cannot start the fencing proxy: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let mut env: Vec<(&'static str, String)> = vec![
         ("KUBE_LEADER_SHARD_COUNT", count.to_string()),
         ("KUBE_LEADER_SHARDS_FILE", file.display().to_string()),
         ("KUBE_LEADER_SHARDS_ACK", ack.display().to_string()),
@@ -82,11 +100,15 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
         ("KUBE_LEADER_LOCK", args.lock.lock.clone()),
         ("KUBE_LEADER_NAMESPACE", namespace),
     ];
+    if let Some(proxy) = &fence {
+        env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
+    }
     let mut sidecar = Sidecar::new(&args, log_format, assignments, env, file, ack);
     let code = sidecar.run(&mut stops).await;
     info!(code, "COMMAND is gone; handing every shard back");
     shutdown.cancel();
     sidecar.hand_back(&args).await?;
+    drop(fence);
     Ok(code)
 }
 

@@ -9,6 +9,11 @@
 //! kube-leader's own user with the term's token as the user extra), stamps the objects and
 //! patches it forwards (`kube_leader::fence::stamp_body`), and sends the request to the API
 //! server with kube-leader's own credentials. Responses, watches included, stream back.
+//!
+//! With `--shards` the token is a shard's: the kubeconfig has a context `shard-<i>` per shard
+//! (server `https://127.0.0.1:<port>/shards/<i>`), and a request through it carries shard `i`'s
+//! current token, or is refused at once (403) while this replica does not hold shard `i`. The
+//! default context carries no token: reads pass, fenced writes are refused by the fence.
 
 use std::{
     io::Read as _,
@@ -21,7 +26,8 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt as _, Full, Limited};
 use hyper::{body::Incoming, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::Client;
-use tokio::net::TcpListener;
+use kube_leader::ShardSet;
+use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
@@ -45,10 +51,25 @@ impl Drop for Proxy {
     }
 }
 
-/// Starts a proxy on 127.0.0.1 that forwards through `client` as `user` with `token`, and
+/// The fencing token a request carries.
+#[derive(Debug, Clone)]
+pub(crate) enum Tokens {
+    /// One term's (`run --fence`).
+    Term(u64),
+    /// The shards': shard `i`'s current token for a request under `/shards/<i>/`
+    /// (`run --shards M --fence`).
+    Shards {
+        /// The shards held now, with their tokens; a shard leaves it the moment it is lost.
+        held: watch::Receiver<ShardSet>,
+        /// How many shards the set has.
+        count: u32,
+    },
+}
+
+/// Starts a proxy on 127.0.0.1 that forwards through `client` as `user` with `tokens`, and
 /// writes its kubeconfig into `dir`.
-pub(crate) async fn start(client: Client, user: &str, token: u64, dir: &Path) -> Result<Proxy, String> {
-    let headers = kube_leader::fence::fencing_headers(user, token)
+pub(crate) async fn start(client: Client, user: &str, tokens: Tokens, dir: &Path) -> Result<Proxy, String> {
+    kube_leader::fence::fencing_headers(user, 0)
         .map_err(|e| format!("--fence-user {user:?} cannot be a header value: {e}"))?;
     let bearer = random_hex(32)?;
     let certs = super::tls::generate_pem(&["127.0.0.1".to_string()])?;
@@ -60,19 +81,30 @@ pub(crate) async fn start(client: Client, user: &str, token: u64, dir: &Path) ->
         .local_addr()
         .map_err(|e| format!("the fencing proxy's address: {e}"))?;
     let kubeconfig = dir.join(format!("kube-leader-fence-{}.kubeconfig", std::process::id()));
-    write_kubeconfig(
-        &kubeconfig,
+    let shards = match &tokens {
+        Tokens::Term(_) => 0,
+        Tokens::Shards { count, .. } => *count,
+    };
+    let config = Kubeconfig {
         addr,
-        &bearer,
-        &certs.ca_cert,
-        client.default_namespace(),
-    )?;
+        bearer: &bearer,
+        ca_pem: &certs.ca_cert,
+        namespace: client.default_namespace(),
+        shards,
+    };
+    write_kubeconfig(&kubeconfig, &config)?;
     let stop = CancellationToken::new();
+    match &tokens {
+        Tokens::Term(token) => info!(%addr, token, "fencing proxy for COMMAND"),
+        Tokens::Shards { count, .. } => {
+            info!(%addr, shards = count, "fencing proxy for COMMAND (a context per shard)")
+        }
+    }
     let shared = std::sync::Arc::new(Shared {
         client,
-        headers,
+        user: user.to_owned(),
         bearer: format!("Bearer {bearer}"),
-        token,
+        tokens,
     });
     tokio::spawn(serve(
         listener,
@@ -80,15 +112,54 @@ pub(crate) async fn start(client: Client, user: &str, token: u64, dir: &Path) ->
         shared,
         stop.clone(),
     ));
-    info!(%addr, token, "fencing proxy for COMMAND");
     Ok(Proxy { kubeconfig, stop })
 }
 
 struct Shared {
     client: Client,
-    headers: [(hyper::header::HeaderName, hyper::header::HeaderValue); 2],
+    /// The user the proxy impersonates (checked to be a header value at start).
+    user: String,
     bearer: String,
-    token: u64,
+    tokens: Tokens,
+}
+
+/// The token for a request to `path`, and the path to forward: `Err` is the refusal. A read
+/// (`read`: GET, HEAD) under a shard this replica does not hold passes without a token.
+fn token_for<'p>(
+    tokens: &Tokens,
+    path: &'p str,
+    read: bool,
+) -> Result<(Option<u64>, &'p str), (StatusCode, String)> {
+    let (held, count) = match tokens {
+        Tokens::Term(t) => return Ok((Some(*t), path)),
+        Tokens::Shards { held, count } => (held, *count),
+    };
+    let Some(rest) = path.strip_prefix("/shards/") else {
+        return Ok((None, path));
+    };
+    let (index, rest) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let rest = if rest.is_empty() { "/" } else { rest };
+    let index: u32 = match index.parse() {
+        Ok(i) if i < count => i,
+        _ => {
+            return Err((
+                StatusCode::NOT_FOUND,
+                format!("kube-leader's fencing proxy: no shard {index:?}: the set has shards 0..{count} (contexts shard-0 .. shard-{})", count.saturating_sub(1)),
+            ))
+        }
+    };
+    let set = held.borrow();
+    match set.held.get(&index) {
+        Some(token) => Ok((Some(*token), rest)),
+        None if read => Ok((None, rest)),
+        None => Err((
+            StatusCode::FORBIDDEN,
+            format!(
+                "kube-leader's fencing proxy: shard {index} is not held by this replica (it holds {:?}): a write for it would be a deposed holder's",
+                set.held.keys().collect::<Vec<_>>()
+            ),
+        )),
+    }
 }
 
 async fn serve(
@@ -171,23 +242,35 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
         );
     }
     let (mut parts, body) = req.into_parts();
-    let stampable = matches!(
-        parts.method,
-        hyper::Method::POST | hyper::Method::PUT | hyper::Method::PATCH
-    ) && parts
-        .headers
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|t| t.split(';').next().unwrap_or("").trim().to_owned())
-        .is_some_and(|t| {
-            matches!(
-                t.as_str(),
-                "application/json"
-                    | "application/merge-patch+json"
-                    | "application/strategic-merge-patch+json"
-                    | "application/apply-patch+yaml"
-            )
-        });
+    let full = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let read = matches!(parts.method, hyper::Method::GET | hyper::Method::HEAD);
+    let (token, path) = match token_for(&shared.tokens, &full, read) {
+        Ok(t) => t,
+        Err((status, message)) => {
+            tracing::warn!(method = %parts.method, path = %full, "{message}");
+            return plain(status, &message);
+        }
+    };
+    let path = path.to_owned();
+    let stampable = token.is_some()
+        && matches!(
+            parts.method,
+            hyper::Method::POST | hyper::Method::PUT | hyper::Method::PATCH
+        )
+        && parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|t| t.split(';').next().unwrap_or("").trim().to_owned())
+            .is_some_and(|t| {
+                matches!(
+                    t.as_str(),
+                    "application/json"
+                        | "application/merge-patch+json"
+                        | "application/strategic-merge-patch+json"
+                        | "application/apply-patch+yaml"
+                )
+            });
     let bytes = match Limited::new(body, MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -198,7 +281,7 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
         }
     };
     let bytes = match stampable
-        .then(|| kube_leader::fence::stamp_body(&bytes, shared.token))
+        .then(|| kube_leader::fence::stamp_body(&bytes, token.unwrap_or_default()))
         .flatten()
     {
         Some(stamped) => Bytes::from(stamped),
@@ -222,10 +305,17 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
     ] {
         parts.headers.remove(k);
     }
-    for (name, value) in &shared.headers {
-        parts.headers.insert(name.clone(), value.clone());
+    if let Some(token) = token {
+        let Ok(headers) = kube_leader::fence::fencing_headers(&shared.user, token) else {
+            return plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the fencing headers cannot be built",
+            );
+        };
+        for (name, value) in headers {
+            parts.headers.insert(name, value);
+        }
     }
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
     parts.uri = match path.parse() {
         Ok(u) => u,
         Err(_) => return plain(StatusCode::BAD_REQUEST, "invalid request path"),
@@ -248,19 +338,41 @@ fn random_hex(n: usize) -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn write_kubeconfig(
-    path: &Path,
+/// What COMMAND's kubeconfig says.
+struct Kubeconfig<'a> {
     addr: SocketAddr,
-    bearer: &str,
-    ca_pem: &str,
-    namespace: &str,
-) -> Result<(), String> {
+    bearer: &'a str,
+    ca_pem: &'a str,
+    namespace: &'a str,
+    /// With `--shards`: a context `shard-<i>` per shard.
+    shards: u32,
+}
+
+/// The kubeconfig's text: the context `kube-leader-fence` (current), and `shard-<i>` for each
+/// shard, whose server's path names the shard.
+fn kubeconfig_text(k: &Kubeconfig<'_>) -> String {
     use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(k.ca_pem);
+    let (addr, bearer, namespace) = (k.addr, k.bearer, k.namespace);
+    let names = std::iter::once(("kube-leader-fence".to_string(), String::new()))
+        .chain((0..k.shards).map(|i| (format!("shard-{i}"), format!("/shards/{i}"))));
+    let (mut clusters, mut contexts) = (String::new(), String::new());
+    for (name, path) in names {
+        clusters.push_str(&format!(
+            "- name: {name}\n  cluster:\n    server: https://{addr}{path}\n    certificate-authority-data: {ca}\n"
+        ));
+        contexts.push_str(&format!(
+            "- name: {name}\n  context:\n    cluster: {name}\n    user: kube-leader-fence\n    namespace: {namespace}\n"
+        ));
+    }
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}users:\n- name: kube-leader-fence\n  user:\n    token: \"{bearer}\"\ncontexts:\n{contexts}current-context: kube-leader-fence\n"
+    )
+}
+
+fn write_kubeconfig(path: &Path, config: &Kubeconfig<'_>) -> Result<(), String> {
     use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-leader-fence\n  cluster:\n    server: https://{addr}\n    certificate-authority-data: {ca}\nusers:\n- name: kube-leader-fence\n  user:\n    token: \"{bearer}\"\ncontexts:\n- name: kube-leader-fence\n  context:\n    cluster: kube-leader-fence\n    user: kube-leader-fence\n    namespace: {namespace}\ncurrent-context: kube-leader-fence\n"
-    );
+    let text = kubeconfig_text(config);
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -319,6 +431,67 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&base64url(enc).unwrap()).unwrap();
         assert_eq!(json["sub"], "system:serviceaccount:app:orders");
         assert!(base64url("not*base64").is_none());
+    }
+
+    fn shards(held: &[(u32, u64)]) -> Tokens {
+        let mut set = ShardSet::default();
+        set.held = held.iter().copied().collect();
+        Tokens::Shards {
+            held: watch::channel(set).1,
+            count: 4,
+        }
+    }
+
+    #[test]
+    fn a_shard_path_carries_that_shards_token_or_is_refused() {
+        let t = shards(&[(1, 70), (3, 90)]);
+        assert_eq!(
+            token_for(&t, "/shards/1/api/v1/namespaces/a/configmaps", false).unwrap(),
+            (Some(70), "/api/v1/namespaces/a/configmaps")
+        );
+        assert_eq!(token_for(&t, "/shards/3", false).unwrap(), (Some(90), "/"));
+        // No shard: no token (reads pass; fenced writes are refused by the fence).
+        assert_eq!(
+            token_for(&t, "/api/v1/pods", false).unwrap(),
+            (None, "/api/v1/pods")
+        );
+        let (status, m) = token_for(&t, "/shards/2/api", false).unwrap_err();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(m.contains("shard 2 is not held") && m.contains("[1, 3]"), "{m}");
+        // A read of a shard not held passes, without a token.
+        assert_eq!(token_for(&t, "/shards/2/api", true).unwrap(), (None, "/api"));
+        for bad in ["/shards/4/api", "/shards/x/api", "/shards//api"] {
+            assert_eq!(
+                token_for(&t, bad, false).unwrap_err().0,
+                StatusCode::NOT_FOUND,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            token_for(&Tokens::Term(5), "/shards/1/api", false).unwrap(),
+            (Some(5), "/shards/1/api")
+        );
+    }
+
+    #[test]
+    fn the_kubeconfig_has_a_context_per_shard() {
+        let k = Kubeconfig {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            bearer: "b",
+            ca_pem: "ca",
+            namespace: "app",
+            shards: 2,
+        };
+        let text = kubeconfig_text(&k);
+        for s in [
+            "server: https://127.0.0.1:9\n",
+            "server: https://127.0.0.1:9/shards/1\n",
+            "- name: shard-0",
+            "current-context: kube-leader-fence",
+        ] {
+            assert!(text.contains(s), "{s}: {text}");
+        }
+        assert!(!text.contains("shard-2"));
     }
 
     #[test]

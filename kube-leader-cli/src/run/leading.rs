@@ -66,7 +66,14 @@ impl Leading<'_> {
         // stops when this function returns.
         let _proxy = match &self.fence {
             Some((client, user)) => {
-                match crate::fence::start_proxy(client.clone(), user, token, &std::env::temp_dir()).await {
+                match crate::fence::start_proxy(
+                    client.clone(),
+                    user,
+                    crate::fence::Tokens::Term(token),
+                    &std::env::temp_dir(),
+                )
+                .await
+                {
                     Ok(proxy) => {
                         env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
                         Some(proxy)
