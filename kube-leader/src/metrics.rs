@@ -157,11 +157,12 @@ impl LeaderMetrics {
     /// their lock anyway; `leadership_lost_total` gets its series per reason as they happen.
     pub fn add_lock(&self, name: &str) {
         let lock = label(name);
-        self.master_status.get_or_create(&lock);
-        self.slowpath.get_or_create(&lock);
-        self.acquired.get_or_create(&lock);
-        self.renew.get_or_create(&lock);
-        self.fencing_token.get_or_create(&lock);
+        // Each returns a read guard of its family: dropped at once.
+        drop(self.master_status.get_or_create(&lock));
+        drop(self.slowpath.get_or_create(&lock));
+        drop(self.acquired.get_or_create(&lock));
+        drop(self.renew.get_or_create(&lock));
+        drop(self.fencing_token.get_or_create(&lock));
     }
 
     /// Counts a term that reports to no observer, the leadership of one shard of
