@@ -66,7 +66,9 @@ struct Args {
 #[derive(Debug)]
 enum Role {
     /// Campaigning: `leader` is the holder as last seen.
-    Following { leader: watch::Receiver<Option<LeaderInfo>> },
+    Following {
+        leader: watch::Receiver<Option<LeaderInfo>>,
+    },
     /// Leading: until when the term is confirmed, and whether it is lost already.
     Leading {
         confirmed: watch::Receiver<Option<Instant>>,
@@ -81,7 +83,10 @@ fn check(role: &Role) -> Result<String, String> {
     match role {
         Role::Following { leader } => {
             let holder = leader.borrow().as_ref().and_then(|l| l.holder.clone());
-            Ok(format!("following; leader: {}", holder.as_deref().unwrap_or("(none)")))
+            Ok(format!(
+                "following; leader: {}",
+                holder.as_deref().unwrap_or("(none)")
+            ))
         }
         Role::Leading { lost, .. } if lost.is_cancelled() => Err("leadership lost".into()),
         Role::Leading { confirmed, .. } => match *confirmed.borrow() {
@@ -130,7 +135,11 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Works while leading; after a loss, stays unhealthy until shutdown.
-async fn lead(leadership: Leadership, role: &Mutex<Role>, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn lead(
+    leadership: Leadership,
+    role: &Mutex<Role>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     info!(fencing_token = leadership.fencing_token(), "leading");
     let lost = leadership.lost_token();
     *role.lock().unwrap() = Role::Leading {
@@ -179,8 +188,8 @@ async fn serve(listener: TcpListener, role: Arc<Mutex<Role>>) {
 
 /// SIGTERM (what Kubernetes sends) or Ctrl-C.
 async fn shutdown_signal() {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("a SIGTERM handler");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}

@@ -113,23 +113,27 @@ fn respond(req: &Request<hyper::body::Incoming>, registry: &Registry) -> Respons
     let (status, body) = if req.uri().path() != "/metrics" {
         (StatusCode::NOT_FOUND, "not found: try /metrics\n".to_owned())
     } else if encode(&mut text, registry).is_err() {
-        (StatusCode::INTERNAL_SERVER_ERROR, "could not encode the metrics\n".to_owned())
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "could not encode the metrics\n".to_owned(),
+        )
     } else {
         (StatusCode::OK, text)
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
     response
 }
 
 /// SIGTERM (what Kubernetes sends) or Ctrl-C.
 async fn shutdown_signal() {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("a SIGTERM handler");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}

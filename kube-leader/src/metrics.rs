@@ -198,9 +198,7 @@ impl Observer for LeaderMetrics {
             Observation::Leading { term } => {
                 let lock = label(&term.lock.name);
                 self.acquired.get_or_create(&lock).inc();
-                self.fencing_token
-                    .get_or_create(&lock)
-                    .set(term.fencing_token);
+                self.fencing_token.get_or_create(&lock).set(term.fencing_token);
                 self.master_status.get_or_create(&lock).set(1);
             }
             Observation::Stopped { term, reason } => {

@@ -166,9 +166,7 @@ fn every_loss_reason_has_a_snake_case_label() {
             since_last_renewal: Duration::ZERO,
         },
         LossReason::PodEnding { why: "x".into() },
-        LossReason::DuplicateIdentity {
-            identity: "x".into(),
-        },
+        LossReason::DuplicateIdentity { identity: "x".into() },
         LossReason::KeeperStopped { why: "x".into() },
         LossReason::Released,
         LossReason::Cancelled,
