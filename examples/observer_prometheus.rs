@@ -110,19 +110,24 @@ async fn serve(listener: TcpListener, registry: Arc<Registry>) {
 
 fn respond(req: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
     let mut text = String::new();
-    let (status, body) = if req.uri().path() != "/metrics" {
-        (StatusCode::NOT_FOUND, "not found: try /metrics\n".to_owned())
+    let (status, content_type, body) = if req.uri().path() != "/metrics" {
+        (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics\n".to_owned(),
+        )
     } else if encode(&mut text, registry).is_err() {
         (
             StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
             "could not encode the metrics\n".to_owned(),
         )
     } else {
-        (StatusCode::OK, text)
+        let openmetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        (StatusCode::OK, openmetrics, text)
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(content_type),

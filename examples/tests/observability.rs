@@ -2,7 +2,8 @@
 //! real control plane (kube-leader-testenv), with short lease timings (3 s / 2 s / 500 ms):
 //!
 //! - `/metrics` shows `leader_election_master_status` 1 on the leader and 0 on a follower,
-//!   and the follower's turns 1 when the leader stops (SIGTERM: it releases the Lease).
+//!   and the follower's turns 1 when the leader stops (SIGTERM: it releases the Lease); a
+//!   term lost to a partition is counted with its reason, and so is the next term.
 //! - `/healthz` is 200 on a waiting follower and on the leader; 500 on the leader once another
 //!   holder took its Lease, or once the API server is unreachable (a partition by a
 //!   [`FaultProxy`]), and it stays 500 after the partition heals, as the example documents.
@@ -225,6 +226,37 @@ async fn metrics_show_the_leader_and_follow_a_handover() {
         "b's term must have a greater token than a's ({a_token}):\n{text}"
     );
     assert!(b.terminate().await.success(), "b failed; {}", b.log_tail());
+}
+
+#[tokio::test]
+async fn metrics_count_a_term_lost_to_a_partition_and_the_next_one() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let proxy = FaultProxy::to_apiserver(cp).expect("a proxy");
+    let through_proxy = proxy.write_kubeconfig(cp, ADMIN).expect("a kubeconfig");
+    let lease = "partitioned-metrics";
+    let mut a = Example::start("observer_prometheus", &through_proxy, ns.name(), lease, "a");
+    a.eventually("a leads", |c, t| {
+        c == 200 && has_line(t, &master_status(lease, 1))
+    })
+    .await;
+
+    // No renewal gets through: the term ends at the renew deadline, and says why.
+    proxy.set(Fault::Blackhole);
+    let lost = format!(r#"kube_leader_leadership_lost_total{{name="{lease}",reason="renew_deadline"}} 1"#);
+    let (_, text) = a
+        .eventually("a's term ends", |c, t| c == 200 && has_line(t, &lost))
+        .await;
+    assert!(has_line(&text, &master_status(lease, 0)), "{text}");
+
+    // Healed: a campaigns again (Recampaign::Always) and leads a second term.
+    proxy.set(Fault::Pass);
+    let acquired = format!(r#"kube_leader_leadership_acquired_total{{name="{lease}"}} 2"#);
+    let (_, text) = a
+        .eventually("a leads again", |c, t| c == 200 && has_line(t, &acquired))
+        .await;
+    assert!(has_line(&text, &master_status(lease, 1)), "{text}");
+    assert!(a.terminate().await.success(), "a failed; {}", a.log_tail());
 }
 
 /// Makes `holder` the Lease's holder behind its leader's back (retrying on the leader's own

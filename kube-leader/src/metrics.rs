@@ -29,7 +29,8 @@
 //!
 //! A follower is reported to no observer: call [`LeaderMetrics::add_lock`] so that its series
 //! show 0 before this process ever leads. Shards report to no observer either: call
-//! [`LeaderMetrics::follow`] with each shard's [`Leadership`].
+//! [`LeaderMetrics::follow`] with each shard's [`Leadership`] (its term: master status,
+//! acquired and lost, fencing token; the shards' renewals are not reported).
 //!
 //! The names are registered as they are: register into a
 //! [`sub_registry_with_prefix`](Registry::sub_registry_with_prefix) to prefix them all
