@@ -72,6 +72,7 @@ pub mod leadership;
 pub mod lease;
 pub mod lock;
 #[cfg(feature = "prometheus-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus-client")))]
 pub mod metrics;
 mod object_watch;
 pub mod observer;
