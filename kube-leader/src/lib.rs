@@ -17,7 +17,9 @@
 //! [`Elector`] is either, for programs that let their users choose. Both give a
 //! [fencing token](Leadership::fencing_token) and a token that is cancelled when
 //! leadership is lost, record client-go's `LeaderElection` [Events](events) on the lock, and
-//! report to an optional [observer] for metrics of your own.
+//! report to an optional [observer] for metrics of your own. With the feature
+//! `prometheus-client`, `kube_leader::metrics::LeaderMetrics` is such an observer: client-go's
+//! leader election metrics in your `prometheus_client` registry.
 //!
 //! The library picks no `k8s-openapi` version feature and no TLS stack: enable one of each in
 //! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
@@ -69,6 +71,9 @@ pub mod for_life;
 pub mod leadership;
 pub mod lease;
 pub mod lock;
+#[cfg(feature = "prometheus-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus-client")))]
+pub mod metrics;
 mod object_watch;
 pub mod observer;
 pub mod options;
