@@ -12,6 +12,7 @@ use crate::{
     leadership::{LeaderInfo, Leadership, Strategy},
     lease::{self, LeaseElector, Renewals, Unhealthy},
     lock::LockRef,
+    observer::Observer,
 };
 
 /// A candidate of either strategy, for programs that let their users choose (the
@@ -59,6 +60,27 @@ impl Elector {
         match self {
             Self::ForLife(_) => Strategy::ForLife,
             Self::Lease(_) => Strategy::Lease,
+        }
+    }
+
+    /// Sets the observer of either strategy ([`ForLife::observer`],
+    /// [`LeaseElector::observer`]): for example the `prometheus-client` feature's
+    /// `metrics::LeaderMetrics`.
+    #[must_use]
+    pub fn observer(self, observer: impl Observer) -> Self {
+        match self {
+            Self::ForLife(e) => Self::ForLife(e.observer(observer)),
+            Self::Lease(e) => Self::Lease(e.observer(observer)),
+        }
+    }
+
+    /// Names the Events' reporter ([`ForLife::event_reporter`],
+    /// [`LeaseElector::event_reporter`]).
+    #[must_use]
+    pub fn event_reporter(self, reporter: impl Into<String>) -> Self {
+        match self {
+            Self::ForLife(e) => Self::ForLife(e.event_reporter(reporter)),
+            Self::Lease(e) => Self::Lease(e.event_reporter(reporter)),
         }
     }
 
