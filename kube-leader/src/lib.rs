@@ -77,6 +77,7 @@ pub mod metrics;
 mod object_watch;
 pub mod observer;
 pub mod options;
+mod renewals;
 pub mod shards;
 pub mod successor;
 mod time;

@@ -46,8 +46,8 @@ use tracing::Instrument as _;
 use crate::{
     events::{self, EventRecorder},
     leadership::{Leadership, LossReason, Term},
-    lease::Renewals,
     lock::LockRef,
+    renewals::Renewals,
 };
 
 /// Something an elector observed about its own leadership.

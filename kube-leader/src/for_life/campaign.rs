@@ -12,14 +12,13 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{
+    api::{cm_op, pod_op},
     config::{ForLifeConfig, INITIAL_BACKOFF},
     decide::{
         dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Waiting,
     },
-    elector::{cm_op, pod_op, ForLife},
     fencing::fencing_token_of,
     heartbeat::adopt,
-    node::NodeCheck,
     record::{lock_config_map, set_heartbeat, LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
 use crate::{
@@ -68,9 +67,17 @@ enum Wake {
     Timer,
 }
 
+/// What a campaign reads of its candidate ([`ForLife`](super::ForLife)): its client, settings,
+/// and whether the NotReady takeover was switched off.
+pub(super) struct Settings<'a> {
+    pub(super) client: &'a kube::Client,
+    pub(super) config: &'a ForLifeConfig,
+    pub(super) node_check_disabled: &'a std::sync::atomic::AtomicBool,
+}
+
 /// One campaign: the state of a waiting candidate.
 pub(super) struct Election<'a> {
-    pub(super) elector: &'a ForLife,
+    pub(super) elector: Settings<'a>,
     pub(super) lock: LockRef,
     pub(super) me: PodRef,
     pub(super) configmaps: Api<ConfigMap>,
@@ -98,18 +105,23 @@ pub(super) struct Election<'a> {
     pub(super) own_pod_refused: bool,
 }
 
+mod node;
+mod takeover;
+
+use node::NodeCheck;
+
 // === impl Election ===
 
 impl<'a> Election<'a> {
-    pub(super) fn new(elector: &'a ForLife, lock: LockRef, me: PodRef, pods: Api<Pod>) -> Self {
+    pub(super) fn new(elector: Settings<'a>, lock: LockRef, me: PodRef, pods: Api<Pod>) -> Self {
         let configmaps: Api<ConfigMap> = Api::namespaced(elector.client.clone(), &lock.namespace);
         let lock_watch = ObjectWatch::new(configmaps.clone(), &lock.name, cm_op(&lock, "watch"));
         let own_pod = ObjectWatch::new(pods.clone(), &me.name, pod_op(&lock.namespace, &me.name, "watch"));
         Self {
             own_pod,
             own_pod_refused: false,
-            elector,
             backoff: Backoff::new(INITIAL_BACKOFF, elector.config.backoff_cap),
+            elector,
             lock,
             me,
             configmaps,
@@ -127,7 +139,7 @@ impl<'a> Election<'a> {
     }
 
     pub(super) fn config(&self) -> &ForLifeConfig {
-        &self.elector.config
+        self.elector.config
     }
 
     pub(super) fn policy(&self) -> Policy {

@@ -13,15 +13,13 @@ use k8s_openapi::{
     api::core::v1::{ConfigMap, Pod},
     jiff::Timestamp,
 };
-use kube::{
-    api::{DeleteParams, Preconditions},
-    Api, Client,
-};
+use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, Instrument};
 
 use super::{
-    campaign::{Election, Won},
+    api::pod_op,
+    campaign::{Election, Settings, Won},
     config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster, INITIAL_BACKOFF},
     fencing::store_fencing_token,
     heartbeat::Beat,
@@ -29,7 +27,7 @@ use super::{
     record::PodRef,
 };
 use crate::{
-    api::{call, Failure, Op},
+    api::{call, Failure},
     backoff::Backoff,
     discovery::{self, NamespaceSource},
     error::{Error, Result},
@@ -39,10 +37,6 @@ use crate::{
     successor::{CandidatePod, Registration, Registry, Successor},
 };
 
-/// Where to find a Role that grants what leader for life needs.
-pub(crate) const RBAC_HINT: &str =
-    "the one `kube-leader rbac --strategy for-life --lock LOCK --namespace NS` prints \
-     (https://github.com/kube-leader/kube-leader/blob/main/deploy/for-life/rbac-for-life.yaml)";
 /// A candidate for leader for life: operator-sdk's `leader.Become`, watch-driven.
 ///
 /// The leader is the Pod that created the lock, a ConfigMap whose single owner reference is
@@ -441,7 +435,12 @@ impl ForLife {
                 *registration = Some(registry.register(&me.name, Some(&pod), &shutdown).await);
             }
         }
-        let mut election = Election::new(self, lock, me, pods);
+        let settings = Settings {
+            client: &self.client,
+            config: &self.config,
+            node_check_disabled: &self.node_check_disabled,
+        };
+        let mut election = Election::new(settings, lock, me, pods);
         let won = election.run().await?;
         Ok(self.lead(election.lock, election.me, won, registry, shutdown))
     }
@@ -571,35 +570,4 @@ fn discover_namespace(explicit: Option<&str>, env: &Environment) -> Option<(Stri
         .as_deref()
         .unwrap_or(Path::new(""));
     discovery::discover_namespace_from(explicit, env.pod_namespace.as_deref(), file)
-}
-
-/// Names a call on the lock ConfigMap in errors.
-pub(super) fn cm_op<'a>(lock: &'a LockRef, verb: &'static str) -> Op<'a> {
-    Op {
-        verb,
-        resource: "configmaps",
-        namespace: &lock.namespace,
-        name: &lock.name,
-        hint: RBAC_HINT,
-    }
-}
-
-pub(super) fn pod_op<'a>(namespace: &'a str, name: &'a str, verb: &'static str) -> Op<'a> {
-    Op {
-        verb,
-        resource: "pods",
-        namespace,
-        name,
-        hint: RBAC_HINT,
-    }
-}
-
-pub(super) fn uid_precondition(uid: &str) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    }
 }

@@ -8,8 +8,8 @@ use kube::{api::PostParams, Api};
 use tracing::{debug, warn};
 
 use super::{
+    api::cm_op,
     config::INITIAL_BACKOFF,
-    elector::cm_op,
     record::{with_fencing_token, LockRecord, PodRef},
 };
 use crate::{

@@ -14,16 +14,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{api::PostParams, Api};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, info};
 
 use super::{
-    elector::cm_op,
-    keeper::check_lock,
+    api::cm_op,
     record::{set_heartbeat, with_fencing_token, LockRecord, PodRef},
 };
 use crate::{
     api::{call, Failure},
-    leadership::KeeperHandle,
+    leadership::{KeeperHandle, LossReason},
     lock::LockRef,
 };
 
@@ -161,5 +160,21 @@ impl std::fmt::Debug for Beat {
             .field("lock", &self.lock)
             .field("liveness", &self.liveness)
             .finish_non_exhaustive()
+    }
+}
+
+/// Ends leadership if the lock (`state`, `None`: gone) is no longer the term's (`lock_uid`,
+/// owned by `me`).
+pub(super) fn check_lock(handle: &KeeperHandle, lock_uid: &str, me: &PodRef, state: Option<ConfigMap>) {
+    let Some(cm) = state else {
+        info!("the lock was deleted; no longer leading");
+        handle.lose(LossReason::LockDeleted);
+        return;
+    };
+    let record = LockRecord::from_config_map(&cm);
+    if record.uid != lock_uid || !record.is_owned_by(me) {
+        let holder = record.holder().map(str::to_string);
+        info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
+        handle.lose(LossReason::LockReplaced { holder });
     }
 }

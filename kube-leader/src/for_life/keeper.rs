@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::{
+    api::{cm_op, pod_op, uid_precondition},
     config::INITIAL_BACKOFF,
-    elector::{cm_op, pod_op, uid_precondition},
-    heartbeat::Beat,
+    heartbeat::{check_lock, Beat},
     record::{LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
 };
 use crate::{
@@ -291,22 +291,6 @@ impl Keeper {
             Err(Failure::NotFound | Failure::Conflict) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// Ends leadership if the lock (`state`, `None`: gone) is no longer the term's (`lock_uid`,
-/// owned by `me`).
-pub(super) fn check_lock(handle: &KeeperHandle, lock_uid: &str, me: &PodRef, state: Option<ConfigMap>) {
-    let Some(cm) = state else {
-        info!("the lock was deleted; no longer leading");
-        handle.lose(LossReason::LockDeleted);
-        return;
-    };
-    let record = LockRecord::from_config_map(&cm);
-    if record.uid != lock_uid || !record.is_owned_by(me) {
-        let holder = record.holder().map(str::to_string);
-        info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
-        handle.lose(LossReason::LockReplaced { holder });
     }
 }
 

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::{elector::RBAC_HINT, record::LockRecord};
+use super::{api::RBAC_HINT, record::LockRecord};
 use crate::{
     error::Result,
     leadership::{LeaderInfo, Strategy},

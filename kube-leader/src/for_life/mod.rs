@@ -54,6 +54,7 @@
 //!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
 //! - The leader keeps watching its lock and learns when it is deleted or replaced.
 
+mod api;
 mod campaign;
 mod config;
 mod decide;
@@ -62,9 +63,7 @@ mod fencing;
 mod heartbeat;
 mod keeper;
 mod leader;
-mod node;
 mod record;
-mod takeover;
 
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
 pub use elector::ForLife;

@@ -19,12 +19,12 @@ use tracing::{debug, info, warn};
 use super::{
     config::LeaseConfig,
     decide::{decide, decide_absent, defer_to_preferred, record_for, Absent, Decision, Observed},
-    elector::{lease_op, Shared},
     keeper::Keeper,
     record::{
         now_micro, preferred_in, set_fencing_token, set_preferred, set_writer, stored_fencing_token,
         written_by, LeaseRecord,
     },
+    shared::{lease_op, Shared},
 };
 use crate::{
     api::{call, Failure},

@@ -11,11 +11,11 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
-    elector::{lease_op, Shared},
     record::{
         now_micro, set_fencing_token, set_preferred, set_writer, stored_fencing_token, written_by,
         LeaseRecord,
     },
+    shared::{lease_op, Shared},
 };
 use crate::{
     api::{call, Failure},

@@ -5,15 +5,10 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::{
-    elector::{RBAC_HINT, RESOURCE},
     record::{stored_fencing_token, LeaseRecord},
+    shared::{leader_info, RBAC_HINT, RESOURCE},
 };
-use crate::{
-    error::Result,
-    leadership::{LeaderInfo, Strategy},
-    lock::LockRef,
-    object_watch,
-};
+use crate::{error::Result, leadership::LeaderInfo, lock::LockRef, object_watch};
 
 /// Reads the current leader of a Lease once, without campaigning (`None`: no such Lease).
 ///
@@ -35,17 +30,4 @@ fn describe(lock: &LockRef, lease: &Lease) -> LeaderInfo {
     let record = LeaseRecord::from_lease(lease);
     let token = stored_fencing_token(lease, &record);
     leader_info(lock, &record, token)
-}
-
-/// What `record` says of the leader of `lock` (`fencing_token`: the holder's, if known).
-pub(crate) fn leader_info(lock: &LockRef, r: &LeaseRecord, fencing_token: Option<u64>) -> LeaderInfo {
-    LeaderInfo {
-        strategy: Strategy::Lease,
-        lock: lock.clone(),
-        holder: r.holder.clone(),
-        fencing_token: fencing_token.filter(|_| r.holder.is_some()),
-        acquired_at: r.acquired_at(),
-        renewed_at: r.renewed_at(),
-        lease_duration: r.lease_duration,
-    }
 }

@@ -11,8 +11,10 @@ mod elector;
 mod keeper;
 mod leader;
 pub(crate) mod record;
+mod shared;
 
 pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};
-pub use elector::{LeaseElector, Recampaign, Renewals, Unhealthy};
+pub use elector::{LeaseElector, Recampaign, Unhealthy};
 pub use leader::{current_leader, watch_leader};
 pub use record::{LeaseRecord, INSTANCE_ANNOTATION};
+pub use shared::Renewals;

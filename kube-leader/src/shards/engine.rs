@@ -37,8 +37,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     assignments::{Shard, ShardSet},
-    candidate::{member_lease_name, Shards, SHARDS_LABEL},
     config::ShardsConfig,
+    names::{member_lease_name, SHARDS_LABEL},
     scheduler::{Key, Phases, Renewal, Throttle, Timers},
 };
 use crate::{
@@ -187,12 +187,21 @@ struct Member {
     next: Option<Instant>,
 }
 
+/// What the engine is a candidate for: the set's client, name, shard count and settings
+/// (from [`Shards`](super::Shards), which starts it).
+pub(super) struct Spec {
+    pub(super) client: kube::Client,
+    pub(super) name: String,
+    pub(super) count: u32,
+    pub(super) config: ShardsConfig,
+}
+
 // === impl Engine ===
 
 impl Engine {
     /// The engine of candidate `s`, before its first list.
     pub(super) fn new(
-        s: &Shards,
+        s: Spec,
         namespace: String,
         identity: String,
         out: mpsc::UnboundedSender<Shard>,
@@ -202,14 +211,14 @@ impl Engine {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let retry = cfg.lease.retry_period;
         Self {
-            api: Api::namespaced(s.client.clone(), &namespace),
-            name: s.name.clone(),
+            api: Api::namespaced(s.client, &namespace),
             namespace,
             count: s.count,
             member: Member {
                 name: member_lease_name(&s.name, &identity),
                 ..Member::default()
             },
+            name: s.name,
             identity,
             instance: new_instance_id(),
             phases: Phases {

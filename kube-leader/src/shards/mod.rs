@@ -10,10 +10,12 @@ mod balance;
 mod candidate;
 mod config;
 mod engine;
+mod names;
 mod scheduler;
 
 /// The annotation telling which process wrote a Lease (shared with the Lease strategy).
 pub use crate::lease::INSTANCE_ANNOTATION;
 pub use assignments::{Assignments, Shard, ShardSet};
-pub use candidate::{member_lease_name, Shards, ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION};
+pub use candidate::Shards;
 pub use config::{ShardsConfig, MAX_SHARDS};
+pub use names::{member_lease_name, ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION};

@@ -13,7 +13,7 @@ use super::Engine;
 use crate::{
     error::Error,
     lease::record::{now_micro, LeaseRecord},
-    shards::{candidate::SHARD_COUNT_ANNOTATION, scheduler::Key},
+    shards::{names::SHARD_COUNT_ANNOTATION, scheduler::Key},
 };
 
 /// A member seen with another shard count.

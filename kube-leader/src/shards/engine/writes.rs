@@ -20,7 +20,7 @@ use crate::{
         decide::{record_for, Decision},
         record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
     },
-    shards::candidate::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
+    shards::names::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
 };
 
 // === impl Engine ===

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tracing::{debug, info, warn, Instrument};
 
-use super::{
-    campaign::{Confirmed, Election},
+use super::{Confirmed, Election};
+use crate::for_life::{
+    api::{cm_op, pod_op, uid_precondition},
     decide::{Proof, Stale},
-    elector::{cm_op, pod_op, uid_precondition},
     record::{LeaderPod, LockState, PodRef, PodView},
 };
 use crate::{

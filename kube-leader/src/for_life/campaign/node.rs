@@ -8,8 +8,9 @@ use kube::Api;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{campaign::Election, record::LeaderPod};
+use super::Election;
 use crate::api::{call, Failure, Op};
+use crate::for_life::record::LeaderPod;
 
 /// Where to find the ClusterRole that the opt-in NotReady takeover needs.
 const NODES_HINT: &str = "a ClusterRole granting get nodes (the optional one at the end of \
@@ -17,7 +18,7 @@ const NODES_HINT: &str = "a ClusterRole granting get nodes (the optional one at 
 
 /// The opt-in NotReady check of the leader Pod's Node.
 #[derive(Debug)]
-pub(super) struct NodeCheck {
+pub(in crate::for_life) struct NodeCheck {
     pub(super) node: String,
     pub(super) not_ready_since: Option<Instant>,
     pub(super) next_check: Instant,
