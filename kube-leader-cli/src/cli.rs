@@ -11,6 +11,7 @@ use crate::{exit, version};
 
 mod elect;
 mod fence;
+mod on_change;
 mod parse;
 #[cfg(test)]
 mod props;
@@ -21,6 +22,7 @@ mod values;
 
 pub(crate) use elect::ElectArgs;
 pub(crate) use fence::{FenceArgs, FenceCertsArgs, FenceCommand, FenceServeArgs, FenceWebhooksArgs};
+pub(crate) use on_change::OnChange;
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
 use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
@@ -323,8 +325,8 @@ pub(crate) struct RunArgs {
     /// once it stopped work on the shards no longer listed; without that within --grace it is
     /// restarted). Signalling is only for a program written to handle SIG so: a Go or JVM
     /// program that exits on SIGHUP must keep `restart`.
-    #[arg(long, value_name = "POLICY", default_value = "restart", value_parser = crate::shards::parse_on_change)]
-    pub(crate) on_shards_change: crate::shards::OnChange,
+    #[arg(long, value_name = "POLICY", default_value = "restart", value_parser = on_change::parse_on_change)]
+    pub(crate) on_shards_change: OnChange,
 
     /// Fence COMMAND's writes (docs/fence.md): COMMAND gets KUBECONFIG pointing at a loopback
     /// proxy inside kube-leader that accepts only the per-term bearer token it gives COMMAND,

@@ -68,7 +68,10 @@ fn main() -> ExitCode {
     let log_format = cli.log_format;
     let code = runtime.block_on(async move {
         let result = match command {
-            Command::Run(args) => run::run(args, log_format).await,
+            Command::Run(args) => match args.shards {
+                Some(count) => shards::run(args, count, log_format).await,
+                None => run::run(args, log_format).await,
+            },
             Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Rbac(args) => Ok(rbac::rbac(&args)),

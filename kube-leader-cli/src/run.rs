@@ -35,9 +35,6 @@ pub(crate) use signals::{is_stop, Signals};
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
-    if let Some(count) = args.shards {
-        return crate::shards::run(args.clone(), count, log_format).await;
-    }
     // Before anything else, so that a signal during start-up is not lost.
     let mut signals = Signals::new().or_exit(exit::INTERNAL)?;
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.

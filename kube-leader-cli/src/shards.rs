@@ -49,7 +49,6 @@ mod sidecar;
 mod signal;
 
 use sidecar::{Sidecar, StopSignals};
-pub(crate) use signal::{parse_on_change, OnChange};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {

@@ -114,7 +114,7 @@ impl ElectArgs {
             successor: self.successor,
             successor_wait: self.successor_wait,
             shards: None,
-            on_shards_change: crate::shards::OnChange::Restart,
+            on_shards_change: crate::cli::OnChange::Restart,
             fence: false,
             fence_user: None,
             command: Vec::new(),

@@ -19,13 +19,13 @@ fn shards_are_leases_with_a_catchable_signal() {
     };
     let r = run("kube-leader run --lock l --strategy lease --shards 64 -- true");
     assert_eq!(r.shards, Some(64));
-    assert_eq!(r.on_shards_change, crate::shards::OnChange::Restart);
+    assert_eq!(r.on_shards_change, crate::cli::OnChange::Restart);
     r.validate().unwrap();
     let r =
         run("kube-leader run --lock l --strategy lease --shards 4 --on-shards-change signal:usr1 -- true");
     assert_eq!(
         r.on_shards_change,
-        crate::shards::OnChange::Signal(nix::sys::signal::Signal::SIGUSR1)
+        crate::cli::OnChange::Signal(nix::sys::signal::Signal::SIGUSR1)
     );
     let e = run("kube-leader run --lock l --shards 4 -- true")
         .validate()

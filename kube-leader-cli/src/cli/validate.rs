@@ -106,7 +106,7 @@ impl RunArgs {
                     .into(),
             );
         }
-        if !sharded && self.on_shards_change != crate::shards::OnChange::Restart {
+        if !sharded && self.on_shards_change != crate::cli::OnChange::Restart {
             return Err("the argument '--on-shards-change' needs '--shards'".into());
         }
         Ok(())

@@ -15,11 +15,10 @@ use tracing::{info, warn};
 use super::{
     command::{Ended, Run},
     file::{list, read_ack, render, write_atomically},
-    signal::OnChange,
     warn_file,
 };
 use crate::{
-    cli::{LogFormat, RunArgs},
+    cli::{LogFormat, OnChange, RunArgs},
     exit::{self, Fail},
 };
 

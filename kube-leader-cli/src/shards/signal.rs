@@ -4,29 +4,6 @@
 
 use nix::{sys::signal::Signal, unistd::Pid};
 
-/// What a change of COMMAND's shards does (`--on-shards-change`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnChange {
-    /// Stop COMMAND, release the shards it gave up, start it again with the new set.
-    Restart,
-    /// Rewrite the shard file and send this signal; COMMAND acknowledges (else: restart).
-    Signal(Signal),
-}
-
-/// Parses `--on-shards-change`: `restart`, or `signal:SIG` (`signal` alone is `signal:HUP`).
-pub(crate) fn parse_on_change(s: &str) -> Result<OnChange, String> {
-    match s.trim() {
-        "restart" => Ok(OnChange::Restart),
-        "signal" => Ok(OnChange::Signal(Signal::SIGHUP)),
-        other => match other.strip_prefix("signal:") {
-            Some(sig) => parse_signal(sig).map(OnChange::Signal),
-            None => Err(format!(
-                "unknown policy {s:?}: `restart` (the default) or `signal:SIG` (e.g. signal:HUP)"
-            )),
-        },
-    }
-}
-
 /// Whether sending `signal` to `pid` cannot end it: the process catches or ignores it
 /// (`SigCgt`/`SigIgn` in `/proc/PID/status`), or the signal's default action is to ignore it.
 pub(super) fn handles(pid: Pid, signal: Signal) -> bool {
@@ -47,23 +24,6 @@ fn handled_in(status: &str, signal: Signal) -> bool {
         .filter_map(|l| l.strip_prefix("SigCgt:").or_else(|| l.strip_prefix("SigIgn:")))
         .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
         .any(|mask| mask & bit != 0)
-}
-
-/// Parses a signal name: `HUP`, `SIGHUP`, `USR1`, ...
-fn parse_signal(s: &str) -> Result<Signal, String> {
-    let name = s.trim().to_ascii_uppercase();
-    let name = if name.starts_with("SIG") {
-        name
-    } else {
-        format!("SIG{name}")
-    };
-    let sig: Signal = name
-        .parse()
-        .map_err(|_| format!("unknown signal {s:?} (for example HUP or USR1)"))?;
-    if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
-        return Err(format!("{s} cannot be caught: use HUP, USR1 or USR2"));
-    }
-    Ok(sig)
 }
 
 #[cfg(test)]
@@ -106,25 +66,5 @@ mod tests {
         drop(stdin);
         child.wait().unwrap();
         assert!(!handles(pid, Signal::SIGUSR1), "gone");
-    }
-
-    #[test]
-    fn policies() {
-        assert_eq!(parse_on_change("restart"), Ok(OnChange::Restart));
-        assert_eq!(parse_on_change("signal"), Ok(OnChange::Signal(Signal::SIGHUP)));
-        assert_eq!(
-            parse_on_change("signal:usr1"),
-            Ok(OnChange::Signal(Signal::SIGUSR1))
-        );
-        assert!(parse_on_change("signal:KILL").is_err());
-        assert!(parse_on_change("hup").unwrap_err().contains("restart"));
-    }
-
-    #[test]
-    fn signals() {
-        assert_eq!(parse_signal("HUP"), Ok(Signal::SIGHUP));
-        assert_eq!(parse_signal("sigusr1"), Ok(Signal::SIGUSR1));
-        assert!(parse_signal("KILL").is_err());
-        assert!(parse_signal("nope").is_err());
     }
 }
