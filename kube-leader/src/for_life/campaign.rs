@@ -3,11 +3,8 @@
 
 use std::{sync::atomic::Ordering, time::SystemTime};
 
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Pod},
-    jiff::Timestamp,
-};
-use kube::{api::PostParams, Api};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -17,9 +14,7 @@ use super::{
     decide::{
         dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Waiting,
     },
-    fencing::fencing_token_of,
-    heartbeat::adopt,
-    record::{lock_config_map, set_heartbeat, LeaderPod, LockRecord, LockState, PodRef, PodView},
+    record::{LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
 use crate::{
     api::{call, Failure},
@@ -105,6 +100,7 @@ pub(super) struct Election<'a> {
     pub(super) own_pod_refused: bool,
 }
 
+mod acquire;
 mod node;
 mod takeover;
 
@@ -467,88 +463,6 @@ impl<'a> Election<'a> {
             }
         }
         Ok(())
-    }
-
-    /// Tries to create the lock. `None`: not (yet) the leader.
-    async fn create(&mut self) -> Result<Option<Won>> {
-        let acquired_at = Timestamp::now();
-        let mut cm = lock_config_map(&self.lock, &self.me, acquired_at);
-        let liveness = self.config().heartbeat();
-        if let Some(l) = liveness {
-            set_heartbeat(&mut cm, Some(l.advertised));
-        }
-        let timeout = self.config().api_timeout;
-        let params = PostParams::default();
-        let sent = Instant::now();
-        let created = call(
-            cm_op(&self.lock, "create"),
-            timeout,
-            self.configmaps.create(&params, &cm),
-        );
-        match created.await {
-            Ok(created) => {
-                let fencing_token = fencing_token_of(&created);
-                Ok(Some(Won {
-                    lock: created,
-                    fencing_token,
-                    acquired_at: acquired_at.into(),
-                    restarted: false,
-                    token_stored: false,
-                    heartbeat_sent: liveness.map(|_| sent),
-                }))
-            }
-            Err(Failure::Conflict) => {
-                debug!("the lock exists already");
-                self.arm_retry();
-                Ok(None)
-            }
-            Err(Failure::NotFound) => Err(Error::Rejected {
-                verb: "create".into(),
-                resource: "configmaps".into(),
-                namespace: self.lock.namespace.clone(),
-                name: self.lock.name.clone(),
-                message: format!("namespace {} not found", self.lock.namespace),
-            }),
-            Err(Failure::Transient(e)) => {
-                debug!(error = %e, "creating the lock failed; retrying");
-                self.arm_retry();
-                Ok(None)
-            }
-            Err(Failure::Fatal(e)) => Err(e),
-        }
-    }
-
-    /// The lock is this Pod's own: continue as leader (with the lock's current
-    /// `resourceVersion` as the fencing token if it has none yet), once its liveness heartbeat
-    /// says what this process does ([`adopt`]). `None`: that write failed; decide again.
-    async fn continue_as_leader(&mut self, lock: ConfigMap) -> Result<Option<Won>> {
-        let record = LockRecord::from_config_map(&lock);
-        let (fencing_token, token_stored) = match record.fencing_token {
-            Some(token) => (token, true),
-            None => (fencing_token_of(&lock), false),
-        };
-        let liveness = self.config().heartbeat();
-        let timeout = self.config().api_timeout;
-        let (lock, heartbeat_sent) = match adopt(&self.configmaps, &self.lock, lock, liveness, timeout).await
-        {
-            Ok(adopted) => adopted,
-            Err(Failure::Fatal(e)) => return Err(e),
-            Err(e) => {
-                debug!(error = ?e, "writing the liveness heartbeat of this Pod's own lock failed; retrying");
-                self.arm_retry();
-                return Ok(None);
-            }
-        };
-        info!(lock_uid = %record.uid,
-            "found a lock held by this Pod (same UID), likely restarted; continuing as the leader");
-        Ok(Some(Won {
-            fencing_token,
-            token_stored,
-            acquired_at: record.acquired_at.unwrap_or_else(SystemTime::now),
-            lock,
-            restarted: true,
-            heartbeat_sent: heartbeat_sent.filter(|_| liveness.is_some()),
-        }))
     }
 }
 

@@ -9,26 +9,21 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Pod},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, Instrument};
 
 use super::{
-    api::pod_op,
     campaign::{Election, Settings, Won},
-    config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster, INITIAL_BACKOFF},
+    config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster},
     fencing::store_fencing_token,
     heartbeat::Beat,
     keeper::Keeper,
+    own_pod::own_pod,
     record::PodRef,
 };
 use crate::{
-    api::{call, Failure},
-    backoff::Backoff,
     discovery::{self, NamespaceSource},
     error::{Error, Result},
     leadership::{Leadership, Strategy, Term},
@@ -210,6 +205,13 @@ impl ForLife {
         self.node_check_disabled = Arc::default();
         self.config.pod_name = Some(pod_name.into());
         self
+    }
+
+    /// Sets this candidate's identity: for leader for life, its Pod's name (the same as
+    /// [`pod_name`](Self::pod_name); the name every elector takes).
+    #[must_use]
+    pub fn identity(self, identity: impl Into<String>) -> Self {
+        self.pod_name(identity)
     }
 
     /// Sets the cap of the fallback backoff (see [`ForLifeConfig::backoff_cap`]).
@@ -523,42 +525,6 @@ impl ForLife {
         self.hooks
             .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         leadership
-    }
-}
-
-/// Reads this candidate's Pod (operator-sdk's `myOwnerRef`), retrying transient errors.
-/// Also its creation time, the candidate's age.
-async fn own_pod(
-    pods: &Api<Pod>,
-    lock: &LockRef,
-    name: &str,
-    config: &ForLifeConfig,
-) -> Result<(PodRef, Option<Timestamp>)> {
-    let op = pod_op(&lock.namespace, name, "get");
-    let not_found = || Error::OwnPodNotFound {
-        namespace: lock.namespace.clone(),
-        name: name.to_string(),
-    };
-    let mut backoff = Backoff::new(INITIAL_BACKOFF, config.backoff_cap);
-    loop {
-        match call(op, config.api_timeout, pods.get_opt(name)).await {
-            Ok(Some(pod)) => {
-                let created = pod.metadata.creation_timestamp.map(|t| t.0);
-                let uid = pod.metadata.uid.filter(|u| !u.is_empty()).ok_or_else(not_found)?;
-                let me = PodRef {
-                    name: name.to_string(),
-                    uid,
-                };
-                return Ok((me, created));
-            }
-            Ok(None) | Err(Failure::NotFound) => return Err(not_found()),
-            Err(Failure::Fatal(e)) => return Err(e),
-            Err(e @ (Failure::Conflict | Failure::Transient(_))) => {
-                let delay = backoff.next_delay();
-                debug!(error = ?e, ?delay, "reading this candidate's Pod failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
     }
 }
 

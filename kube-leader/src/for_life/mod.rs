@@ -63,6 +63,7 @@ mod fencing;
 mod heartbeat;
 mod keeper;
 mod leader;
+mod own_pod;
 mod record;
 
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};

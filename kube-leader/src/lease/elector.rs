@@ -168,6 +168,15 @@ impl LeaseElector {
         self
     }
 
+    /// Sets the bound on each API call (see [`LeaseConfig::api_timeout`]; by default half the
+    /// renew deadline). The same option, with the same type, as [`ForLife::api_timeout`](crate::ForLife::api_timeout).
+    #[must_use]
+    pub fn api_timeout(mut self, timeout: Duration) -> Self {
+        self.shared = Shared::new();
+        self.config.api_timeout = Some(timeout);
+        self
+    }
+
     /// Which candidate this one hands over to when it steps down; see [`Successor`] and
     /// [`LeaseConfig::successor`]. Default [`Successor::Youngest`].
     #[must_use]
