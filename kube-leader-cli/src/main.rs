@@ -44,9 +44,13 @@ use crate::cli::{Command, LogFormat};
 
 /// The default log filter: this binary's lines at `info`; the library's own `info` lines are
 /// replaced by the binary's one line per leadership change, its warnings stay. (Targets match
-/// by string prefix: `kube` would match `kube_leader` too.)
-const DEFAULT_FILTER: &str =
-    "info,kube_leader::lease=warn,kube_leader::for_life=warn,kube_client=warn,kube_runtime=warn";
+/// by string prefix: `kube` would match `kube_leader` too. The binary's crate is `kube_leader`
+/// as well, so the library's modules are named one by one, and `shards` by its engine, the
+/// binary having a `shards` of its own; a test checks the list against both crates' sources.)
+const DEFAULT_FILTER: &str = "info,kube_leader::lease=warn,kube_leader::for_life=warn,\
+kube_leader::shards::engine=warn,kube_leader::successor=warn,kube_leader::election=warn,\
+kube_leader::events=warn,kube_leader::leadership=warn,kube_leader::lock=warn,\
+kube_leader::object_watch=warn,kube_client=warn,kube_runtime=warn";
 
 fn main() -> ExitCode {
     let cli = cli::parse();
@@ -132,6 +136,56 @@ fn parse_filter(s: &str) -> Result<Targets, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The module paths of the files under `src` that log (a tracing macro in them).
+    fn logging_modules(src: &std::path::Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut dirs = vec![src.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let logs = ["info!(", "warn!(", "debug!(", "error!(", "trace!("]
+                    .iter()
+                    .any(|m| text.contains(m));
+                if !logs || path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let rel = path.strip_prefix(src).unwrap().with_extension("");
+                let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+                if matches!(parts.last().map(String::as_str), Some("mod" | "tests")) {
+                    parts.pop();
+                }
+                out.push(format!("kube_leader::{}", parts.join("::")));
+            }
+        }
+        out
+    }
+
+    /// Every library module that logs is quieted to warnings, and none of this binary's is.
+    #[test]
+    fn the_default_filter_names_every_library_module_that_logs_and_no_module_of_ours() {
+        let quiet: Vec<&str> = DEFAULT_FILTER
+            .split(',')
+            .filter_map(|d| d.strip_suffix("=warn"))
+            .filter(|t| t.starts_with("kube_leader::"))
+            .collect();
+        let covered = |m: &str| quiet.iter().any(|q| m == *q || m.starts_with(&format!("{q}::")));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for m in logging_modules(&root.join("../kube-leader/src")) {
+            assert!(
+                covered(&m),
+                "the library's {m} logs at info under the sidecar: add it to DEFAULT_FILTER"
+            );
+        }
+        for m in logging_modules(&root.join("src")) {
+            assert!(!covered(&m), "DEFAULT_FILTER quiets the binary's own {m}");
+        }
+    }
 
     #[test]
     fn rust_log_is_checked() {
