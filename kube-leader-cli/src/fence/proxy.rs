@@ -251,26 +251,7 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
             return plain(status, &message);
         }
     };
-    let path = path.to_owned();
-    let stampable = token.is_some()
-        && matches!(
-            parts.method,
-            hyper::Method::POST | hyper::Method::PUT | hyper::Method::PATCH
-        )
-        && parts
-            .headers
-            .get(hyper::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|t| t.split(';').next().unwrap_or("").trim().to_owned())
-            .is_some_and(|t| {
-                matches!(
-                    t.as_str(),
-                    "application/json"
-                        | "application/merge-patch+json"
-                        | "application/strategic-merge-patch+json"
-                        | "application/apply-patch+yaml"
-                )
-            });
+    let stampable = token.is_some() && stampable(&parts);
     let bytes = match Limited::new(body, MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -287,34 +268,8 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
         Some(stamped) => Bytes::from(stamped),
         None => bytes,
     };
-    // COMMAND's own credentials and impersonation never reach the API server.
-    let names: Vec<_> = parts
-        .headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("impersonate-"))
-        .cloned()
-        .collect();
-    for k in names {
-        parts.headers.remove(k);
-    }
-    for k in [
-        hyper::header::AUTHORIZATION,
-        hyper::header::HOST,
-        hyper::header::CONTENT_LENGTH,
-        hyper::header::CONNECTION,
-    ] {
-        parts.headers.remove(k);
-    }
-    if let Some(token) = token {
-        let Ok(headers) = kube_leader::fence::fencing_headers(&shared.user, token) else {
-            return plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the fencing headers cannot be built",
-            );
-        };
-        for (name, value) in headers {
-            parts.headers.insert(name, value);
-        }
+    if let Err(message) = rewrite_headers(&mut parts.headers, &shared.user, token) {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, message);
     }
     parts.uri = match path.parse() {
         Ok(u) => u,
@@ -328,6 +283,62 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
             &format!("kube-leader's fencing proxy cannot reach the API server: {e}"),
         ),
     }
+}
+
+/// Whether the request's body is an object or a patch the proxy stamps with the token.
+fn stampable(parts: &hyper::http::request::Parts) -> bool {
+    let writes = matches!(
+        parts.method,
+        hyper::Method::POST | hyper::Method::PUT | hyper::Method::PATCH
+    );
+    writes
+        && parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|t| t.split(';').next().unwrap_or("").trim().to_owned())
+            .is_some_and(|t| {
+                matches!(
+                    t.as_str(),
+                    "application/json"
+                        | "application/merge-patch+json"
+                        | "application/strategic-merge-patch+json"
+                        | "application/apply-patch+yaml"
+                )
+            })
+}
+
+/// COMMAND's own credentials and impersonation never reach the API server; the fencing
+/// headers of `token` (impersonating `user`) do.
+fn rewrite_headers(
+    headers: &mut hyper::HeaderMap,
+    user: &str,
+    token: Option<u64>,
+) -> Result<(), &'static str> {
+    let names: Vec<_> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("impersonate-"))
+        .cloned()
+        .collect();
+    for k in names {
+        headers.remove(k);
+    }
+    for k in [
+        hyper::header::AUTHORIZATION,
+        hyper::header::HOST,
+        hyper::header::CONTENT_LENGTH,
+        hyper::header::CONNECTION,
+    ] {
+        headers.remove(k);
+    }
+    if let Some(token) = token {
+        let fencing = kube_leader::fence::fencing_headers(user, token)
+            .map_err(|_| "the fencing headers cannot be built")?;
+        for (name, value) in fencing {
+            headers.insert(name, value);
+        }
+    }
+    Ok(())
 }
 
 fn random_hex(n: usize) -> Result<String, String> {
