@@ -1,9 +1,9 @@
 //! The Lease leader's keeper: renews every retry period with one write, ends the term at the
 //! renew deadline or on another holder's write, and releases the lease when the work is done.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{api::PostParams, Api};
 use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -11,10 +11,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
-    record::{
-        now_micro, set_fencing_token, set_preferred, set_writer, stored_fencing_token, written_by,
-        LeaseRecord,
-    },
+    record::{release_write, renewal_write, stored_fencing_token, written_by, LeaseRecord},
     shared::{lease_op, Shared},
 };
 use crate::{
@@ -190,16 +187,14 @@ impl Keeper {
 
     /// One renewal. `Err(Some(reason))`: leadership is over; `Err(None)`: retry later.
     async fn renew(&mut self, deadline: Instant) -> Result<(), Option<LossReason>> {
-        let mut record = self.record.clone();
-        record.renew_time = Some(now_micro());
-        let mut lease = self.lease.clone();
-        record.write_to(
-            lease.spec.get_or_insert_with(LeaseSpec::default),
+        let (lease, record) = renewal_write(
+            &self.lease,
+            &self.record,
             self.cfg.lease_duration_seconds(),
+            &self.identity,
+            self.fencing_token,
+            &self.shared.instance,
         );
-        // Free: renewals write the whole object anyway.
-        set_fencing_token(&mut lease, Some((&self.identity, self.fencing_token)));
-        set_writer(&mut lease, &self.shared.instance, &record);
         let timeout = until_deadline(self.cfg.api_timeout(), deadline);
         let sent = Instant::now();
         let params = PostParams::default();
@@ -291,20 +286,13 @@ impl Keeper {
         // work gated on this term may still be running then.
         handle.lose(LossReason::Released);
         let successor = self.successor().await;
-        let now = now_micro();
-        let record = LeaseRecord {
-            holder: None,
-            lease_duration: Some(Duration::from_secs(1)),
-            acquire_time: Some(now),
-            renew_time: Some(now),
-            transitions: self.record.transitions,
-        };
         for _ in 0..2 {
-            let mut lease = self.lease.clone();
-            record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
-            set_fencing_token(&mut lease, None);
-            set_preferred(&mut lease, successor.as_deref().map(|s| (s, now)));
-            set_writer(&mut lease, &self.shared.instance, &record);
+            let (lease, _) = release_write(
+                &self.lease,
+                self.record.transitions,
+                &self.shared.instance,
+                successor.as_deref(),
+            );
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
             match call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await {

@@ -210,6 +210,57 @@ pub(crate) fn now_micro() -> Timestamp {
     Timestamp::from_microsecond(micros).unwrap_or(now)
 }
 
+/// The one place a term's writes are assembled (the single-Lease keeper's and every shard's).
+///
+/// The renewal of a held term: `record` with `renewTime` now, written into a copy of `lease`
+/// with the term's fencing token and this writer's instance. Returns the object to send and
+/// the record it carries.
+pub(crate) fn renewal_write(
+    lease: &Lease,
+    record: &LeaseRecord,
+    lease_duration_seconds: i32,
+    holder: &str,
+    fencing_token: u64,
+    instance: &str,
+) -> (Lease, LeaseRecord) {
+    let mut record = record.clone();
+    record.renew_time = Some(now_micro());
+    let mut lease = lease.clone();
+    record.write_to(
+        lease.spec.get_or_insert_with(LeaseSpec::default),
+        lease_duration_seconds,
+    );
+    // Free: renewals write the whole object anyway.
+    set_fencing_token(&mut lease, Some((holder, fencing_token)));
+    set_writer(&mut lease, instance, &record);
+    (lease, record)
+}
+
+/// The release of a term: no holder, a one-second duration (client-go's release), no fencing
+/// token, the count of transitions kept, and the preferred successor (`None`: none) with the
+/// release time. Returns the object to send and the record it carries.
+pub(crate) fn release_write(
+    lease: &Lease,
+    transitions: u32,
+    instance: &str,
+    successor: Option<&str>,
+) -> (Lease, LeaseRecord) {
+    let now = now_micro();
+    let record = LeaseRecord {
+        holder: None,
+        lease_duration: Some(std::time::Duration::from_secs(1)),
+        acquire_time: Some(now),
+        renew_time: Some(now),
+        transitions,
+    };
+    let mut lease = lease.clone();
+    record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
+    set_fencing_token(&mut lease, None);
+    set_preferred(&mut lease, successor.map(|s| (s, now)));
+    set_writer(&mut lease, instance, &record);
+    (lease, record)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use crate::{
     api::{call, Failure},
     lease::{
         decide::{record_for, Decision},
-        record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
+        record::{now_micro, release_write, renewal_write, set_fencing_token, set_writer, LeaseRecord},
     },
     shards::names::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
 };
@@ -111,12 +111,14 @@ impl Engine {
         if now >= deadline {
             return;
         }
-        let mut record = t.record.clone();
-        record.renew_time = Some(now_micro());
-        let mut lease = t.lease.clone();
-        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
-        set_fencing_token(&mut lease, Some((&self.identity, t.fencing_token)));
-        set_writer(&mut lease, &self.instance, &record);
+        let (lease, record) = renewal_write(
+            &t.lease,
+            &t.record,
+            secs,
+            &self.identity,
+            t.fencing_token,
+            &self.instance,
+        );
         let timeout = timeout_cap
             .min(deadline.saturating_duration_since(now))
             .max(Duration::from_millis(1));
@@ -154,18 +156,7 @@ impl Engine {
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        let now_wall = now_micro();
-        let record = LeaseRecord {
-            holder: None,
-            lease_duration: Some(Duration::from_secs(1)),
-            acquire_time: Some(now_wall),
-            renew_time: Some(now_wall),
-            transitions: t.record.transitions,
-        };
-        let mut lease = t.lease.clone();
-        record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), 1);
-        set_fencing_token(&mut lease, None);
-        set_writer(&mut lease, &self.instance, &record);
+        let (lease, _) = release_write(&t.lease, t.record.transitions, &self.instance, None);
         let gen = t.gen;
         slot.busy = true;
         let op = OwnedOp {
