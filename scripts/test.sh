@@ -75,6 +75,11 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "example binaries (examples/tests run them as their users do)"
+# `cargo test --all-targets` compiles the examples as test harnesses, not as the programs
+# `cargo run --example` makes: build those, beside the tests that look for them.
+cargo build -p kube-leader-examples --examples
+
 step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
 # Test binaries run one after another; the tests inside one binary share one control plane.
 cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"

@@ -44,7 +44,7 @@ fn binary(name: &str) -> PathBuf {
     assert!(
         path.is_file(),
         "the example binary {} is missing: build it with `cargo build -p kube-leader-examples --examples` \
-         (`cargo test --workspace --all-targets` builds it too)",
+         (scripts/test.sh does, before the tests)",
         path.display()
     );
     path
