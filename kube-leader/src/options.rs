@@ -1,6 +1,6 @@
 //! [`ElectorOptions`]: the settings both strategies share, turned into an [`Elector`] in one
 //! place (the `kube-leader` sidecar's flags and the `clap` feature's
-//! [`LeaderElectionArgs`](crate::args::LeaderElectionArgs) both build on it).
+//! `args::LeaderElectionArgs`, with the `clap` feature, both build on it).
 
 use std::time::Duration;
 

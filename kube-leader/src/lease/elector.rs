@@ -168,7 +168,7 @@ impl LeaseElector {
         self
     }
 
-    /// Sets the bound on each API call (see [`LeaseConfig::api_timeout`]; by default half the
+    /// Sets the bound on each API call (`api_timeout` of [`LeaseConfig`]; by default half the
     /// renew deadline). The same option, with the same type, as [`ForLife::api_timeout`](crate::ForLife::api_timeout).
     #[must_use]
     pub fn api_timeout(mut self, timeout: Duration) -> Self {

@@ -34,7 +34,7 @@ use crate::{
 /// their leases expire. Shard Leases are plain client-go Leases (holder, duration, renew time,
 /// transitions), so anybody can read who holds a shard.
 ///
-/// All Leases of the set carry the label [`SHARDS_LABEL`]` = <name>` and are followed with one
+/// All Leases of the set carry the label [`SHARDS_LABEL`](super::SHARDS_LABEL)` = <name>` and are followed with one
 /// list/watch; every renewal goes through one scheduler that spreads them evenly over the retry
 /// period, bounds the calls in flight and pauses when the API server answers 429 or 5xx,
 /// without ever letting that pause cost a shard (see [`ShardsConfig`]).
