@@ -56,6 +56,8 @@
 
 mod api;
 mod backoff;
+#[cfg(feature = "http2")]
+pub mod client;
 pub mod discovery;
 mod elector;
 pub mod error;
