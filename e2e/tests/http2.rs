@@ -253,3 +253,36 @@ async fn a_release_hands_over_between_http2_clients() {
     assert!(next.fencing_token() > token);
     next.release().await.unwrap();
 }
+
+/// Where a graceful handover's leader-side time goes over HTTP/2: `Leadership::release` with
+/// the successor lookup (`Successor::Youngest`, the default: a list of the registration
+/// Leases, then the update) and without it (`Successor::Any`: the update alone). Printed, for
+/// docs/benchmarks.md; asserted only loosely (a shared machine).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_release_over_http2_with_and_without_the_successor_lookup() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = client::http2(cp.config("admin").await.unwrap(), Duration::from_secs(1)).unwrap();
+    for successor in [kube_leader::Successor::Youngest, kube_leader::Successor::Any] {
+        let mut took = Vec::new();
+        for round in 0..20 {
+            let shutdown = CancellationToken::new();
+            let lease = format!("h2-release-{}", round % 2);
+            let leadership = short_lease_elector(&client, ns.name(), &lease, "a")
+                .successor(successor)
+                .become_leader(&shutdown)
+                .await
+                .unwrap();
+            let started = Instant::now();
+            leadership.release().await.unwrap();
+            took.push(started.elapsed());
+            shutdown.cancel();
+        }
+        took.sort();
+        eprintln!(
+            "{successor:?}: release over HTTP/2, 20 rounds: p50 {:?}, p90 {:?}, max {:?}",
+            took[9], took[17], took[19]
+        );
+        assert!(took[9] < Duration::from_secs(1), "{took:?}");
+    }
+}
