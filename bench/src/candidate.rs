@@ -25,16 +25,23 @@ use crate::{clock::mono_ns, procfs::Memory};
 /// Which implementation a Lease candidate process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Impl {
-    /// `lease-candidate` (crate kube-leader-e2e): the kube-leader library's `LeaseElector`.
+    /// `lease-candidate` (crate kube-leader-e2e): the kube-leader library's `LeaseElector`, over
+    /// kube's own client (HTTP/1.1).
     KubeLeader,
+    /// `lease-candidate ... http2`: the same over `kube_leader::client::http2` (feature `http2`).
+    KubeLeaderHttp2,
     /// `kube-leader-go-candidate`: client-go 1.20's `leaderelection` with a `LeaseLock`.
     ClientGo,
 }
 
 impl Impl {
+    /// Every implementation, in the order of the tables.
+    pub(crate) const ALL: [Impl; 3] = [Impl::KubeLeader, Impl::KubeLeaderHttp2, Impl::ClientGo];
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Impl::KubeLeader => "kube-leader",
+            Impl::KubeLeaderHttp2 => "kube-leader (HTTP/2)",
             Impl::ClientGo => "client-go",
         }
     }
@@ -43,6 +50,7 @@ impl Impl {
     pub(crate) fn tag(self) -> &'static str {
         match self {
             Impl::KubeLeader => "kl",
+            Impl::KubeLeaderHttp2 => "kh",
             Impl::ClientGo => "go",
         }
     }
@@ -172,13 +180,16 @@ impl Fleet {
     ) -> anyhow::Result<()> {
         let ms = |d: Duration| d.as_millis().to_string();
         let mut command = match imp {
-            Impl::KubeLeader => {
+            Impl::KubeLeader | Impl::KubeLeaderHttp2 => {
                 let mut c = guarded(&bins.lease_candidate);
                 c.arg(kubeconfig).args([namespace, lease, identity]).args([
                     ms(t.lease),
                     ms(t.renew),
                     ms(t.retry),
                 ]);
+                if imp == Impl::KubeLeaderHttp2 {
+                    c.arg("http2");
+                }
                 c
             }
             Impl::ClientGo => {

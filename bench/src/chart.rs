@@ -124,7 +124,7 @@ fn panel(
 
     for (imp, values) in series {
         let color = match imp {
-            Impl::KubeLeader => KUBE_LEADER,
+            Impl::KubeLeader | Impl::KubeLeaderHttp2 => KUBE_LEADER,
             Impl::ClientGo => CLIENT_GO,
         };
         let mut sorted = values.clone();

@@ -113,6 +113,16 @@ impl Results {
                 "",
             );
         }
+        if let Some(l) = self.lease(Impl::KubeLeaderHttp2, Stop::Graceful) {
+            row(
+                s,
+                &format!(
+                    "library over HTTP/2 (feature `http2`), lease {t}: SIGTERM → next leader's first act"
+                ),
+                &l.samples,
+                "",
+            );
+        }
         row(
             s,
             &format!("sidecar, lease {t}: SIGTERM to kube-leader → next COMMAND"),
@@ -243,7 +253,7 @@ impl Results {
             );
         }
         for stop in [Stop::Graceful, Stop::Crash] {
-            for imp in [Impl::KubeLeader, Impl::ClientGo] {
+            for imp in Impl::ALL {
                 if let Some(l) = self.lease(imp, stop) {
                     row(
                         s,
@@ -287,7 +297,7 @@ impl Results {
                 ));
             }
         }
-        for imp in [Impl::KubeLeader, Impl::ClientGo] {
+        for imp in Impl::ALL {
             if let Some(l) = self.lease(imp, Stop::Graceful) {
                 if let (Some(a), Some(b)) = (Summary::of(&l.to_release), Summary::of(&l.release_to_leader)) {
                     notes.push(format!(
@@ -497,7 +507,9 @@ impl Results {
         }
         for l in &self.idle {
             let what = match l.imp {
-                Impl::KubeLeader => "library candidate (`lease-candidate`, LeaseElector)",
+                Impl::KubeLeader | Impl::KubeLeaderHttp2 => {
+                    "library candidate (`lease-candidate`, LeaseElector)"
+                }
                 Impl::ClientGo => "client-go candidate (Go)",
             };
             row(what, "leader", &l.leader_memory);
@@ -881,6 +893,17 @@ impl Results {
                     .and_then(|g| Summary::of(&g.samples))
                     .map(|g| format!(" (client-go p99 {})", fmt(g.p99)))
                     .unwrap_or_default();
+                let go = match self
+                    .lease(Impl::KubeLeaderHttp2, Stop::Graceful)
+                    .and_then(|h| Summary::of(&h.samples))
+                {
+                    Some(h) => format!(
+                        "{go}; over HTTP/2 (feature `http2`) p50 {} / p99 {}",
+                        fmt(h.p50),
+                        fmt(h.p99)
+                    ),
+                    None => go,
+                };
                 Goal {
                     goal: g.into(),
                     measured: format!("p50 {} / p99 {}{go}", fmt(m.p50), fmt(m.p99)),
@@ -914,6 +937,17 @@ impl Results {
                     .and_then(|g| Summary::of(&g.samples))
                     .map(|g| format!(" (client-go p99 {})", fmt(g.p99)))
                     .unwrap_or_default();
+                let go = match self
+                    .lease(Impl::KubeLeaderHttp2, Stop::Graceful)
+                    .and_then(|h| Summary::of(&h.samples))
+                {
+                    Some(h) => format!(
+                        "{go}; over HTTP/2 (feature `http2`) p50 {} / p99 {}",
+                        fmt(h.p50),
+                        fmt(h.p99)
+                    ),
+                    None => go,
+                };
                 Goal {
                     goal: g.into(),
                     measured: format!(

@@ -23,6 +23,9 @@
 //!
 //! The library picks no `k8s-openapi` version feature and no TLS stack: enable one of each in
 //! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
+//! The opt-in feature `http2` adds `kube_leader::client`: an API client over HTTP/2, with
+//! kube's layers and liveness bounds from the renew deadline, for a faster handover (it brings
+//! rustls with ring).
 //!
 //! # Quick start
 //!
@@ -61,6 +64,9 @@ mod api;
 #[cfg_attr(docsrs, doc(cfg(feature = "clap")))]
 pub mod args;
 mod backoff;
+#[cfg(feature = "http2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http2")))]
+pub mod client;
 pub mod discovery;
 mod election;
 mod elector;

@@ -4,9 +4,9 @@
 //! policy (docs/development.md) decides the version. `cargo semver-checks` needs a published
 //! baseline; until there is one, this snapshot is the check.
 //!
-//! The API (every feature on) comes from rustdoc's JSON output (`--output-format json`), built on the stable
-//! toolchain with `RUSTC_BOOTSTRAP=1` into a target directory of its own (`target/tmp/public-api`;
-//! the first run builds the dependencies' metadata there once). Each public item is written with
+//! The API comes from rustdoc's JSON output (`--output-format json`, every feature enabled), built
+//! on the stable toolchain with `RUSTC_BOOTSTRAP=1` into a target directory of its own
+//! (`target/tmp/public-api`; the first run builds the dependencies' metadata there once). Each public item is written with
 //! its full path: modules, structs with their public fields, enums with their variants, functions
 //! and methods with their signatures, constants, type aliases, traits, and every trait a type
 //! implements (auto traits included: losing `Send` is a breaking change). Blanket impls are left
@@ -64,6 +64,7 @@ fn rustdoc_json() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(manifest)
+        // Every feature: an optional module is public API too.
         .args(["rustdoc", "--quiet", "--lib", "--all-features", "--manifest-path"])
         .arg(manifest.join("Cargo.toml"))
         .arg("--target-dir")

@@ -1,6 +1,7 @@
 //! A kube-leader Lease candidate as a process of its own, for tests that pause or kill it.
 //!
-//! Usage: `lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS`.
+//! Usage: `lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS [CLIENT]`,
+//! CLIENT `http1` (kube's own client, the default) or `http2` (`kube_leader::client::http2`).
 //! Prints one JSON line per event on stdout: `started_leading` (with the fencing token),
 //! `stopped_leading` (with the reason), each with CLOCK_MONOTONIC nanoseconds (`mono_ns`).
 //! Campaigns again after a loss; SIGTERM releases and exits 0.
@@ -19,15 +20,24 @@ fn emit(v: serde_json::Value) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [kubeconfig, namespace, lease, identity, lease_ms, renew_ms, retry_ms] = &args[..] else {
+    let (args, http) = match &args[..] {
+        [args @ .., last] if last == "http1" || last == "http2" => (args, last.as_str()),
+        args => (args, "http1"),
+    };
+    let [kubeconfig, namespace, lease, identity, lease_ms, renew_ms, retry_ms] = args else {
         return Err(
-            "usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS".into(),
+            "usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS \
+                    [http1|http2]"
+                .into(),
         );
     };
     let ms = |s: &String| s.parse::<u64>().map(Duration::from_millis);
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    let client = kube::Client::try_from(config)?;
+    let client = match http {
+        "http2" => kube_leader::client::http2(config, ms(renew_ms)?)?,
+        _ => kube::Client::try_from(config)?,
+    };
     let elector = LeaseElector::new(client, lease)
         .namespace(namespace)
         .identity(identity)
