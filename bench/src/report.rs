@@ -76,6 +76,22 @@ impl Results {
         self.lease.iter().find(|l| l.imp == imp && l.stop == stop)
     }
 
+    /// `measured`, followed by the library's figure over its HTTP/2 client for the same kind of
+    /// stop, where the run measured it.
+    fn with_http2(&self, measured: String, stop: Stop) -> String {
+        match self
+            .lease(Impl::KubeLeaderHttp2, stop)
+            .and_then(|h| Summary::of(&h.samples))
+        {
+            Some(h) => format!(
+                "{measured}; over HTTP/2 (feature `http2`) p50 {} / p99 {}",
+                fmt(h.p50),
+                fmt(h.p99)
+            ),
+            None => measured,
+        }
+    }
+
     fn idle(&self, imp: Impl) -> Option<&IdleLoad> {
         self.idle.iter().find(|l| l.imp == imp)
     }
@@ -893,17 +909,7 @@ impl Results {
                     .and_then(|g| Summary::of(&g.samples))
                     .map(|g| format!(" (client-go p99 {})", fmt(g.p99)))
                     .unwrap_or_default();
-                let go = match self
-                    .lease(Impl::KubeLeaderHttp2, Stop::Graceful)
-                    .and_then(|h| Summary::of(&h.samples))
-                {
-                    Some(h) => format!(
-                        "{go}; over HTTP/2 (feature `http2`) p50 {} / p99 {}",
-                        fmt(h.p50),
-                        fmt(h.p99)
-                    ),
-                    None => go,
-                };
+                let go = self.with_http2(go, Stop::Graceful);
                 Goal {
                     goal: g.into(),
                     measured: format!("p50 {} / p99 {}{go}", fmt(m.p50), fmt(m.p99)),
@@ -937,17 +943,7 @@ impl Results {
                     .and_then(|g| Summary::of(&g.samples))
                     .map(|g| format!(" (client-go p99 {})", fmt(g.p99)))
                     .unwrap_or_default();
-                let go = match self
-                    .lease(Impl::KubeLeaderHttp2, Stop::Graceful)
-                    .and_then(|h| Summary::of(&h.samples))
-                {
-                    Some(h) => format!(
-                        "{go}; over HTTP/2 (feature `http2`) p50 {} / p99 {}",
-                        fmt(h.p50),
-                        fmt(h.p99)
-                    ),
-                    None => go,
-                };
+                let go = self.with_http2(go, Stop::Crash);
                 Goal {
                     goal: g.into(),
                     measured: format!(
