@@ -13,6 +13,8 @@
 //! `cargo build -p kube-leader-examples --examples`. Each process's log is kept in
 //! `target/tmp/` and its tail is shown when a check fails.
 
+mod common;
+
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
@@ -32,23 +34,6 @@ use tokio::{
 
 /// How long any one expected change may take.
 const SOON: Duration = Duration::from_secs(30);
-
-/// The path of an example's binary, beside this test's (`target/<profile>/examples/<name>`).
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "the example binary {} is missing: build it with `cargo build -p kube-leader-examples --examples` \
-         (scripts/test.sh does, before the tests)",
-        path.display()
-    );
-    path
-}
 
 /// A free port of 127.0.0.1 (free when asked; the example binds it right after).
 fn free_addr() -> SocketAddr {
@@ -75,7 +60,7 @@ impl Example {
         let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{ns}-{id}.log"));
         let out = std::fs::File::create(&log).expect("a log file");
         let err = out.try_clone().expect("a log file");
-        let child = Command::new(binary(name))
+        let child = Command::new(common::example(name))
             .args([flag, &addr.to_string(), "--lease", lease])
             .args([
                 "--lease-duration",

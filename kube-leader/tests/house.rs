@@ -140,14 +140,13 @@ fn expand(tree: &str, prefix: &str, out: &mut Vec<String>) {
 }
 
 /// The module `path` (named from `module`) resolves into.
-fn resolve(path: &str, module: &str, is_dir_module: bool, known: &BTreeSet<String>) -> Option<String> {
+fn resolve(path: &str, module: &str, known: &BTreeSet<String>) -> Option<String> {
     let mut base: Vec<&str> = module.split("::").filter(|s| !s.is_empty()).collect();
     let mut rest = path.split("::").peekable();
     match rest.next()? {
         "crate" => base.clear(),
         "super" => {
             // `super` of `a::b` (file a/b.rs) is `a`; of a mod.rs file likewise its parent.
-            let _ = is_dir_module;
             base.pop()?;
             while rest.peek() == Some(&"super") {
                 rest.next();
@@ -183,7 +182,7 @@ fn arrows(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     for (module, text) in &mods {
         let to = graph.entry(module.clone()).or_default();
         for p in paths(&code(text)) {
-            if let Some(target) = resolve(&p, module, false, &known) {
+            if let Some(target) = resolve(&p, module, &known) {
                 if !related(module, &target) {
                     to.insert(target);
                 }
@@ -325,16 +324,7 @@ fn the_check_finds_a_circle() {
     expand("crate::{a::{b, c}, d}", "", &mut out);
     assert_eq!(out, ["crate::a::b", "crate::a::c", "crate::d"]);
     let known: BTreeSet<String> = ["x".to_string(), "x::y".to_string(), "z".to_string()].into();
-    assert_eq!(
-        resolve("super::z::Item", "x", false, &known).as_deref(),
-        Some("z")
-    );
-    assert_eq!(
-        resolve("crate::x::y::f", "z", false, &known).as_deref(),
-        Some("x::y")
-    );
-    assert_eq!(
-        resolve("super::Item", "x::y", false, &known).as_deref(),
-        Some("x")
-    );
+    assert_eq!(resolve("super::z::Item", "x", &known).as_deref(), Some("z"));
+    assert_eq!(resolve("crate::x::y::f", "z", &known).as_deref(), Some("x::y"));
+    assert_eq!(resolve("super::Item", "x::y", &known).as_deref(), Some("x"));
 }

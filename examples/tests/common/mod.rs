@@ -1,4 +1,6 @@
 //! Running an example binary as its users run it: a kubeconfig, flags, environment, a log file.
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
 
 use std::{
     path::PathBuf,
