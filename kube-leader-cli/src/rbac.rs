@@ -239,33 +239,7 @@ pub(crate) fn role_name(strategy: StrategyArg, lock: &str) -> String {
 fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rule>) {
     let strategy = args.lock.strategy;
     let lock = &args.lock.lock;
-    let (name, mut command, mut run, mut rules) = match args.shards {
-        Some(m) => (
-            format!("kube-leader-shards-{lock}"),
-            format!("kube-leader rbac --shards {m} --lock {lock} --namespace {namespace}"),
-            format!("kube-leader run --strategy lease --lock {lock} --shards {m}"),
-            shards_rules(lock, m, &args.identities),
-        ),
-        None => {
-            let dead = match args.dead_leader_pod {
-                Some(p) => format!(" --dead-leader-pod {}", dead_leader_pod_str(p)),
-                None => String::new(),
-            };
-            let strategy = strategy.as_str();
-            (
-                role_name(args.lock.strategy, lock),
-                format!("kube-leader rbac --strategy {strategy} --lock {lock} --namespace {namespace}{dead}"),
-                format!("kube-leader run --strategy {strategy} --lock {lock}{dead}"),
-                match args.lock.strategy {
-                    StrategyArg::ForLife => for_life_rules(
-                        lock,
-                        args.dead_leader_pod.unwrap_or(DeadLeaderPodArg::DeleteEvicted),
-                    ),
-                    StrategyArg::Lease => lease_rules(lock),
-                },
-            )
-        }
-    };
+    let (name, mut command, mut run, mut rules) = base_role(args, namespace);
     if args.shards.is_none() {
         match args.successor {
             SuccessorArg::Youngest => with_registrations(strategy, &mut rules),
@@ -315,6 +289,40 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rul
         );
     }
     (name, command, run, rules)
+}
+
+/// The Role of the election alone (shards, or a strategy): its name, command line, `run` and
+/// rules, before the options that add to them.
+fn base_role(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Rule>) {
+    let strategy = args.lock.strategy;
+    let lock = &args.lock.lock;
+    match args.shards {
+        Some(m) => (
+            format!("kube-leader-shards-{lock}"),
+            format!("kube-leader rbac --shards {m} --lock {lock} --namespace {namespace}"),
+            format!("kube-leader run --strategy lease --lock {lock} --shards {m}"),
+            shards_rules(lock, m, &args.identities),
+        ),
+        None => {
+            let dead = match args.dead_leader_pod {
+                Some(p) => format!(" --dead-leader-pod {}", dead_leader_pod_str(p)),
+                None => String::new(),
+            };
+            let strategy = strategy.as_str();
+            (
+                role_name(args.lock.strategy, lock),
+                format!("kube-leader rbac --strategy {strategy} --lock {lock} --namespace {namespace}{dead}"),
+                format!("kube-leader run --strategy {strategy} --lock {lock}{dead}"),
+                match args.lock.strategy {
+                    StrategyArg::ForLife => for_life_rules(
+                        lock,
+                        args.dead_leader_pod.unwrap_or(DeadLeaderPodArg::DeleteEvicted),
+                    ),
+                    StrategyArg::Lease => lease_rules(lock),
+                },
+            )
+        }
+    }
 }
 
 /// The YAML `kube-leader rbac` prints.

@@ -12,7 +12,7 @@ use super::{
     api::{cm_op, pod_op},
     config::{ForLifeConfig, INITIAL_BACKOFF},
     decide::{
-        dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Waiting,
+        dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting,
     },
     record::{LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
@@ -52,6 +52,16 @@ pub(super) enum Confirmed {
     Yes,
     Changed,
     Unknown,
+}
+
+/// What one decision and its act came to.
+enum Step {
+    /// This candidate leads.
+    Won(Won),
+    /// The world changed under the act: decide again at once.
+    Again,
+    /// Wait for a change (or until the instant given), then decide again.
+    Wait(Option<Instant>),
 }
 
 /// What woke a waiting candidate.
@@ -151,82 +161,109 @@ impl<'a> Election<'a> {
         loop {
             let mut recheck_at = None;
             if let Some(state) = self.lock_state.known() {
-                let record = state.as_ref().map(LockRecord::from_config_map);
-                self.track_leader_pod(record.as_ref());
-                self.track_node();
-                let now = Instant::now();
-                self.track_fate(record.as_ref(), now);
-                let unknown = LeaderPod::Unknown;
-                let inputs = Inputs {
-                    lock: record.as_ref(),
-                    leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
-                    node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
-                    fate: self.fate.as_ref(),
-                    me: &self.me,
-                    now,
-                    policy: self.policy(),
-                };
-                let decision = decide(inputs);
-                let wait = self.config().successor_wait;
-                let decision = defer_to_preferred(decision, self.fate.as_ref(), &self.me, now, wait);
-                let dead_pod = dead_pod_to_delete(&inputs);
-                match decision {
-                    Decision::Create => {
-                        self.last_wait = None;
-                        match self.confirm_before_create().await? {
-                            Confirmed::Yes => {
-                                dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
-                                if let Some(won) = self.create().await? {
-                                    return Ok(won);
-                                }
-                            }
-                            Confirmed::Changed => continue,
-                            Confirmed::Unknown => {}
-                        }
-                    }
-                    Decision::Continue => {
-                        if let Some(won) = self.continue_as_leader(state.unwrap_or_default()).await? {
-                            return Ok(won);
-                        }
-                    }
-                    Decision::DeleteLock {
-                        lock_uid,
-                        why,
-                        proof,
-                        delete_pod,
-                    } => {
-                        self.last_wait = None;
-                        match self.confirm_leader_pod().await? {
-                            // The Pod is as decided on: the lock is stale.
-                            Confirmed::Yes => {
-                                // The liveness proof holds for the lock as seen: a heartbeat
-                                // since (a newer version) must stop the deletion.
-                                let version = matches!(proof, Proof::LivenessLapsed { .. })
-                                    .then(|| record.as_ref().and_then(|r| r.resource_version.clone()))
-                                    .flatten();
-                                let precondition = (lock_uid.as_str(), version.as_deref());
-                                if self.delete_stale(precondition, &why, proof, delete_pod).await? {
-                                    continue;
-                                }
-                            }
-                            // The Pod changed: decide again on what it is now.
-                            Confirmed::Changed => continue,
-                            // Cannot tell now: wait, re-reading with the backoff.
-                            Confirmed::Unknown => {}
-                        }
-                    }
-                    Decision::Wait { why, recheck_at: at } => {
-                        if matches!(why, Waiting::Malformed(_)) {
-                            // Re-read with the backoff, as operator-sdk does, in case an edit that
-                            // fixes the lock is missed; the watch usually brings it first.
-                            self.arm_retry();
-                        }
-                        self.log_wait(why);
-                        recheck_at = at;
-                    }
+                match self.step(state).await? {
+                    Step::Won(won) => return Ok(won),
+                    Step::Again => continue,
+                    Step::Wait(at) => recheck_at = at,
                 }
             }
             self.wait(recheck_at).await?;
+        }
+    }
+
+    /// One decision on the lock as last seen (`None`: there is none), and its act.
+    async fn step(&mut self, state: Option<ConfigMap>) -> Result<Step> {
+        let record = state.as_ref().map(LockRecord::from_config_map);
+        self.track_leader_pod(record.as_ref());
+        self.track_node();
+        let now = Instant::now();
+        self.track_fate(record.as_ref(), now);
+        let unknown = LeaderPod::Unknown;
+        let inputs = Inputs {
+            lock: record.as_ref(),
+            leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
+            node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
+            fate: self.fate.as_ref(),
+            me: &self.me,
+            now,
+            policy: self.policy(),
+        };
+        let decision = decide(inputs);
+        let wait = self.config().successor_wait;
+        let decision = defer_to_preferred(decision, self.fate.as_ref(), &self.me, now, wait);
+        let dead_pod = dead_pod_to_delete(&inputs);
+        match decision {
+            Decision::Create => {
+                self.last_wait = None;
+                match self.confirm_before_create().await? {
+                    Confirmed::Yes => {
+                        dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
+                        if let Some(won) = self.create().await? {
+                            return Ok(Step::Won(won));
+                        }
+                    }
+                    Confirmed::Changed => return Ok(Step::Again),
+                    Confirmed::Unknown => {}
+                }
+            }
+            Decision::Continue => {
+                if let Some(won) = self.continue_as_leader(state.unwrap_or_default()).await? {
+                    return Ok(Step::Won(won));
+                }
+            }
+            Decision::DeleteLock {
+                lock_uid,
+                why,
+                proof,
+                delete_pod,
+            } => {
+                self.last_wait = None;
+                let version = record.as_ref().and_then(|r| r.resource_version.clone());
+                return self
+                    .delete_lock(&lock_uid, version, &why, proof, delete_pod)
+                    .await;
+            }
+            Decision::Wait { why, recheck_at } => {
+                if matches!(why, Waiting::Malformed(_)) {
+                    // Re-read with the backoff, as operator-sdk does, in case an edit that
+                    // fixes the lock is missed; the watch usually brings it first.
+                    self.arm_retry();
+                }
+                self.log_wait(why);
+                return Ok(Step::Wait(recheck_at));
+            }
+        }
+        Ok(Step::Wait(None))
+    }
+
+    /// [`Decision::DeleteLock`]: once the leader's Pod is confirmed as decided on, deletes the
+    /// stale lock (of `version`, as seen, where the proof is a lapsed liveness).
+    async fn delete_lock(
+        &mut self,
+        lock_uid: &str,
+        version: Option<String>,
+        why: &Stale,
+        proof: Proof,
+        delete_pod: Option<PodRef>,
+    ) -> Result<Step> {
+        match self.confirm_leader_pod().await? {
+            // The Pod is as decided on: the lock is stale.
+            Confirmed::Yes => {
+                // The liveness proof holds for the lock as seen: a heartbeat since (a newer
+                // version) must stop the deletion.
+                let version = matches!(proof, Proof::LivenessLapsed { .. })
+                    .then_some(version)
+                    .flatten();
+                let precondition = (lock_uid, version.as_deref());
+                if self.delete_stale(precondition, why, proof, delete_pod).await? {
+                    return Ok(Step::Again);
+                }
+                Ok(Step::Wait(None))
+            }
+            // The Pod changed: decide again on what it is now.
+            Confirmed::Changed => Ok(Step::Again),
+            // Cannot tell now: wait, re-reading with the backoff.
+            Confirmed::Unknown => Ok(Step::Wait(None)),
         }
     }
 

@@ -273,19 +273,7 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
         Err(recheck_at) => may_run(holder.clone(), how, recheck_at),
     };
     if lock.released {
-        // The leader's own word: its work has stopped. The dead Pod is cleaned up by policy.
-        let delete_pod = match i.leader_pod {
-            LeaderPod::Present(pod) if pod.uid == owner.uid && pod.is_terminal() => {
-                deletes_pod(&i, pod).then(|| owner.clone())
-            }
-            _ => None,
-        };
-        return Decision::DeleteLock {
-            lock_uid: lock.uid.clone(),
-            why: Stale::Released { holder },
-            proof: Proof::Released,
-            delete_pod,
-        };
+        return released(&i, lock, owner, holder);
     }
     if owner.name == i.me.name {
         // Pod names are unique in a namespace: the owner is a former Pod of this name, gone
@@ -319,6 +307,23 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
         LeaderPod::Present(pod) => pod,
     };
     decide_on_pod(&i, lock, owner, fate, pod, holder)
+}
+
+/// A lock its leader marked released: its own word that its work has stopped, so the lock
+/// is stale; its dead Pod is cleaned up by policy.
+fn released(i: &Inputs<'_>, lock: &LockRecord, owner: &PodRef, holder: String) -> Decision {
+    let delete_pod = match i.leader_pod {
+        LeaderPod::Present(pod) if pod.uid == owner.uid && pod.is_terminal() => {
+            deletes_pod(i, pod).then(|| owner.clone())
+        }
+        _ => None,
+    };
+    Decision::DeleteLock {
+        lock_uid: lock.uid.clone(),
+        why: Stale::Released { holder },
+        proof: Proof::Released,
+        delete_pod,
+    }
 }
 
 /// A candidate that is not the successor a release prefers defers to it for `wait` from when it

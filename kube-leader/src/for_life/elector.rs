@@ -476,21 +476,7 @@ impl ForLife {
             store_fencing_token(cm, lock, me, won.lock.clone(), token, timeout, cap)
         });
         let span = info_span!("leader_for_life_keeper", lock = %lock, pod = %me.name);
-        let beat = self
-            .config
-            .heartbeat()
-            .zip(won.heartbeat_sent)
-            .map(|(liveness, sent)| Beat {
-                configmaps: configmaps.clone(),
-                lock: lock.clone(),
-                lock_uid: lock_uid.clone(),
-                me: me.clone(),
-                liveness,
-                fencing_token: won.fencing_token,
-                api_timeout: self.config.api_timeout,
-                current: won.lock.clone(),
-                last_sent: sent,
-            });
+        let beat = self.beat(&configmaps, &lock, &lock_uid, &me, &won);
         let keeper = Keeper {
             configmaps,
             pods: Api::namespaced(self.client.clone(), &lock.namespace),
@@ -525,6 +511,32 @@ impl ForLife {
         self.hooks
             .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         leadership
+    }
+}
+
+impl ForLife {
+    /// The liveness heartbeat of a term won with one (the write that made the term carried
+    /// the first beat).
+    fn beat(
+        &self,
+        configmaps: &Api<ConfigMap>,
+        lock: &LockRef,
+        lock_uid: &str,
+        me: &PodRef,
+        won: &Won,
+    ) -> Option<Beat> {
+        let (liveness, sent) = self.config.heartbeat().zip(won.heartbeat_sent)?;
+        Some(Beat {
+            configmaps: configmaps.clone(),
+            lock: lock.clone(),
+            lock_uid: lock_uid.to_owned(),
+            me: me.clone(),
+            liveness,
+            fencing_token: won.fencing_token,
+            api_timeout: self.config.api_timeout,
+            current: won.lock.clone(),
+            last_sent: sent,
+        })
     }
 }
 
