@@ -56,8 +56,8 @@ pub(super) enum Confirmed {
 
 /// What one decision and its act came to.
 enum Step {
-    /// This candidate leads.
-    Won(Won),
+    /// This candidate leads (boxed: a term's lock is large beside the other variants).
+    Won(Box<Won>),
     /// The world changed under the act: decide again at once.
     Again,
     /// Wait for a change (or until the instant given), then decide again.
@@ -162,7 +162,7 @@ impl<'a> Election<'a> {
             let mut recheck_at = None;
             if let Some(state) = self.lock_state.known() {
                 match self.step(state).await? {
-                    Step::Won(won) => return Ok(won),
+                    Step::Won(won) => return Ok(*won),
                     Step::Again => continue,
                     Step::Wait(at) => recheck_at = at,
                 }
@@ -199,7 +199,7 @@ impl<'a> Election<'a> {
                     Confirmed::Yes => {
                         dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
                         if let Some(won) = self.create().await? {
-                            return Ok(Step::Won(won));
+                            return Ok(Step::Won(Box::new(won)));
                         }
                     }
                     Confirmed::Changed => return Ok(Step::Again),
@@ -208,7 +208,7 @@ impl<'a> Election<'a> {
             }
             Decision::Continue => {
                 if let Some(won) = self.continue_as_leader(state.unwrap_or_default()).await? {
-                    return Ok(Step::Won(won));
+                    return Ok(Step::Won(Box::new(won)));
                 }
             }
             Decision::DeleteLock {
