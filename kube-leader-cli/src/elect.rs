@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::{
     cli::ElectArgs,
+    cluster,
     exit::{self, Fail, OrExit},
     label::PodLabel,
     run::{self, is_stop, Signals},
@@ -26,10 +27,10 @@ use crate::{
 pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
     let args = args.as_run();
     let mut signals = Signals::new().or_exit(exit::INTERNAL)?;
-    let client = run::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
+    let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let identity = run::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
+    let identity = cluster::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(
             exit::USAGE,
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),

@@ -17,6 +17,7 @@
 
 mod cli;
 mod client;
+mod cluster;
 mod elect;
 mod elector;
 mod exit;

@@ -23,13 +23,12 @@ use crate::{
     supervisor::{self, Supervisor},
 };
 
-mod cluster;
 mod command;
 mod leading;
 mod own_pod;
 mod signals;
 
-pub(crate) use cluster::{connect, resolve_identity, resolve_namespace};
+use crate::cluster::{connect, resolve_identity, resolve_namespace};
 use leading::Leading;
 pub(crate) use signals::{is_stop, Signals};
 

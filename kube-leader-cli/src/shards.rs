@@ -39,8 +39,9 @@ use tracing::{info, warn};
 
 use crate::{
     cli::{LogFormat, RunArgs},
+    cluster,
     exit::{self, Fail, OrExit},
-    run, supervisor,
+    supervisor,
 };
 
 mod command;
@@ -56,9 +57,9 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
-    let client = run::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
-    let identity = run::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
+    let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
+    let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let identity = cluster::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(
             exit::USAGE,
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::{
     cli::{OutputFormat, StatusArgs},
+    cluster,
     exit::{self, Fail, OrExit},
-    run,
     state::rfc3339,
 };
 
@@ -34,13 +34,13 @@ struct StatusOut {
 
 /// `kube-leader status`: returns the exit code.
 pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
-    let client = run::connect(
+    let client = cluster::connect(
         &args.cluster,
         args.connect_timeout,
         crate::client::ONE_OFF_RENEW_DEADLINE,
     )
     .await?;
-    let namespace = run::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let info = kube_leader::Elector::current_leader(client, args.lock.strategy.into(), &lock)
         .await

@@ -106,7 +106,7 @@ async fn serve(args: FenceServeArgs) -> Result<u8, Fail> {
     let config = rules(&args.rules.rules)?;
     let files = tls::CertFiles::in_dir(&args.tls_dir);
     let tls = tls::server_config(&files.cert, &files.key).map_err(|e| Fail::new(exit::USAGE, anyhow!(e)))?;
-    let client = crate::run::connect(
+    let client = crate::cluster::connect(
         &args.cluster,
         args.connect_timeout,
         crate::client::ONE_OFF_RENEW_DEADLINE,
@@ -208,7 +208,7 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         );
         return Ok(0);
     }
-    let client = crate::run::connect(
+    let client = crate::cluster::connect(
         &args.cluster,
         std::time::Duration::from_secs(10),
         crate::client::ONE_OFF_RENEW_DEADLINE,

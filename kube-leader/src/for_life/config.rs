@@ -254,7 +254,7 @@ impl ForLifeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn defaults_are_the_seeds_and_valid() {

@@ -225,7 +225,7 @@ impl ForLife {
     /// Whether to campaign at all (default [`Election::Enabled`](crate::Election::Enabled);
     /// see [`Election`](crate::Election)).
     #[must_use]
-    pub fn election(mut self, election: crate::Election) -> Self {
+    pub fn election(mut self, election: crate::election::Election) -> Self {
         self.config.election = election;
         self
     }
@@ -350,7 +350,7 @@ impl ForLife {
             .or_else(|| env.pod_name.clone())
             .map(|n| n.trim().to_string());
         let found = discover_namespace(self.config.namespace.as_deref(), &env);
-        if self.config.election == crate::Election::Disabled {
+        if self.config.election == crate::election::Election::Disabled {
             let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
             let identity = discovery::resolve_identity(pod_name.as_deref()).unwrap_or_default();
             let lock = LockRef::new(namespace, self.name.clone())?;
@@ -512,9 +512,7 @@ impl ForLife {
             .follow(&leadership, won.lock.metadata.uid.clone(), won.restarted, None);
         leadership
     }
-}
 
-impl ForLife {
     /// The liveness heartbeat of a term won with one (the write that made the term carried
     /// the first beat).
     fn beat(

@@ -124,7 +124,7 @@ impl TokenStore {
     }
 }
 
-fn refused(e: &crate::Error) -> Step {
+fn refused(e: &crate::error::Error) -> Step {
     warn!(error = %e, "could not store the fencing token in the lock (leadership is not affected)");
     Step::Done
 }

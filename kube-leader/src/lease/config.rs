@@ -236,7 +236,7 @@ impl LeaseConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
+    use crate::error::Error;
 
     #[test]
     fn one_hung_request_leaves_time_for_another_attempt() {
