@@ -323,8 +323,13 @@ impl Registry {
 
     /// The youngest live candidate other than `me`, by one list of the registrations; `None`
     /// if there is none or the list failed (logged: the release then prefers nobody).
+    ///
+    /// The list is served from the API server's watch cache (`resourceVersion=0`), not read
+    /// from etcd: it is on the way of a handover (a leader whose work stops at once waits for
+    /// it before its release), and a registration a few milliseconds late costs at most a
+    /// preference, never safety.
     pub(crate) async fn youngest_other(&self, me: &str) -> Option<String> {
-        let params = ListParams::default().labels(&self.selector());
+        let params = ListParams::default().labels(&self.selector()).match_any();
         let name = format!("{}-candidate-*", self.lock.name);
         match call(self.op("list", &name), self.api_timeout, self.api.list(&params)).await {
             Ok(list) => {
