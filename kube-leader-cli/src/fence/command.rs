@@ -169,6 +169,29 @@ fn parse_service(s: &str) -> Result<Endpoint, String> {
     })
 }
 
+/// Where the API server reaches the webhooks (`--url` or `--service`) and its call timeout in
+/// whole seconds (`--timeout`), or what is wrong with them.
+fn endpoint_and_timeout(args: &FenceWebhooksArgs) -> Result<(Endpoint, i32), String> {
+    let endpoint = match (&args.url, &args.service) {
+        (Some(url), _) if url.starts_with("https://") => Endpoint::Url(url.clone()),
+        (Some(url), _) => {
+            return Err(format!(
+                "--url {url:?}: the API server calls webhooks over https://"
+            ))
+        }
+        (None, Some(s)) => parse_service(s)?,
+        (None, None) => return Err("give --url or --service".into()),
+    };
+    let timeout_seconds = i32::try_from(args.timeout.as_secs()).unwrap_or(0);
+    if !(1..=30).contains(&timeout_seconds) {
+        return Err(format!(
+            "--timeout {}: the API server accepts 1s to 30s",
+            humantime::format_duration(args.timeout)
+        ));
+    }
+    Ok((endpoint, timeout_seconds))
+}
+
 async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
     let usage = |e: String| Fail::new(exit::USAGE, anyhow!(e));
     let config = rules(&args.rules.rules)?;
@@ -178,23 +201,7 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
             args.ca_bundle.display()
         ))
     })?;
-    let endpoint = match (&args.url, &args.service) {
-        (Some(url), _) if url.starts_with("https://") => Endpoint::Url(url.clone()),
-        (Some(url), _) => {
-            return Err(usage(format!(
-                "--url {url:?}: the API server calls webhooks over https://"
-            )))
-        }
-        (None, Some(s)) => parse_service(s).map_err(usage)?,
-        (None, None) => return Err(usage("give --url or --service".into())),
-    };
-    let timeout_seconds = i32::try_from(args.timeout.as_secs()).unwrap_or(0);
-    if !(1..=30).contains(&timeout_seconds) {
-        return Err(usage(format!(
-            "--timeout {}: the API server accepts 1s to 30s",
-            humantime::format_duration(args.timeout)
-        )));
-    }
+    let (endpoint, timeout_seconds) = endpoint_and_timeout(&args).map_err(usage)?;
     let o = Options {
         name: &args.name,
         endpoint: &endpoint,
@@ -208,6 +215,12 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         );
         return Ok(0);
     }
+    apply(&args, &config, &o).await?;
+    Ok(0)
+}
+
+/// `--apply`: applies the configurations (server-side apply) with the cluster's credentials.
+async fn apply(args: &FenceWebhooksArgs, config: &FenceConfig, o: &Options<'_>) -> Result<(), Fail> {
     let client = crate::cluster::connect(
         &args.cluster,
         std::time::Duration::from_secs(10),
@@ -229,7 +242,7 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         )
     };
     if !args.without_mutating {
-        let m = webhooks::mutating(&config, &o);
+        let m = webhooks::mutating(config, o);
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .patch(
                 &args.name,
@@ -239,7 +252,7 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
             .await
             .map_err(|e| cluster(e, "mutatingwebhookconfigurations"))?;
     }
-    let v = webhooks::validating(&config, &o);
+    let v = webhooks::validating(config, o);
     Api::<ValidatingWebhookConfiguration>::all(client)
         .patch(
             &args.name,
@@ -254,7 +267,7 @@ async fn webhooks(args: FenceWebhooksArgs) -> Result<u8, Fail> {
         "MutatingWebhookConfiguration and ValidatingWebhookConfiguration"
     };
     println!("applied {what} {}", args.name);
-    Ok(0)
+    Ok(())
 }
 
 /// A server-side apply body needs its apiVersion and kind.
