@@ -190,11 +190,8 @@ impl Writer {
         let object = format!("{side}-{i}");
         let patch = Patch::Merge(json!({"data": {"v": format!("{}-{tick}", self.identity)}}));
         let start = mono_ns();
-        let result = tokio::time::timeout(
-            WRITE_TIMEOUT,
-            api.patch(&object, &PatchParams::default(), &patch),
-        )
-        .await;
+        let result =
+            tokio::time::timeout(WRITE_TIMEOUT, api.patch(&object, &PatchParams::default(), &patch)).await;
         let end = mono_ns();
         let unix_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -155,7 +155,9 @@ fn landed(input: &Input, side: Side) -> (Landed, Vec<(String, u64, u64, u64)>) {
         for v in versions.iter() {
             let before = prev.replace(v.rv);
             // Versions without a stamp (the harness's create) are not fenced writes.
-            let Some(t) = v.stamp.filter(|_| !v.deleted) else { continue };
+            let Some(t) = v.stamp.filter(|_| !v.deleted) else {
+                continue;
+            };
             l.writes += 1;
             if max.is_some_and(|m| t < m) {
                 l.regressions += 1;
@@ -276,11 +278,14 @@ fn latency(input: &Input, f: &mut Figures) {
         .filter_map(|c| Some(((c.name.as_str(), c.token, c.old_version?), c)))
         .collect();
     let prev = predecessors(&input.objects);
-    for w in input.writes.iter().filter(|w| w.side == Side::Fenced && w.outcome == Outcome::Ok) {
-        if let Some(c) = w
-            .rv
-            .and_then(|rv| prev.get(&(w.object.as_str(), rv)))
-            .and_then(|p| checks.get(&(w.object.as_str(), w.token, *p)))
+    for w in input
+        .writes
+        .iter()
+        .filter(|w| w.side == Side::Fenced && w.outcome == Outcome::Ok)
+    {
+        if let Some(c) =
+            w.rv.and_then(|rv| prev.get(&(w.object.as_str(), rv)))
+                .and_then(|p| checks.get(&(w.object.as_str(), w.token, *p)))
         {
             window.push(w.end_unix_us.saturating_sub(c.at_unix_us) as f64 / 1e3);
         }

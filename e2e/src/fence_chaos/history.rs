@@ -60,7 +60,11 @@ pub fn lock_token(lease: &Lease) -> Option<u64> {
     let stored = annotations
         .get(FENCING_TOKEN_ANNOTATION)
         .and_then(|t| t.trim().parse().ok());
-    match (holder.filter(|h| !h.is_empty()), annotations.get(HOLDER_ANNOTATION), stored) {
+    match (
+        holder.filter(|h| !h.is_empty()),
+        annotations.get(HOLDER_ANNOTATION),
+        stored,
+    ) {
         (Some(h), Some(named), Some(t)) if h == named => Some(t),
         _ => Some(rv),
     }
@@ -190,7 +194,8 @@ async fn watch<K>(api: Api<K>, field: Option<String>, state: Arc<Mutex<Recorded>
 where
     K: Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let apply = |k: &K, deleted: bool| record(&mut state.lock().unwrap_or_else(|e| e.into_inner()), k, deleted);
+    let apply =
+        |k: &K, deleted: bool| record(&mut state.lock().unwrap_or_else(|e| e.into_inner()), k, deleted);
     let mut from: Option<String> = None;
     loop {
         let Some(version) = from.clone() else {

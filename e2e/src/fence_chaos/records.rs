@@ -126,7 +126,10 @@ impl Check {
         if v["message"] != "fence check" {
             return None;
         }
-        let num = |k: &str| v[k].as_u64().or_else(|| v[k].as_str().and_then(|s| s.parse().ok()));
+        let num = |k: &str| {
+            v[k].as_u64()
+                .or_else(|| v[k].as_str().and_then(|s| s.parse().ok()))
+        };
         let at = humantime::parse_rfc3339_weak(v["timestamp"].as_str()?).ok()?;
         Some(Self {
             name: v["name"].as_str()?.to_owned(),
@@ -188,6 +191,9 @@ mod tests {
         )
         .unwrap();
         let w = WriteRecord::parse(&w).unwrap();
-        assert_eq!((w.side, w.rv, w.duration_ns(), w.outcome), (Side::Audit, Some(61), 15, Outcome::Ok));
+        assert_eq!(
+            (w.side, w.rv, w.duration_ns(), w.outcome),
+            (Side::Audit, Some(61), 15, Outcome::Ok)
+        );
     }
 }

@@ -299,7 +299,14 @@ async fn validate(
         _ => None,
     };
     let verdict = decide::judge(write, token, stored, stamped, &lock_name, &lock);
-    log_check(req, write, token, &lock_name, (&lock, &lock_version), verdict.is_ok());
+    log_check(
+        req,
+        write,
+        token,
+        &lock_name,
+        (&lock, &lock_version),
+        verdict.is_ok(),
+    );
     verdict
 }
 

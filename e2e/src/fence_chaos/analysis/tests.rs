@@ -37,7 +37,12 @@ fn check(name: &str, token: u64, old: u64, lock_version: u64, lock_token: u64) -
 #[test]
 fn regressions_and_writes_after_the_lock_moved_are_counted_and_explained() {
     let input = Input {
-        lock: vec![lock(10, "a", 10), lock(12, "a", 10), lock(20, "b", 20), lock(22, "b", 20)],
+        lock: vec![
+            lock(10, "a", 10),
+            lock(12, "a", 10),
+            lock(20, "b", 20),
+            lock(22, "b", 20),
+        ],
         objects: vec![
             version("fenced-0", 5, None),
             version("fenced-0", 11, Some(10)),
@@ -79,7 +84,14 @@ fn regressions_and_writes_after_the_lock_moved_are_counted_and_explained() {
     assert_eq!(analyze(&input).unexplained.len(), 1);
 }
 
-fn write(side: &str, tick: u64, start: u64, end: u64, outcome: Outcome, message: Option<&str>) -> WriteRecord {
+fn write(
+    side: &str,
+    tick: u64,
+    start: u64,
+    end: u64,
+    outcome: Outcome,
+    message: Option<&str>,
+) -> WriteRecord {
     WriteRecord {
         identity: "a".into(),
         token: 10,
@@ -104,9 +116,23 @@ fn latency_is_paired_per_tick_and_down_spans_are_judged() {
             write("plain", 0, 0, 2 * ms, Outcome::Ok, None),
             write("fenced", 1, 100 * ms, 104 * ms, Outcome::Ok, None),
             write("plain", 1, 100 * ms, 103 * ms, Outcome::Ok, None),
-            write("fenced", 2, 200 * ms, 210 * ms, Outcome::Error, Some("failed calling webhook x")),
+            write(
+                "fenced",
+                2,
+                200 * ms,
+                210 * ms,
+                Outcome::Error,
+                Some("failed calling webhook x"),
+            ),
             write("plain", 2, 200 * ms, 201 * ms, Outcome::Ok, None),
-            write("fenced", 3, 300 * ms, 301 * ms, Outcome::Refused, Some("fenced: update refused")),
+            write(
+                "fenced",
+                3,
+                300 * ms,
+                301 * ms,
+                Outcome::Refused,
+                Some("fenced: update refused"),
+            ),
         ],
         down: vec![(150 * ms, 250 * ms)],
         faults: vec![(90 * ms, 110 * ms)],
