@@ -53,10 +53,10 @@ const DEFAULT_SEED: u64 = 0x6665_6e63_6521_2125;
 const FLAVORS: [Flavor; 4] = [Flavor::Library, Flavor::Library, Flavor::Sidecar, Flavor::Sidecar];
 /// The long mode's draw.
 const WEIGHTS: [(Kind, u32); 5] = [
-    (Kind::Sigterm, 10),
+    (Kind::Sigterm, 12),
     (Kind::Pause, 4),
     (Kind::Partition, 4),
-    (Kind::Kill, 2),
+    (Kind::Kill, 1),
     (Kind::WebhookDown, 1),
 ];
 /// The CI mode's faults (shuffled by the seed).
@@ -104,13 +104,15 @@ async fn fenced_chaos() {
     let writer = cp.unused_user();
     let dir = std::env::temp_dir().join(format!("kube-leader-fence-chaos-{ns}"));
     std::fs::create_dir_all(&dir).expect("the run's directory");
-    let bin = kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_fence-candidate"));
+    let bin = kube_leader_e2e::kube_leader_bin_beside(&arena::fence_candidate_bin());
     let setup::Stage {
         enforcing,
         audit,
         configurations,
     } = setup::stage(cp, &bin, &ns, LOCK, &writer, &dir, OBJECTS).await;
     setup::wait_in_force(cp, &writer, &ns, &audit.log).await;
+    // The probes' "would refuse" lines are not the run's.
+    let probes = read_checks(&audit.log).1;
     let recorder = Recorder::start(&cp.client().await, &ns, LOCK).await;
     println!(
         "fenced chaos: {} mode, seed {seed:#x}, lease {:?} / renew {:?} / retry {:?}, a write \
@@ -158,7 +160,7 @@ async fn fenced_chaos() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     arena.stop_all();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let figures = check(&arena, &audit.log);
+    let figures = check(&arena, &audit.log, probes);
     report(&arena, &figures, began.elapsed());
     setup::unstage(cp, &ns, &configurations);
     let errors = arena.errors.clone();
@@ -176,7 +178,7 @@ async fn fenced_chaos() {
 }
 
 /// Reads everything the run recorded and runs the checker.
-fn check(arena: &Arena, audit_log: &std::path::Path) -> Figures {
+fn check(arena: &Arena, audit_log: &std::path::Path, probes: usize) -> Figures {
     let recorded = arena.recorder.snapshot();
     let (checks, _) = read_checks(&arena.enforcing.log);
     let (_, would_refuse) = read_checks(audit_log);
@@ -185,7 +187,7 @@ fn check(arena: &Arena, audit_log: &std::path::Path) -> Figures {
         objects: recorded.objects,
         writes: arena.outputs.iter().flat_map(|p| read_writes(p)).collect(),
         checks,
-        would_refuse,
+        would_refuse: would_refuse.saturating_sub(probes),
         down: arena.down.clone(),
         faults: arena.faults.clone(),
     };
@@ -225,7 +227,10 @@ fn report(arena: &Arena, f: &Figures, took: Duration) {
         f.down_refused,
         f.down_plain_landed
     );
-    println!("  webhook's lock read to the write's answer: {}", f.window);
+    println!(
+        "  check-to-commit window (the webhook's lock read to the commit, as first seen by the watch or the writer): {}",
+        f.window
+    );
     println!(
         "  latency, paired per tick, outside faults: fenced {}",
         f.fenced_latency

@@ -119,8 +119,9 @@ pub struct Figures {
     pub down_refused: usize,
     /// See `down_landed`.
     pub down_plain_landed: usize,
-    /// From the webhook's read of the lock to the write's answer (an upper bound of the
-    /// check-to-commit window), per landed enforced write.
+    /// From the webhook's read of the lock to the harness's watch seeing the commit or the
+    /// writer's answer, whichever came first (an upper bound of the check-to-commit window),
+    /// per landed enforced write.
     pub window: Spread,
     /// Paired latency, outside faults: enforced write, unfenced write, their difference.
     pub fenced_latency: Spread,
@@ -277,18 +278,11 @@ fn latency(input: &Input, f: &mut Figures) {
         .filter(|c| c.allowed)
         .filter_map(|c| Some(((c.name.as_str(), c.token, c.old_version?), c)))
         .collect();
-    let prev = predecessors(&input.objects);
     for w in input
         .writes
         .iter()
         .filter(|w| w.side == Side::Fenced && w.outcome == Outcome::Ok)
     {
-        if let Some(c) =
-            w.rv.and_then(|rv| prev.get(&(w.object.as_str(), rv)))
-                .and_then(|p| checks.get(&(w.object.as_str(), w.token, *p)))
-        {
-            window.push(w.end_unix_us.saturating_sub(c.at_unix_us) as f64 / 1e3);
-        }
         let Some(p) = plain.get(&key(w)) else { continue };
         let d = ms(w.duration_ns()) - ms(p.duration_ns());
         all.push(d);
@@ -297,6 +291,29 @@ fn latency(input: &Input, f: &mut Figures) {
             without.push(ms(p.duration_ns()));
             diff.push(d);
         }
+    }
+    let prev = predecessors(&input.objects);
+    let answers: BTreeMap<(&str, u64), u64> = input
+        .writes
+        .iter()
+        .filter_map(|w| Some(((w.object.as_str(), w.rv?), w.end_unix_us)))
+        .collect();
+    for v in input
+        .objects
+        .iter()
+        .filter(|v| Side::of(&v.name) == Some(Side::Fenced))
+    {
+        let Some(c) = v
+            .stamp
+            .zip(prev.get(&(v.name.as_str(), v.rv)))
+            .and_then(|(t, p)| checks.get(&(v.name.as_str(), t, *p)))
+        else {
+            continue;
+        };
+        // The commit is before both the watch's sight of it and the writer's answer.
+        let answered = answers.get(&(v.name.as_str(), v.rv)).copied().unwrap_or(u64::MAX);
+        let committed_by = v.seen_unix_us.min(answered);
+        window.push(committed_by.saturating_sub(c.at_unix_us) as f64 / 1e3);
     }
     f.window = Spread::of(window);
     f.fenced_latency = Spread::of(with);

@@ -50,6 +50,8 @@ pub struct ObjectVersion {
     pub stamp: Option<u64>,
     /// The object was deleted.
     pub deleted: bool,
+    /// When the watch delivered it (µs since the epoch): an upper bound of its commit.
+    pub seen_unix_us: u64,
 }
 
 /// The token the fence requires while `lease` is current (`kube-leader fence`'s rule).
@@ -130,6 +132,9 @@ impl Recorded {
             rv,
             stamp,
             deleted,
+            seen_unix_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
         });
     }
 

@@ -91,8 +91,13 @@ pub(crate) struct Arena {
 /// A bound on anything that should happen soon (a loaded 2-core machine).
 const SOON: Duration = Duration::from_secs(30);
 
-fn fence_candidate_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_fence-candidate")
+/// `fence-candidate`; `KUBE_LEADER_FENCE_CHAOS_BIN_DIR` runs copies (`fence-candidate` and
+/// `kube-leader` in that directory), so that a long run is not disturbed by a rebuild.
+pub(crate) fn fence_candidate_bin() -> String {
+    match std::env::var("KUBE_LEADER_FENCE_CHAOS_BIN_DIR") {
+        Ok(dir) => format!("{dir}/fence-candidate"),
+        Err(_) => env!("CARGO_BIN_EXE_fence-candidate").to_string(),
+    }
 }
 
 /// `(pid, process group)` of `pid` and of every process below it, parents first.
@@ -217,7 +222,7 @@ impl Arena {
                 command.args([ms(t.write), self.writer.clone(), OBJECTS.to_string()]);
             }
             Flavor::Sidecar => {
-                let bin = kube_leader_e2e::kube_leader_bin_beside(fence_candidate_bin());
+                let bin = kube_leader_e2e::kube_leader_bin_beside(&fence_candidate_bin());
                 command
                     .arg(bin)
                     .args(["run", "--strategy", "lease", "--lock", super::LOCK]);
@@ -227,7 +232,12 @@ impl Arena {
                 command.args(["--renew-deadline", &format!("{}ms", t.renew.as_millis())]);
                 command.args(["--retry-period", &format!("{}ms", t.retry.as_millis())]);
                 command.args(["--fence", "--fence-user", &self.writer, "--"]);
-                command.args([fence_candidate_bin(), "child", &ms(t.write), &OBJECTS.to_string()]);
+                command.args([
+                    &fence_candidate_bin(),
+                    "child",
+                    &ms(t.write),
+                    &OBJECTS.to_string(),
+                ]);
             }
         }
         let out = self.dir.join(format!("{identity}.jsonl"));
@@ -323,6 +333,11 @@ impl Arena {
         }
         self.faults.push((start, mono_ns()));
         *self.counts.entry(kind.name()).or_default() += 1;
+        // The new leader writes a few ticks before the next fault.
+        let dwell = self
+            .rng
+            .duration(Duration::from_millis(200), Duration::from_millis(600));
+        tokio::time::sleep(dwell).await;
     }
 
     /// Transitions so far.

@@ -16,6 +16,7 @@ fn version(name: &str, rv: u64, stamp: Option<u64>) -> ObjectVersion {
         rv,
         stamp,
         deleted: false,
+        seen_unix_us: 3_000,
     }
 }
 
@@ -68,6 +69,8 @@ fn regressions_and_writes_after_the_lock_moved_are_counted_and_explained() {
         }
     );
     assert_eq!((f.moved_in_window, f.unexplained.len()), (1, 0));
+    // The one matched check (at 1 ms) and the watch's sight of its commit (at 3 ms).
+    assert_eq!((f.window.n, f.window.p50), (1, 2.0));
     assert_eq!(
         f.audit,
         Landed {
