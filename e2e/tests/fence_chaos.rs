@@ -136,6 +136,31 @@ async fn fenced_chaos() {
     );
     arena.add_slots(&FLAVORS);
     arena.respawn();
+    schedule(&mut arena, long, target, max, began).await;
+    // The last leader writes a little longer, then everything stops and the watches catch up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    arena.stop_all();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let figures = check(&arena, &audit.log, probes);
+    report(&arena, &figures, began.elapsed());
+    setup::unstage(cp, &ns, &configurations);
+    let errors = arena.errors.clone();
+    drop(arena);
+    drop(audit);
+    assert_safe(&figures);
+    assert!(
+        errors.is_empty(),
+        "faults that did not end with a new leader: {errors:?}"
+    );
+    if std::env::var_os("KUBE_LEADER_FENCE_CHAOS_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    drop(ns_guard);
+}
+
+/// Runs the faults: the CI mode's set in a seeded order, or (long) seeded draws until `target`
+/// transitions or `max` since `began`.
+async fn schedule(arena: &mut Arena, long: bool, target: usize, max: Duration, began: Instant) {
     if long {
         while arena.transitions() < target && began.elapsed() < max {
             let kind = arena.rng.weighted(&WEIGHTS);
@@ -156,25 +181,6 @@ async fn fenced_chaos() {
             arena.fault(kind).await;
         }
     }
-    // The last leader writes a little longer, then everything stops and the watches catch up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    arena.stop_all();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let figures = check(&arena, &audit.log, probes);
-    report(&arena, &figures, began.elapsed());
-    setup::unstage(cp, &ns, &configurations);
-    let errors = arena.errors.clone();
-    drop(arena);
-    drop(audit);
-    assert_safe(&figures);
-    assert!(
-        errors.is_empty(),
-        "faults that did not end with a new leader: {errors:?}"
-    );
-    if std::env::var_os("KUBE_LEADER_FENCE_CHAOS_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    drop(ns_guard);
 }
 
 /// Reads everything the run recorded and runs the checker.

@@ -178,8 +178,18 @@ pub(crate) async fn stage(
         w
     };
     let (enforcing, audit) = (webhook("fenced", false), webhook("audit", true));
+    let configurations = register(cp, bin, dir, ns, [&enforcing, &audit]);
+    Stage {
+        enforcing,
+        audit,
+        configurations,
+    }
+}
+
+/// Registers both webhooks by URL; returns the configurations' names.
+fn register(cp: &ControlPlane, bin: &Path, dir: &Path, ns: &str, webhooks: [&Webhook; 2]) -> Vec<String> {
     let mut configurations = Vec::new();
-    for w in [&enforcing, &audit] {
+    for w in webhooks {
         let name = format!(
             "{}-{ns}",
             w.rules.file_stem().and_then(|s| s.to_str()).unwrap_or("fence")
@@ -206,11 +216,7 @@ pub(crate) async fn stage(
         );
         configurations.push(name);
     }
-    Stage {
-        enforcing,
-        audit,
-        configurations,
-    }
+    configurations
 }
 
 /// `fenced-<i>`, `audit-<i>` (labelled for their rules) and `plain-<i>`, created by the

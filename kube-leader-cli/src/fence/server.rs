@@ -272,20 +272,35 @@ async fn validate(
         Writer::BadToken(why) => return Err(decide::no_token(write, why, &lock_name)),
         Writer::Token(t) => *t,
     };
-    let target = target.map_err(|e| {
+    let refused = |e: String| {
         format!(
             "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
             operation.to_lowercase(),
             write.resource
         )
-    })?;
-    let (lock, lock_version) = read_lock(&fence.client, &target).await.map_err(|e| {
-        format!(
-            "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
-            operation.to_lowercase(),
-            write.resource
-        )
-    })?;
+    };
+    let target = target.map_err(refused)?;
+    let (lock, lock_version) = read_lock(&fence.client, &target).await.map_err(refused)?;
+    let verdict = judge(req, write, token, &lock_name, &lock);
+    log_check(
+        req,
+        write,
+        token,
+        &lock_name,
+        (&lock, &lock_version),
+        verdict.is_ok(),
+    );
+    verdict
+}
+
+/// The verdict on a fenced writer's `write` with `token`, given the lock as read.
+fn judge(
+    req: &AdmissionRequest<DynamicObject>,
+    write: Write<'_>,
+    token: u64,
+    lock_name: &str,
+    lock: &LockState,
+) -> Result<(), String> {
     let stored = req
         .old_object
         .as_ref()
@@ -298,16 +313,7 @@ async fn validate(
         ),
         _ => None,
     };
-    let verdict = decide::judge(write, token, stored, stamped, &lock_name, &lock);
-    log_check(
-        req,
-        write,
-        token,
-        &lock_name,
-        (&lock, &lock_version),
-        verdict.is_ok(),
-    );
-    verdict
+    decide::judge(write, token, stored, stamped, lock_name, lock)
 }
 
 /// One debug line per fenced write checked against its lock (`fence check`): what the check
