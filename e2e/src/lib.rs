@@ -4,6 +4,7 @@ pub mod chaos;
 pub mod checker;
 pub mod faults;
 pub mod fence_chaos;
+pub mod fence_env;
 pub mod shard_fleet;
 pub mod shard_sidecars;
 

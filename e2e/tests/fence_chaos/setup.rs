@@ -3,51 +3,25 @@
 
 use std::{
     fs::OpenOptions,
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{
-    core::v1::{ConfigMap, Namespace},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     Api, Client,
 };
+use kube_leader_e2e::fence_env::{free_port, grant_impersonating_itself, run_ok};
 use kube_leader_testenv::{bind_role, rule, ControlPlane};
 
 /// The label that puts an object under one of the two rules (`fenced` or `audit`).
 pub(crate) const SIDE_LABEL: &str = "fence-side";
 
-/// A free port on 127.0.0.1.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn path(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")
-}
-
-/// `kube-leader ARGS`, which must succeed: its stdout.
-pub(crate) fn run_ok(bin: &Path, args: &[&str]) -> String {
-    let out = Command::new(bin)
-        .args(args)
-        .env("KUBECONFIG", "/nonexistent")
-        .output()
-        .expect("run kube-leader");
-    assert!(
-        out.status.success(),
-        "kube-leader {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The rules of one side: ConfigMaps labelled `fence-side=<side>` in `ns`, guarded by the Lease
@@ -258,50 +232,7 @@ async fn grant_writer(admin: &Client, ns: &str, writer: &str) {
     .await
     .expect("bind the writer's role");
     let name = format!("fence-chaos-writer-{ns}");
-    let impersonate = |group: &str, resource: &str, names: Option<Vec<String>>| PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(vec![resource.into()]),
-        resource_names: names,
-        verbs: vec!["impersonate".into()],
-        ..PolicyRule::default()
-    };
-    let role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![
-            impersonate("", "users", Some(vec![writer.into()])),
-            impersonate(
-                "authentication.k8s.io",
-                "userextras/kube-leader.io/fencing-token",
-                None,
-            ),
-        ]),
-        aggregation_rule: None,
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create the impersonation ClusterRole");
-    let binding = ClusterRoleBinding {
-        metadata: role.metadata.clone(),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: writer.into(),
-            namespace: None,
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("bind the impersonation ClusterRole");
+    grant_impersonating_itself(admin, &name, writer).await;
 }
 
 /// Waits until both rules are in force: a token-less write of the writer to `fenced-0` is
