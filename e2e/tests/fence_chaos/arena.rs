@@ -297,6 +297,27 @@ impl Arena {
         None
     }
 
+    /// Waits until a fenced write lands (the webhook is back); records an error after [`SOON`].
+    async fn fenced_write_lands(&mut self) {
+        let fenced = |r: &kube_leader_e2e::fence_chaos::Recorded| {
+            r.objects
+                .iter()
+                .filter(|v| v.name.starts_with("fenced-") && v.stamp.is_some())
+                .count()
+        };
+        let before = self.recorder.with(fenced);
+        let deadline = tokio::time::Instant::now() + SOON;
+        while self.recorder.with(fenced) == before {
+            if tokio::time::Instant::now() > deadline {
+                return self
+                    .errors
+                    .push("webhook-down: no fenced write landed once it was back".into());
+            }
+            self.respawn();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Does `kind` to the current leader (or the webhook) and waits until a leader writes again.
     pub(crate) async fn fault(&mut self, kind: Kind) {
         let Some((slot, token)) = self.leader_writing(0).await else {
@@ -318,6 +339,7 @@ impl Arena {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 self.enforcing.start();
                 self.down.push((start, mono_ns()));
+                self.fenced_write_lands().await;
             }
         }
         let after = if kind == Kind::WebhookDown { 0 } else { token };
