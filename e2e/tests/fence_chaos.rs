@@ -10,7 +10,9 @@
 //! tokens) and `plain-<i>` (no rule: the latency pair). A seeded schedule draws `sigterm`,
 //! `pause` (SIGSTOP of every process of the leader until another leads and writes, then
 //! SIGCONT), `partition` (its proxy blackholes until another leads and writes; the requests it
-//! held land when it heals), `kill` and `webhook-down` (the enforcing webhook killed for 1 s).
+//! held land when it heals), `kill`, `webhook-down` (the enforcing webhook killed for 1 s) and
+//! `steal` (an administrator writes another holder into the Lease while the leader writes: the
+//! lock moves under writes in flight, the check-to-commit window).
 //!
 //! The checker (`kube_leader_e2e::fence_chaos`) reads the lock's and every object's history from
 //! watches (resourceVersions and stamped tokens, exact commit order), the writers' reports and
@@ -52,20 +54,22 @@ const DEFAULT_SEED: u64 = 0x6665_6e63_6521_2125;
 /// The candidates.
 const FLAVORS: [Flavor; 4] = [Flavor::Library, Flavor::Library, Flavor::Sidecar, Flavor::Sidecar];
 /// The long mode's draw.
-const WEIGHTS: [(Kind, u32); 5] = [
+const WEIGHTS: [(Kind, u32); 6] = [
     (Kind::Sigterm, 12),
     (Kind::Pause, 4),
     (Kind::Partition, 4),
     (Kind::Kill, 1),
     (Kind::WebhookDown, 1),
+    (Kind::Steal, 3),
 ];
 /// The CI mode's faults (shuffled by the seed).
-const CI: [(Kind, usize); 5] = [
+const CI: [(Kind, usize); 6] = [
     (Kind::Sigterm, 5),
     (Kind::Pause, 3),
     (Kind::Partition, 3),
     (Kind::Kill, 1),
     (Kind::WebhookDown, 1),
+    (Kind::Steal, 2),
 ];
 
 /// Lease timings, and how often the leader writes.

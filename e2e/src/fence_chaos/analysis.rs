@@ -247,11 +247,15 @@ pub fn analyze(input: &Input) -> Figures {
     f
 }
 
-/// Transitions: the lock passing to a holder other than the last one.
+/// Transitions: the lock passing to a candidate other than the last one (not to the thief).
 fn transitions(lock: &[LockVersion]) -> usize {
     let mut last: Option<&str> = None;
     let mut n = 0;
-    for h in lock.iter().filter_map(|l| l.holder.as_deref()) {
+    for h in lock
+        .iter()
+        .filter_map(|l| l.holder.as_deref())
+        .filter(|h| *h != super::history::THIEF)
+    {
         if last.is_some_and(|l| l != h) {
             n += 1;
         }

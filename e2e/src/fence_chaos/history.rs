@@ -23,6 +23,11 @@ use kube_leader::{
 };
 use tokio::task::JoinHandle;
 
+/// The holder an administrator writes into the Lease to take it from a leader that still
+/// writes (the `steal` fault): not a candidate, so the lock passing to it or from it is no
+/// leadership transition.
+pub const THIEF: &str = "lock-thief";
+
 /// One version of the lock (a Lease).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockVersion {
@@ -81,7 +86,8 @@ pub struct Recorded {
     pub objects: Vec<ObjectVersion>,
     /// Watches that had to list again (versions possibly missed).
     pub gaps: usize,
-    /// Leadership transitions: the lock passing to a holder other than the last one.
+    /// Leadership transitions: the lock passing to a candidate other than the last one
+    /// ([`THIEF`] is none).
     pub transitions: usize,
     last_holder: Option<String>,
     /// The highest stamp on each object.
@@ -101,7 +107,7 @@ impl Recorded {
             .as_ref()
             .and_then(|s| s.holder_identity.clone())
             .filter(|h| !h.is_empty() && !deleted);
-        if let Some(h) = &holder {
+        if let Some(h) = holder.as_ref().filter(|h| *h != THIEF) {
             if self.last_holder.as_ref().is_some_and(|l| l != h) {
                 self.transitions += 1;
             }

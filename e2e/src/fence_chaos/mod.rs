@@ -9,5 +9,5 @@ mod history;
 mod records;
 
 pub use analysis::{analyze, Figures, Input, Landed, Spread};
-pub use history::{lock_token, LockVersion, ObjectVersion, Recorded, Recorder};
+pub use history::{lock_token, LockVersion, ObjectVersion, Recorded, Recorder, THIEF};
 pub use records::{read_checks, read_writes, Check, Outcome, Side, WriteRecord};

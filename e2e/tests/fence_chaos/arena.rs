@@ -8,7 +8,17 @@ use std::{
     time::Duration,
 };
 
-use kube_leader_e2e::{chaos::Rng, fence_chaos::Recorder, mono_ns, shard_fleet::spawn};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    api::{Patch, PatchParams},
+    Api,
+};
+use kube_leader_e2e::{
+    chaos::Rng,
+    fence_chaos::{Recorder, THIEF},
+    mono_ns,
+    shard_fleet::spawn,
+};
 use kube_leader_testenv::{ControlPlane, Fault as NetFault, FaultProxy};
 use nix::{
     sys::signal::{kill, killpg, Signal},
@@ -40,6 +50,10 @@ pub(crate) enum Kind {
     Kill,
     /// The enforcing webhook killed, and started again 1 s later.
     WebhookDown,
+    /// An administrator writes another holder into the Lease while the leader writes: the lock
+    /// moves under the leader's writes in flight (the check-to-commit window); the leader learns
+    /// it at its next renewal, and a candidate takes over once the thief's lease expired.
+    Steal,
 }
 
 impl Kind {
@@ -51,6 +65,7 @@ impl Kind {
             Kind::Partition => "partition",
             Kind::Kill => "kill",
             Kind::WebhookDown => "webhook-down",
+            Kind::Steal => "steal",
         }
     }
 }
@@ -297,6 +312,21 @@ impl Arena {
         None
     }
 
+    /// Writes [`THIEF`] into the Lease as its holder (an administrator's edit): the lock moves
+    /// to a newer token at once, whatever the leader is doing.
+    async fn steal(&mut self) {
+        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+        let patch = serde_json::json!({"spec": {"holderIdentity": THIEF, "acquireTime": now,
+            "renewTime": now, "leaseDurationSeconds": 1}});
+        let leases = Api::<Lease>::namespaced(self.cp.client().await, &self.ns);
+        if let Err(e) = leases
+            .patch(super::LOCK, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            self.errors.push(format!("steal: {e}"));
+        }
+    }
+
     /// Waits until a fenced write lands (the webhook is back); records an error after [`SOON`].
     async fn fenced_write_lands(&mut self) {
         let fenced = |r: &kube_leader_e2e::fence_chaos::Recorded| {
@@ -332,6 +362,7 @@ impl Arena {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
             }
             Kind::Kill => signal_tree(pid, Signal::SIGKILL, true),
+            Kind::Steal => self.steal().await,
             Kind::Pause => signal_tree(pid, Signal::SIGSTOP, false),
             Kind::Partition => self.slots[slot].proxy.set(NetFault::Blackhole),
             Kind::WebhookDown => {

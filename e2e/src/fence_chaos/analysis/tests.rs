@@ -148,3 +148,14 @@ fn latency_is_paired_per_tick_and_down_spans_are_judged() {
     assert_eq!((f.refused, f.webhook_unreachable), (1, 1));
     assert_eq!(f.refusal_example.as_deref(), Some("fenced: update refused"));
 }
+
+/// The Lease taken by an administrator (`steal`) and then by a candidate: one transition.
+#[test]
+fn the_thief_is_no_candidate() {
+    let thief = super::super::history::THIEF;
+    let input = Input {
+        lock: vec![lock(10, "a", 10), lock(12, thief, 12), lock(20, "b", 20)],
+        ..Input::default()
+    };
+    assert_eq!(analyze(&input).transitions, 1);
+}
