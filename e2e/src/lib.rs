@@ -1,5 +1,6 @@
 //! Helpers shared by kube-leader's end-to-end tests.
 
+pub mod balancer;
 pub mod chaos;
 pub mod checker;
 pub mod faults;

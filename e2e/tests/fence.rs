@@ -8,7 +8,7 @@
 //! fencing token, through the library's `Leadership::fenced_client`.
 
 use std::{
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -38,44 +38,10 @@ fn kube_leader_bin() -> PathBuf {
     }
 }
 
-/// A TCP balancer on a free port of 127.0.0.1 in front of `backends`, as a Service in front of
-/// the webhook's Pods: each connection goes to the next backend in turn, skipping one that
-/// refuses it (a Pod whose endpoint is gone). It runs on a thread of its own until the test
-/// process ends.
+/// A balancer in front of `backends`, as a Service in front of the webhook's Pods
+/// ([`Balancer`](kube_leader_e2e::balancer::Balancer)); its port.
 fn balance(backends: &[u16]) -> u16 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let backends = backends.to_vec();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            listener.set_nonblocking(true).unwrap();
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let mut next = 0usize;
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                next += 1;
-                let order: Vec<u16> = (0..backends.len())
-                    .map(|i| backends[(next + i) % backends.len()])
-                    .collect();
-                tokio::spawn(async move {
-                    for port in order {
-                        if let Ok(mut out) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await
-                        {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-    });
-    port
+    kube_leader_e2e::balancer::Balancer::start(backends).port()
 }
 
 /// A test's fence: its namespace, its webhook server and configurations, its writer.

@@ -44,6 +44,8 @@
 //! kubelet eviction, `kubectl rollout restart`. Its work starts and stops with its
 //! `started_leading`/`stopped_leading` events (CLOCK_MONOTONIC), the same checker rules apply.
 
+#[path = "node/fence.rs"]
+mod fence;
 #[path = "node/logs.rs"]
 mod logs;
 #[path = "node/rounds.rs"]
@@ -226,6 +228,16 @@ async fn pattern_scenario(env: &'static NodeEnv, pattern: Pattern) {
         );
     }
     rounds::run_on(&deployed).await;
+}
+
+/// deploy/fence on the node (see the `fence` module): two webhook Pods fence the shipped
+/// rules' objects; a deposed leader's patch is refused, one replica deleted changes nothing,
+/// none running refuses fenced writes only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_fence_on_a_real_node() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    fence::scenario(env).await;
 }
 
 /// The kubelet stops (node NotReady, containers keep running): no second leader with either
@@ -770,22 +782,8 @@ impl Deployed {
         self.namespace.name()
     }
 
-    /// The objects that `kubectl apply -k <kustomization>` applies, as JSON; the
-    /// PodDisruptionBudget as `policy/v1beta1`, as `deploy/base/pdb.yaml` says for 1.20.
     fn manifest(&self, kustomization: &str) -> Vec<Value> {
-        let path = self.env.repo.join(kustomization);
-        let yaml = self.kubectl(&["kustomize", &path.to_string_lossy()]);
-        let yaml = yaml.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
-        let out = self.kubectl_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], &yaml);
-        // One JSON document per object (or a List).
-        serde_json::Deserializer::from_str(&out)
-            .into_iter::<Value>()
-            .map(|value| value.expect("kubectl prints JSON"))
-            .flat_map(|value| match value["kind"].as_str() {
-                Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
-                _ => vec![value],
-            })
-            .collect()
+        manifest(self.env, self.namespace(), kustomization)
     }
 
     fn kubectl(&self, args: &[&str]) -> String {
@@ -1167,6 +1165,32 @@ fn for_the_node(
             container.remove(key);
         }
     }
+}
+
+/// The objects that `kubectl apply -k <kustomization>` applies in `namespace`, as JSON; the
+/// PodDisruptionBudget as `policy/v1beta1`, as `deploy/base/pdb.yaml` says for 1.20.
+fn manifest(env: &NodeEnv, namespace: &str, kustomization: &str) -> Vec<Value> {
+    let path = env.repo.join(kustomization);
+    let kubectl = |args: &[&str], stdin: &str| {
+        let mut all = vec!["-n", namespace];
+        all.extend_from_slice(args);
+        env.node
+            .control_plane()
+            .kubectl_with_stdin(&all, stdin)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let yaml = kubectl(&["kustomize", &path.to_string_lossy()], "");
+    let yaml = yaml.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    let out = kubectl(&["create", "--dry-run=client", "-o", "json", "-f", "-"], &yaml);
+    // One JSON document per object (or a List).
+    serde_json::Deserializer::from_str(&out)
+        .into_iter::<Value>()
+        .map(|value| value.expect("kubectl prints JSON"))
+        .flat_map(|value| match value["kind"].as_str() {
+            Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
+            _ => vec![value],
+        })
+        .collect()
 }
 
 /// `KUBE_LEADER_NODE_SUCCESSOR`: the Pods' `--successor` in place of the default (youngest).
