@@ -281,25 +281,17 @@ async fn validate(
     };
     let target = target.map_err(refused)?;
     let (lock, lock_version) = read_lock(&fence.client, &target).await.map_err(refused)?;
-    let verdict = judge(req, write, token, &lock_name, &lock);
-    log_check(
-        req,
-        write,
-        token,
-        &lock_name,
-        (&lock, &lock_version),
-        verdict.is_ok(),
-    );
-    verdict
+    judge(req, write, token, &lock_name, (&lock, &lock_version))
 }
 
-/// The verdict on a fenced writer's `write` with `token`, given the lock as read.
+/// The verdict on a fenced writer's `write` with `token`, given the lock as read (its state
+/// and `resourceVersion`); logged as a `fence check` line.
 fn judge(
     req: &AdmissionRequest<DynamicObject>,
     write: Write<'_>,
     token: u64,
     lock_name: &str,
-    lock: &LockState,
+    (lock, lock_version): (&LockState, &str),
 ) -> Result<(), String> {
     let stored = req
         .old_object
@@ -313,7 +305,16 @@ fn judge(
         ),
         _ => None,
     };
-    decide::judge(write, token, stored, stamped, lock_name, lock)
+    let verdict = decide::judge(write, token, stored, stamped, lock_name, lock);
+    log_check(
+        req,
+        write,
+        token,
+        lock_name,
+        (lock, lock_version),
+        verdict.is_ok(),
+    );
+    verdict
 }
 
 /// One debug line per fenced write checked against its lock (`fence check`): what the check
