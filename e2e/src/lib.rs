@@ -4,6 +4,8 @@ pub mod balancer;
 pub mod chaos;
 pub mod checker;
 pub mod faults;
+pub mod fence_chaos;
+pub mod fence_env;
 pub mod shard_fleet;
 pub mod shard_sidecars;
 

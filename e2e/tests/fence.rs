@@ -8,21 +8,19 @@
 //! fencing token, through the library's `Leadership::fenced_client`.
 
 use std::{
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{
-    core::v1::{ConfigMap, Namespace},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     Api, Client,
 };
 use kube_leader::{fence::FENCED_TOKEN_ANNOTATION, Leadership, LeaseElector};
+use kube_leader_e2e::fence_env::free_port;
 use kube_leader_testenv::{bind_role, rule, ControlPlane, TestNamespace};
 use tokio_util::sync::CancellationToken;
 
@@ -38,15 +36,6 @@ fn kube_leader_bin() -> PathBuf {
         Some(p) => PathBuf::from(p),
         None => kube_leader_e2e::kube_leader_bin_beside(env!("CARGO_BIN_EXE_chaos-candidate")),
     }
-}
-
-/// A free port on 127.0.0.1.
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A balancer in front of `backends`, as a Service in front of the webhook's Pods
@@ -288,18 +277,7 @@ fn path(p: &Path) -> &str {
 
 /// `kube-leader ARGS`, which must succeed: its stdout.
 fn run_ok(args: &[&str]) -> String {
-    let out = Command::new(kube_leader_bin())
-        .args(args)
-        .env("KUBECONFIG", "/nonexistent")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kube-leader {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    kube_leader_e2e::fence_env::run_ok(&kube_leader_bin(), args)
 }
 
 /// The rules: ConfigMaps labelled fenced=true in the test's namespace, guarded by its Lease,
@@ -333,50 +311,7 @@ async fn grant_writer(admin: &Client, ns: &str, writer: &str) {
     .await
     .unwrap();
     let name = format!("fence-writer-{ns}");
-    let role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(vec![
-            PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["users".into()]),
-                resource_names: Some(vec![writer.into()]),
-                verbs: vec!["impersonate".into()],
-                ..PolicyRule::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec!["authentication.k8s.io".into()]),
-                resources: Some(vec!["userextras/kube-leader.io/fencing-token".into()]),
-                verbs: vec!["impersonate".into()],
-                ..PolicyRule::default()
-            },
-        ]),
-        aggregation_rule: None,
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding = ClusterRoleBinding {
-        metadata: role.metadata.clone(),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: writer.into(),
-            namespace: None,
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    kube_leader_e2e::fence_env::grant_impersonating_itself(admin, &name, writer).await;
 }
 
 fn fenced_cm(name: &str, value: &str) -> ConfigMap {

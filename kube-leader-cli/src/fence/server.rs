@@ -272,20 +272,27 @@ async fn validate(
         Writer::BadToken(why) => return Err(decide::no_token(write, why, &lock_name)),
         Writer::Token(t) => *t,
     };
-    let target = target.map_err(|e| {
+    let refused = |e: String| {
         format!(
             "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
             operation.to_lowercase(),
             write.resource
         )
-    })?;
-    let lock = read_lock(&fence.client, &target).await.map_err(|e| {
-        format!(
-            "fenced: {} of {} {namespace}/{name} by {user} refused: {e}",
-            operation.to_lowercase(),
-            write.resource
-        )
-    })?;
+    };
+    let target = target.map_err(refused)?;
+    let (lock, lock_version) = read_lock(&fence.client, &target).await.map_err(refused)?;
+    judge(req, write, token, &lock_name, (&lock, &lock_version))
+}
+
+/// The verdict on a fenced writer's `write` with `token`, given the lock as read (its state
+/// and `resourceVersion`); logged as a `fence check` line.
+fn judge(
+    req: &AdmissionRequest<DynamicObject>,
+    write: Write<'_>,
+    token: u64,
+    lock_name: &str,
+    (lock, lock_version): (&LockState, &str),
+) -> Result<(), String> {
     let stored = req
         .old_object
         .as_ref()
@@ -298,7 +305,50 @@ async fn validate(
         ),
         _ => None,
     };
-    decide::judge(write, token, stored, stamped, &lock_name, &lock)
+    let verdict = decide::judge(write, token, stored, stamped, lock_name, lock);
+    log_check(
+        req,
+        write,
+        token,
+        lock_name,
+        (lock, lock_version),
+        verdict.is_ok(),
+    );
+    verdict
+}
+
+/// One debug line per fenced write checked against its lock (`fence check`): what the check
+/// read, so that a run can tell, per committed write, whether the lock moved between this read
+/// and the commit. The stored object's `resourceVersion` (`old_version`) names the write: it
+/// commits as the object's next version.
+fn log_check(
+    req: &AdmissionRequest<DynamicObject>,
+    write: Write<'_>,
+    token: u64,
+    lock_name: &str,
+    (lock, lock_version): (&LockState, &str),
+    allowed: bool,
+) {
+    let old_version = req
+        .old_object
+        .as_ref()
+        .and_then(|o| o.metadata.resource_version.as_deref());
+    let lock_token = match lock {
+        LockState::Held { token, .. } => Some(*token),
+        LockState::Missing => None,
+    };
+    debug!(
+        operation = write.operation,
+        namespace = write.namespace,
+        name = write.name,
+        token,
+        old_version,
+        lock = lock_name,
+        lock_version,
+        lock_token,
+        allowed,
+        "fence check"
+    );
 }
 
 /// The lock an object is guarded by.
@@ -340,8 +390,9 @@ fn lock_target(
     }
 }
 
-/// Reads the lock with a GET (served from etcd, not from the API server's watch cache).
-async fn read_lock(client: &Client, target: &LockTarget) -> Result<LockState, String> {
+/// Reads the lock with a GET (served from etcd, not from the API server's watch cache): its
+/// state and the `resourceVersion` read (empty when it does not exist).
+async fn read_lock(client: &Client, target: &LockTarget) -> Result<(LockState, String), String> {
     let (resource, read) = match target.kind {
         LockKind::Lease => {
             let api = Api::<Lease>::namespaced(client.clone(), &target.namespace);
@@ -349,8 +400,8 @@ async fn read_lock(client: &Client, target: &LockTarget) -> Result<LockState, St
                 "leases",
                 tokio::time::timeout(LOCK_READ_TIMEOUT, async move {
                     match api.get_opt(&target.name).await {
-                        Ok(Some(l)) => Ok(decide::lease_state(&l)),
-                        Ok(None) => Ok(Ok(LockState::Missing)),
+                        Ok(Some(l)) => Ok(decide::lease_state(&l).map(|s| (s, version(&l.metadata)))),
+                        Ok(None) => Ok(Ok((LockState::Missing, String::new()))),
                         Err(e) => Err(e),
                     }
                 })
@@ -363,8 +414,8 @@ async fn read_lock(client: &Client, target: &LockTarget) -> Result<LockState, St
                 "configmaps",
                 tokio::time::timeout(LOCK_READ_TIMEOUT, async move {
                     match api.get_opt(&target.name).await {
-                        Ok(Some(c)) => Ok(decide::for_life_state(&c)),
-                        Ok(None) => Ok(Ok(LockState::Missing)),
+                        Ok(Some(c)) => Ok(decide::for_life_state(&c).map(|s| (s, version(&c.metadata)))),
+                        Ok(None) => Ok(Ok((LockState::Missing, String::new()))),
                         Err(e) => Err(e),
                     }
                 })
@@ -388,6 +439,11 @@ async fn read_lock(client: &Client, target: &LockTarget) -> Result<LockState, St
             "the fence could not read lock {lock} within {LOCK_READ_TIMEOUT:?}"
         )),
     }
+}
+
+/// An object's `resourceVersion` (empty if it has none).
+fn version(meta: &kube::api::ObjectMeta) -> String {
+    meta.resource_version.clone().unwrap_or_default()
 }
 
 /// A refusal: 403 Forbidden (a deposed leader must not retry the same write), with `message`.
