@@ -203,7 +203,10 @@ impl Fleet {
                 c
             }
         };
-        command.env("RUST_LOG", "kube_leader=info");
+        // KUBE_LEADER_BENCH_RUST_LOG: a finer log (a trace of one step) in the candidates' logs.
+        let filter =
+            std::env::var("KUBE_LEADER_BENCH_RUST_LOG").unwrap_or_else(|_| "kube_leader=info".into());
+        command.env("RUST_LOG", filter);
         self.spawn(identity, user, command)
     }
 

@@ -66,6 +66,17 @@ pub fn kube_leader_bin_beside(exe: &str) -> std::path::PathBuf {
     bin
 }
 
+/// A test candidate process's log: to stderr, filtered by RUST_LOG, and only if it is set.
+pub fn init_process_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
+}
+
 /// Installs a test log subscriber once (RUST_LOG, default `kube_leader=debug`).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()

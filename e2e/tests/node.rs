@@ -917,24 +917,53 @@ impl Deployed {
     /// The one Pod whose COMMAND started after `after` (CLOCK_MONOTONIC ns) and still runs, by
     /// the workload's records; waits up to 90 s for there to be exactly one.
     async fn leader_after(&self, after: u64) -> String {
-        wait_for(
-            &format!("{:?}: a COMMAND started after {after}", self.strategy),
-            Duration::from_secs(90),
-            || async {
-                let records = self.logs.records();
-                let running = running_terms(&records);
-                let started: Vec<&String> = running
-                    .iter()
-                    .filter(|(_, &start)| start > after)
-                    .map(|(pod, _)| pod)
-                    .collect();
-                match started.as_slice() {
-                    [one] => Some((*one).clone()),
-                    _ => None,
-                }
-            },
-        )
-        .await
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let records = self.logs.records();
+            let running = running_terms(&records);
+            let started: Vec<&String> = running
+                .iter()
+                .filter(|(_, &start)| start > after)
+                .map(|(pod, _)| pod)
+                .collect();
+            if let [one] = started.as_slice() {
+                return (*one).clone();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "timed out after 90s waiting for {:?}: a COMMAND started after {after}\n{}",
+                    self.strategy,
+                    self.what_happened_after(after)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What a failed wait can be told apart by: the Pods as the API server has them, the work's
+    /// records after `after`, and each Pod's kube-leader messages after it.
+    fn what_happened_after(&self, after: u64) -> String {
+        let mut out = self
+            .env
+            .node
+            .control_plane()
+            .kubectl_with_stdin(&["-n", self.namespace(), "get", "pods", "-o", "wide"], "")
+            .unwrap_or_else(|e| format!("{e}\n"));
+        let records = self.logs.records();
+        for r in records.iter().filter(|r| r.mono_ns > after) {
+            out.push_str(&format!(
+                "record +{} {} {}\n",
+                ms(r.mono_ns - after),
+                r.pod,
+                r.kind
+            ));
+        }
+        for pod in self.logs.pods() {
+            for (at, message) in self.logs.messages_between(&pod, after, u64::MAX) {
+                out.push_str(&format!("{pod} +{} {message}\n", ms(at.saturating_sub(after))));
+            }
+        }
+        out
     }
 
     /// When `pod`'s first COMMAND after `after` started.

@@ -53,13 +53,7 @@ const USAGE: &str =
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .try_init();
-    }
+    kube_leader_e2e::init_process_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("lease") => lease(&args[1..]).await,

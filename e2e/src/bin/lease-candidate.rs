@@ -19,6 +19,7 @@ fn emit(v: serde_json::Value) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    kube_leader_e2e::init_process_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (args, http) = match &args[..] {
         [args @ .., last] if last == "http1" || last == "http2" => (args, last.as_str()),

@@ -32,13 +32,7 @@ const USAGE: &str =
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .try_init();
-    }
+    kube_leader_e2e::init_process_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,

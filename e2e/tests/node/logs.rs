@@ -205,6 +205,16 @@ impl PodLogs {
             .collect()
     }
 
+    /// Every Pod with a record or a kube-leader message, by name.
+    pub(crate) fn pods(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        let mut pods: Vec<String> = state.messages.keys().cloned().collect();
+        pods.extend(state.records.iter().map(|r| r.pod.clone()));
+        pods.sort();
+        pods.dedup();
+        pods
+    }
+
     pub(crate) fn status_addr(&self, pod: &str) -> Option<String> {
         self.state.lock().unwrap().status_addrs.get(pod).cloned()
     }

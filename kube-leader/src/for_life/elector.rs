@@ -19,7 +19,7 @@ use super::{
     config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster},
     fencing::store_fencing_token,
     heartbeat::Beat,
-    keeper::Keeper,
+    keeper::{Keeper, OwnPodWatch},
     own_pod::own_pod,
     record::PodRef,
 };
@@ -444,7 +444,14 @@ impl ForLife {
         };
         let mut election = Election::new(settings, lock, me, pods);
         let won = election.run().await?;
-        Ok(self.lead(election.lock, election.me, won, registry, shutdown))
+        // The campaign's watch of this Pod goes on in the keeper: one watch for the whole run,
+        // not one closed and another opened at the moment of winning. (The lock watch does
+        // not: events of a lock the campaign replaced may still be queued in it.)
+        let own_pod = OwnPodWatch {
+            watch: election.own_pod,
+            refused: election.own_pod_refused,
+        };
+        Ok(self.lead(election.lock, election.me, won, own_pod, registry, shutdown))
     }
 
     /// Builds the handle and starts the keeper, which keeps watching the lock.
@@ -453,6 +460,7 @@ impl ForLife {
         lock: LockRef,
         me: PodRef,
         won: Won,
+        own_pod: OwnPodWatch,
         registry: Option<Registry>,
         shutdown: CancellationToken,
     ) -> Leadership {
@@ -486,6 +494,7 @@ impl ForLife {
             api_timeout: self.config.api_timeout,
             backoff_cap: self.config.backoff_cap,
             beat,
+            own_pod: std::sync::Mutex::new(Some(own_pod)),
             registry,
             successor: std::sync::Mutex::new(None),
         };

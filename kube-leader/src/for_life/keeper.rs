@@ -47,6 +47,9 @@ pub(super) struct Keeper {
     pub(super) backoff_cap: Duration,
     /// The liveness heartbeat, if on.
     pub(super) beat: Option<Beat>,
+    /// The campaign's watch of this Pod, to go on watching (taken when the term starts).
+    /// (A mutex only to keep the keeper `Sync`: a watch stream is not.)
+    pub(super) own_pod: std::sync::Mutex<Option<OwnPodWatch>>,
     /// The candidates' registrations, to name the successor of a release.
     pub(super) registry: Option<Registry>,
     /// The successor, looked up from when the term began to end (while the work stops).
@@ -64,7 +67,8 @@ impl Keeper {
         done: CancellationToken,
         shutdown: CancellationToken,
     ) -> Result<()> {
-        let mut watches = Watches::new(&self);
+        let own_pod = self.own_pod.get_mut().ok().and_then(Option::take);
+        let mut watches = Watches::new(&self, own_pod);
         let beat = self.beat.take();
         let beating = beat.is_some();
         let beat = async {
@@ -303,6 +307,14 @@ impl std::fmt::Debug for Keeper {
     }
 }
 
+/// The watch of this candidate's own Pod, from the campaign on: a Pod's events only ever move
+/// it towards its end, so one still queued from the campaign tells nothing false.
+pub(super) struct OwnPodWatch {
+    pub(super) watch: ObjectWatch<Pod>,
+    /// Watching it was refused (already logged).
+    pub(super) refused: bool,
+}
+
 /// What a leader for life watches, and how it falls back when a watch fails.
 struct Watches {
     lock: ObjectWatch<ConfigMap>,
@@ -328,14 +340,22 @@ struct Watches {
 // === impl Watches ===
 
 impl Watches {
-    fn new(k: &Keeper) -> Self {
+    /// The keeper's watches; `own_pod`: the campaign's watch of this Pod, if it has one.
+    fn new(k: &Keeper, own_pod: Option<OwnPodWatch>) -> Self {
         let mut freeze_check = tokio::time::interval(FREEZE_CHECK);
         freeze_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let own_pod_op = pod_op(&k.lock.namespace, &k.me.name, "watch");
+        let own_pod = own_pod.unwrap_or_else(|| OwnPodWatch {
+            watch: ObjectWatch::new(
+                k.pods.clone(),
+                &k.me.name,
+                pod_op(&k.lock.namespace, &k.me.name, "watch"),
+            ),
+            refused: false,
+        });
         Self {
             lock: ObjectWatch::new(k.configmaps.clone(), &k.lock.name, cm_op(&k.lock, "watch")),
-            own_pod: ObjectWatch::new(k.pods.clone(), &k.me.name, own_pod_op),
-            own_pod_refused: false,
+            own_pod: own_pod.watch,
+            own_pod_refused: own_pod.refused,
             backoff: Backoff::new(INITIAL_BACKOFF, k.backoff_cap),
             poll_at: None,
             warned: false,
