@@ -26,7 +26,7 @@ use kube_leader::{
     Error, ForLife, Leadership, Successor,
 };
 use kube_leader_e2e::{init_tracing, short_lease_elector, wait_for};
-use kube_leader_testenv::{create_pod, ControlPlane};
+use kube_leader_testenv::{bind_role, create_pod, rule, ControlPlane};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -226,6 +226,64 @@ async fn a_stopping_lease_candidate_withdraws_and_a_missing_successor_is_waited_
         gap >= Duration::from_secs(1),
         "it deferred to the preferred successor first: {gap:?}"
     );
+    next.release().await.unwrap();
+    shutdown.cancel();
+}
+
+/// A leader stopped by its shutdown withdraws its registration after its release, not beside
+/// it on the handover's path (only a leader names successors, so nobody could prefer it
+/// meanwhile), and before `release` returns: the process may exit then and leaves nothing.
+#[tokio::test]
+async fn a_stopping_leader_withdraws_after_its_release() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let admin = cp.client().await;
+    let user = cp.unused_user();
+    let all = rule(&["coordination.k8s.io"], &["leases"], &["*"]);
+    bind_role(&admin, ns.name(), &user, vec![all]).await.unwrap();
+    let as_leader = cp.user_client(&user).await;
+    let stop = CancellationToken::new();
+    let leader = lease_candidate(&as_leader, ns.name(), "leader", &stop);
+    let leader = tokio::time::timeout(SOON, leader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let follower = lease_candidate(&admin, ns.name(), "follower", &shutdown);
+    wait_registered(&admin, ns.name(), "lock", "Lease", &["follower", "leader"], None).await;
+
+    stop.cancel();
+    leader.lost().await;
+    leader.release().await.unwrap();
+    assert_eq!(
+        registered(&admin, ns.name(), "lock", "Lease").await,
+        ["follower"],
+        "withdrawn when release returned"
+    );
+    // The leader's requests in the order they completed: the release (an update of the lock)
+    // before the withdrawal (a delete of its registration).
+    let events = cp.audit_events(&user).unwrap();
+    let completed: Vec<(String, String)> = events
+        .into_iter()
+        .filter(|e| e.stage == "ResponseComplete" && matches!(e.verb.as_str(), "update" | "delete"))
+        .map(|e| (e.verb, e.name.unwrap_or_default()))
+        .collect();
+    let release = completed.iter().rposition(|(v, n)| v == "update" && n == "lock");
+    let withdrawal = completed
+        .iter()
+        .position(|(v, n)| v == "delete" && n.starts_with("lock-candidate-"));
+    assert!(
+        matches!((release, withdrawal), (Some(r), Some(w)) if r < w),
+        "the release first, then the withdrawal: {completed:?}"
+    );
+    let next = tokio::time::timeout(SOON, follower)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.identity(), "follower");
     next.release().await.unwrap();
     shutdown.cancel();
 }

@@ -29,7 +29,7 @@ use crate::{
     leadership::{Leadership, Strategy, Term},
     lock::{self, LockRef},
     observer::{Hooks, Observer},
-    successor::{CandidatePod, Registration, Registry, Successor},
+    successor::{CandidatePod, Hold, Registration, Registry, Successor},
 };
 
 /// A candidate for leader for life: operator-sdk's `leader.Become`, watch-driven.
@@ -451,6 +451,8 @@ impl ForLife {
             watch: election.own_pod,
             refused: election.own_pod_refused,
         };
+        let hold = self.registration.lock().await.as_ref().map(Registration::hold);
+        let registry = registry.map(|r| (r, hold));
         Ok(self.lead(election.lock, election.me, won, own_pod, registry, shutdown))
     }
 
@@ -461,9 +463,10 @@ impl ForLife {
         me: PodRef,
         won: Won,
         own_pod: OwnPodWatch,
-        registry: Option<Registry>,
+        registry: Option<(Registry, Option<Hold>)>,
         shutdown: CancellationToken,
     ) -> Leadership {
+        let (registry, hold) = registry.unzip();
         let lock_uid = won.lock.metadata.uid.clone().unwrap_or_default();
         info!(fencing_token = won.fencing_token, restarted = won.restarted, lock_uid = %lock_uid, "became the leader");
         let term = Term {
@@ -497,6 +500,7 @@ impl ForLife {
             own_pod: std::sync::Mutex::new(Some(own_pod)),
             registry,
             successor: std::sync::Mutex::new(None),
+            registration: hold.flatten(),
         };
         let leadership = Leadership::spawn(term, span, move |handle, done| {
             if let Some(b) = &keeper.beat {

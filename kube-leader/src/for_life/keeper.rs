@@ -54,6 +54,8 @@ pub(super) struct Keeper {
     pub(super) registry: Option<Registry>,
     /// The successor, looked up from when the term began to end (while the work stops).
     pub(super) successor: std::sync::Mutex<Option<JoinHandle<Option<String>>>>,
+    /// Keeps this candidate's registration until the term is over (dropped with the keeper).
+    pub(super) registration: Option<crate::successor::Hold>,
 }
 
 // === impl Keeper ===
@@ -62,6 +64,21 @@ impl Keeper {
     /// Keeps the term: watches the lock and this Pod until either ends it, or the handle is
     /// dropped (the lock stays, to go with the Pod) or released (the lock is deleted).
     pub(super) async fn keep(
+        mut self,
+        handle: KeeperHandle,
+        done: CancellationToken,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
+        let registration = self.registration.take();
+        let result = self.keep_term(handle, done, shutdown).await;
+        if let Some(registration) = registration {
+            registration.end().await;
+        }
+        result
+    }
+
+    /// [`keep`](Self::keep), the term itself.
+    async fn keep_term(
         mut self,
         handle: KeeperHandle,
         done: CancellationToken,

@@ -364,6 +364,7 @@ impl Campaign {
         });
         let lock_uid = lease.metadata.uid.clone();
         let renewals = self.shared.renewals.subscribe();
+        let registration = self.shared.hold_registration();
         let keeper = Keeper {
             api: Api::namespaced(self.client, &self.lock.namespace),
             cfg: self.cfg,
@@ -376,6 +377,7 @@ impl Campaign {
             last_sent: sent,
             registry: self.registry,
             successor: None,
+            registration,
         };
         let watch = self.watch;
         let leadership = Leadership::spawn(term, tracing::Span::current(), move |handle, done| {

@@ -42,6 +42,8 @@ pub(crate) struct Keeper {
     pub(crate) registry: Option<Registry>,
     /// The successor, looked up while the work stops (from the shutdown on).
     pub(crate) successor: Option<JoinHandle<Option<String>>>,
+    /// Keeps this candidate's registration until the term is over (dropped with the keeper).
+    pub(crate) registration: Option<crate::successor::Hold>,
 }
 
 /// What one turn of the keeper's loop came to.
@@ -109,6 +111,9 @@ impl Keeper {
         self.shared.set_health(|h| h.leading = false);
         if !handle.is_lost() {
             handle.lose(LossReason::Released);
+        }
+        if let Some(registration) = self.registration.take() {
+            registration.end().await;
         }
         result
     }

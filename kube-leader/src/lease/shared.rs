@@ -13,7 +13,7 @@ use crate::{
     api::Op,
     leadership::{LeaderInfo, Strategy},
     lock::LockRef,
-    successor::{CandidatePod, Registration, Registry},
+    successor::{CandidatePod, Hold, Registration, Registry},
 };
 
 /// Where to find a Role that grants what the Lease strategy needs.
@@ -63,6 +63,18 @@ impl Shared {
         if registration.is_none() && !shutdown.is_cancelled() {
             *registration = Some(registry.register(identity, pod, shutdown).await);
         }
+    }
+
+    /// Holds this candidate's withdrawal back until the returned hold is dropped: taken by a
+    /// term's keeper, so the withdrawal follows the release (see [`Hold`]).
+    pub(super) fn hold_registration(&self) -> Option<Hold> {
+        // Nothing else holds the lock while a term begins; if something did, no hold is taken
+        // and the withdrawal merely runs beside the release, as without one.
+        self.registration
+            .try_lock()
+            .ok()?
+            .as_ref()
+            .map(Registration::hold)
     }
 
     /// Withdraws this candidate's registration (a stopping candidate), awaiting its deletion.
