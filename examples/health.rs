@@ -15,7 +15,7 @@
 //!
 //! Role: the Lease strategy's, `deploy/lease/rbac-lease.yaml` (or what
 //! `kube-leader rbac --strategy lease --lock health-example` prints): `create` and
-//! `list, patch, delete` on Leases, `get, watch, update` on the lock. The Pod's liveness probe:
+//! `list, watch, patch, delete` on Leases, `get, update` on the lock. The Pod's liveness probe:
 //! `httpGet: {path: /healthz, port: 8080}` (with `--health-addr 0.0.0.0:8080` in a Pod).
 //!
 //! ```sh

@@ -10,7 +10,7 @@
 //!
 //! Role: the Lease strategy's, `deploy/lease/rbac-lease.yaml` (or what
 //! `kube-leader rbac --strategy lease --lock observer-prometheus-example` prints): `create` and
-//! `list, patch, delete` on Leases, `get, watch, update` on the lock.
+//! `list, watch, patch, delete` on Leases, `get, update` on the lock.
 //!
 //! ```sh
 //! POD_NAME=a cargo run -p kube-leader-examples --example observer_prometheus -- --metrics-addr 127.0.0.1:9090

@@ -23,7 +23,7 @@ use tokio::{
 use crate::{clock::mono_ns, procfs::Memory};
 
 /// Which implementation a Lease candidate process runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub(crate) enum Impl {
     /// `lease-candidate` (crate kube-leader-e2e): the kube-leader library's `LeaseElector`, over
     /// kube's own client (HTTP/1.1).

@@ -76,6 +76,11 @@ struct Cli {
     /// the mode's (3 in `ci`, 20 in `full`): `--rounds 100` for a p99 that is not the maximum.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     rounds: Option<u16>,
+    /// Run the Lease failover scenarios only with these implementations (comma-separated;
+    /// default: all of them), e.g. `--only graceful --implementations kube-leader-http2` for the
+    /// library's handover alone.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    implementations: Vec<Impl>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,7 +130,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Swarm(args)) => runtime.block_on(swarm::run(args)).map(|()| true),
         Some(Command::Stamp) => unreachable!("handled above"),
-        None => runtime.block_on(bench(cli.mode, cli.rounds, cli.out, cli.only)),
+        None => runtime.block_on(bench(
+            cli.mode,
+            cli.rounds,
+            cli.out,
+            cli.only,
+            cli.implementations,
+        )),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -142,7 +153,13 @@ fn step(what: &str) {
 }
 
 /// Runs the benchmark; `Ok(false)` when a scenario failed.
-async fn bench(mode: Mode, rounds: Option<u16>, out: PathBuf, only: Vec<Scenario>) -> anyhow::Result<bool> {
+async fn bench(
+    mode: Mode,
+    rounds: Option<u16>,
+    out: PathBuf,
+    only: Vec<Scenario>,
+    implementations: Vec<Impl>,
+) -> anyhow::Result<bool> {
     let mut plan = Plan::for_mode(mode);
     if let Some(n) = rounds {
         plan.lease_rounds = usize::from(n);
@@ -223,7 +240,8 @@ async fn bench(mode: Mode, rounds: Option<u16>, out: PathBuf, only: Vec<Scenario
             Stop::Graceful => &Impl::ALL,
             Stop::Crash => &[Impl::KubeLeader, Impl::ClientGo],
         };
-        for &imp in imps {
+        let chosen = |imp: &&Impl| implementations.is_empty() || implementations.contains(imp);
+        for &imp in imps.iter().filter(chosen) {
             let t = plan.failover_timings;
             step(&format!(
                 "lease {}: {}, {} rounds, {}",

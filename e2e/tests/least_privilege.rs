@@ -257,9 +257,9 @@ async fn lease_without(
     verb: String,
 ) -> String {
     const RESOURCE: &str = "leases.coordination.k8s.io";
-    // The registrations' namespace-wide list is the lock watch's list too.
+    // The registrations' namespace-wide list and watch are the lock watch's too.
     let resource = match (resource.as_str(), verb.as_str()) {
-        (REGISTRATIONS, "list") => RESOURCE.to_string(),
+        (REGISTRATIONS, "list" | "watch") => RESOURCE.to_string(),
         (REGISTRATIONS, _) => {
             let elector = lease_elector(client, &ns, &lock);
             let elect = async move { elector.become_leader(&CancellationToken::new()).await };

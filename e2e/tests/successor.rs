@@ -288,6 +288,123 @@ async fn a_stopping_leader_withdraws_after_its_release() {
     shutdown.cancel();
 }
 
+/// A leader's requests for its lock's registrations, in the order they were answered: (verb,
+/// request URI) of each allowed list and watch of Leases by the registrations' label.
+fn registration_reads(cp: &ControlPlane, user: &str) -> Vec<(String, String)> {
+    cp.audit_events(user)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.resource.as_deref() == Some("leases") && e.name.is_none())
+        .filter(|e| e.request_uri.contains("candidate-for"))
+        .filter(|e| e.code.is_none_or(|c| c < 400))
+        // A watch counts when it starts (its end, with the term, is no request), a list when
+        // it is answered.
+        .filter(|e| match e.verb.as_str() {
+            "watch" => e.stage == "ResponseStarted",
+            "list" => e.stage == "ResponseComplete",
+            _ => false,
+        })
+        .map(|e| (e.verb, e.request_uri))
+        .collect()
+}
+
+/// What a step-down showed: the leader's registration reads while it led and from its
+/// release on, and who led next.
+struct StepDown {
+    leading: Vec<(String, String)>,
+    stepping_down: Vec<(String, String)>,
+    next: String,
+}
+
+/// The leader as a user with `rules` steps down while "middle" and the younger "young" wait.
+async fn step_down_as(cp: &ControlPlane, rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>) -> StepDown {
+    let ns = cp.namespace().await;
+    let admin = cp.client().await;
+    let user = cp.unused_user();
+    bind_role(&admin, ns.name(), &user, rules).await.unwrap();
+    let as_leader = cp.user_client(&user).await;
+    let shutdown = CancellationToken::new();
+    let leader = lease_candidate(&as_leader, ns.name(), "leader", &shutdown);
+    let leader = tokio::time::timeout(SOON, leader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let middle = lease_candidate(&admin, ns.name(), "middle", &shutdown);
+    wait_registered(&admin, ns.name(), "lock", "Lease", &["leader", "middle"], None).await;
+    let young = lease_candidate(&admin, ns.name(), "young", &shutdown);
+    wait_registered(
+        &admin,
+        ns.name(),
+        "lock",
+        "Lease",
+        &["leader", "middle", "young"],
+        None,
+    )
+    .await;
+    // The registration's event reaches the leader's watch within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leading = registration_reads(cp, &user);
+    leader.release().await.unwrap();
+    let stepping_down = registration_reads(cp, &user).split_off(leading.len());
+    let next = tokio::select! {
+        l = young => l,
+        l = middle => l,
+    };
+    let next = next.unwrap().unwrap();
+    let id = next.identity().to_string();
+    next.release().await.unwrap();
+    shutdown.cancel();
+    StepDown {
+        leading,
+        stepping_down,
+        next: id,
+    }
+}
+
+/// A leader watches its lock's registrations for its term and names its successor from that
+/// watch: the step-down makes no request before its release (before, it listed them first, on
+/// the handover's path). Without `watch` on Leases it lists them at step-down, and still
+/// names the youngest.
+#[tokio::test]
+async fn a_leader_names_its_successor_from_its_watch_and_lists_only_without_one() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let all = rule(&["coordination.k8s.io"], &["leases"], &["*"]);
+    let s = step_down_as(cp, vec![all]).await;
+    // The watch's list at the term's start, from the watch cache (the API server's audit
+    // shows a watch's start only once it has sent something).
+    assert!(
+        s.leading
+            .iter()
+            .any(|(v, uri)| v == "list" && uri.contains("resourceVersion=0")),
+        "the leader's watch lists the registrations from the watch cache: {:?}",
+        s.leading
+    );
+    assert!(
+        !s.stepping_down.iter().any(|(v, _)| v == "list"),
+        "no list of the registrations at step-down: {:?}",
+        s.stepping_down
+    );
+    assert_eq!(s.next, "young", "the release named the youngest");
+
+    // No `watch` on Leases but the lock's own (by name): the release lists the registrations.
+    let mut named = rule(&["coordination.k8s.io"], &["leases"], &["get", "watch", "update"]);
+    named.resource_names = Some(vec!["lock".into()]);
+    let rest = rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["create", "list", "patch", "delete"],
+    );
+    let s = step_down_as(cp, vec![named, rest]).await;
+    assert!(
+        s.stepping_down.iter().any(|(v, _)| v == "list"),
+        "the step-down lists the registrations: {:?}",
+        s.stepping_down
+    );
+    assert_eq!(s.next, "young", "the release named the youngest");
+}
+
 #[tokio::test]
 async fn with_successor_any_nobody_registers_or_defers() {
     init_tracing();

@@ -108,12 +108,23 @@ pub(crate) fn shards_rules(set: &str, count: u32, identities: &[String]) -> Vec<
 fn registration_rules(strategy: StrategyArg) -> Vec<Rule> {
     let (why, verbs): (_, &'static [&'static str]) = match strategy {
         StrategyArg::Lease => (
-            "--successor youngest (the default): each candidate's registration, a Lease              LOCK-candidate-HASH beside the lock (created by the rule above); patch: its              heartbeat; delete: withdraw it when stopping; list: a leader stepping down finds the              youngest candidate. Namespace-wide: the names hold a hash of each identity.              `--successor any` needs none of it",
-            &["list", "patch", "delete"],
+            "--successor youngest (the default): each candidate's registration, a Lease \
+             LOCK-candidate-HASH beside the lock (created by the rule above); patch: its \
+             heartbeat; delete: withdraw it when stopping; list, watch: a leader watches the \
+             registrations for its term and, stepping down, names the youngest candidate, and every \
+             candidate lists and watches the lock (by name). Namespace-wide: the names hold a hash \
+             of each identity. `--successor any` needs none of it (the lock's rule then has list \
+             and watch)",
+            &["list", "watch", "patch", "delete"],
         ),
         StrategyArg::ForLife => (
-            "--successor youngest (the default): each candidate's registration, a Lease              LOCK-candidate-HASH owned by its Pod; create, patch: register and heartbeat; delete:              withdraw it when stopping; list: a leader stepping down finds the youngest candidate.              Namespace-wide: the names hold a hash of each Pod's name. `--successor any` needs              none of it",
-            &["create", "list", "patch", "delete"],
+            "--successor youngest (the default): each candidate's registration, a Lease \
+             LOCK-candidate-HASH owned by its Pod; create, patch: register and heartbeat; delete: \
+             withdraw it when stopping; list, watch: a leader watches the registrations for its \
+             term and, stepping down, names the youngest candidate (without watch, it lists them \
+             on the handover's path). Namespace-wide: the names hold a hash of each Pod's name. \
+             `--successor any` needs none of it",
+            &["create", "list", "watch", "patch", "delete"],
         ),
     };
     vec![Rule {
@@ -126,17 +137,17 @@ fn registration_rules(strategy: StrategyArg) -> Vec<Rule> {
 }
 
 /// Adds the rules of the candidates' registrations to `rules` (of `strategy`). The Lease's
-/// namespace-wide `list` then covers the lock's too: the lock's rule loses its `list`.
+/// namespace-wide `list` and `watch` then cover the lock's too: the lock's rule loses them.
 fn with_registrations(strategy: StrategyArg, rules: &mut Vec<Rule>) {
     if strategy == StrategyArg::Lease {
         for rule in rules
             .iter_mut()
             .filter(|r| r.resource == "leases" && !r.resource_names.is_empty())
         {
-            rule.verbs = &["get", "watch", "update"];
-            rule.why = "get: status and re-reads after a conflict; watch: candidates and the leader \
-                        watch the Lease (its list: the rule below); update: take over, renew and \
-                        release";
+            rule.verbs = &["get", "update"];
+            rule.why = "get: status and re-reads after a conflict; update: take over, renew and \
+                        release (the list and watch of the Lease by candidates and the leader: the \
+                        rule below)";
         }
     }
     rules.extend(registration_rules(strategy));

@@ -24,10 +24,11 @@
 //! A candidate registers before its first election result (so a Pod that is `Ready` by the
 //! sidecar's `/readyz` is registered), withdraws the registration the moment it stops (shutdown
 //! requested, or its Pod is being deleted: a stopping candidate never campaigns again), and the
-//! garbage collector deletes the registration of a Pod that was deleted. A leader stepping down
-//! lists the registrations of its lock once (it lists them while its work stops, so the
-//! handover waits for no extra request) and names the youngest live one other than itself in
-//! [`PREFERRED_HOLDER_ANNOTATION`].
+//! garbage collector deletes the registration of a Pod that was deleted. A leader watches the
+//! registrations of its lock for its term, and when it steps down names the youngest live one
+//! other than itself in [`PREFERRED_HOLDER_ANNOTATION`]: taken from that watch, so the release
+//! is one write and the handover waits for no extra request. Where the watch is not synced (or
+//! not allowed), the leader lists the registrations once instead, while its work stops.
 //!
 //! Crash failover is untouched: nobody stepped down, so nobody is preferred and nobody waits.
 //! Registrations are an optimisation, never a safety property: a candidate that may not
@@ -52,6 +53,8 @@ use crate::{
     lock::{LockRef, MANAGED_BY_LABEL},
 };
 
+mod watch;
+
 /// Label on a candidate registration: the name of the lock it is a candidate for (a hash of
 /// the name when it is longer than a label value may be).
 pub const CANDIDATE_FOR_LABEL: &str = "kube-leader.io/candidate-for";
@@ -74,7 +77,8 @@ pub enum Successor {
     /// The youngest live candidate (by its Pod's creation time): a Pod of the newest ReplicaSet
     /// in a rolling update, the Pod that replaced others in a drain. Every candidate keeps a
     /// registration (see the [module documentation](self)), which needs `create`, `patch`,
-    /// `delete` and `list` on `leases` in the lock's namespace.
+    /// `delete`, `list` and `watch` on `leases` in the lock's namespace (without `watch`, a
+    /// leader stepping down lists the registrations on the handover's path).
     #[default]
     Youngest,
     /// Whoever is first, as client-go: no registration, no preference.
@@ -123,6 +127,8 @@ pub(crate) struct Registry {
     lock: LockRef,
     kind: &'static str,
     api_timeout: Duration,
+    /// A leader's watch of the registrations, for its term (see [`Registry::following`]).
+    follow: Option<Arc<watch::Follow>>,
 }
 
 /// What came of writing a registration.
@@ -192,7 +198,26 @@ impl Registry {
             lock: lock.clone(),
             kind,
             api_timeout,
+            follow: None,
         }
+    }
+
+    /// This registry with a watch of the registrations kept until the last clone of it is
+    /// dropped: a leader takes one for its term, so that the successor its release names is
+    /// taken from the watch, not listed on the handover's path (see [`watch`]).
+    pub(crate) fn following(mut self) -> Self {
+        if self.follow.is_none() {
+            let names = format!("{}-candidate-*", self.lock.name);
+            let follow = watch::Follow::start(
+                self.api.clone(),
+                &self.lock.namespace,
+                names,
+                self.selector(),
+                RBAC_HINT,
+            );
+            self.follow = Some(Arc::new(follow));
+        }
+        self
     }
 
     fn op<'a>(&'a self, verb: &'static str, name: &'a str) -> Op<'a> {
@@ -378,6 +403,11 @@ impl Registry {
     /// it before its release), and a registration a few milliseconds late costs at most a
     /// preference, never safety.
     pub(crate) async fn youngest_other(&self, me: &str) -> Option<String> {
+        let watched = self.follow.as_ref();
+        if let Some((found, candidates)) = watched.and_then(|f| f.youngest_other(me, Timestamp::now())) {
+            debug!(lock = %self.lock, candidates, preferred = ?found, "chose a successor (from the registrations' watch)");
+            return found;
+        }
         let params = ListParams::default().labels(&self.selector()).match_any();
         let name = format!("{}-candidate-*", self.lock.name);
         match call(self.op("list", &name), self.api_timeout, self.api.list(&params)).await {
@@ -431,8 +461,8 @@ impl Drop for Registration {
     }
 }
 
-const RBAC_HINT: &str = "a candidate registration needs create, patch, delete and list on leases \
-    in the lock's namespace (print the Role with `kube-leader rbac`), or turn the preference off \
+const RBAC_HINT: &str = "a candidate registration needs create, patch, delete, list and watch on \
+    leases in the lock's namespace (print the Role with `kube-leader rbac`), or turn the preference off \
     (Successor::Any, --successor any)";
 
 fn owner_reference(pod: &CandidatePod) -> OwnerReference {
@@ -443,9 +473,13 @@ fn owner_reference(pod: &CandidatePod) -> OwnerReference {
 /// (by the wall clock: a registration counts as live for three heartbeats after its last one,
 /// which absorbs clock skew of seconds). Ties go to the greater identity, so that every
 /// leader's choice is the same.
-pub(crate) fn youngest(registrations: &[Lease], me: &str, now: Timestamp) -> Option<String> {
+pub(crate) fn youngest<'a>(
+    registrations: impl IntoIterator<Item = &'a Lease>,
+    me: &str,
+    now: Timestamp,
+) -> Option<String> {
     registrations
-        .iter()
+        .into_iter()
         .filter(|r| r.metadata.deletion_timestamp.is_none())
         .filter_map(|r| {
             let spec = r.spec.as_ref()?;
@@ -528,80 +562,4 @@ fn truncate_micros(t: Timestamp) -> Timestamp {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reg(identity: &str, since_s: i64, renewed_s: i64) -> Lease {
-        let at = |s| MicroTime(Timestamp::from_second(s).unwrap());
-        Lease {
-            metadata: ObjectMeta::default(),
-            spec: Some(LeaseSpec {
-                holder_identity: Some(identity.into()),
-                acquire_time: Some(at(since_s)),
-                renew_time: Some(at(renewed_s)),
-                lease_duration_seconds: Some(LIVE_SECONDS),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn the_youngest_live_other_candidate_is_preferred() {
-        let now = Timestamp::from_second(1_000).unwrap();
-        let regs = [reg("old", 100, 990), reg("new", 900, 995), reg("me", 950, 999)];
-        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("new"), "never itself");
-        // A stale registration (its heartbeat older than three heartbeats) is not live.
-        let regs = [reg("old", 100, 990), reg("gone", 900, 1_000 - 46)];
-        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("old"));
-        assert_eq!(youngest(&[], "me", now), None);
-        // Equal ages: the same choice for every leader.
-        let regs = [reg("a", 900, 990), reg("b", 900, 990)];
-        assert_eq!(youngest(&regs, "me", now).as_deref(), Some("b"));
-        // Being deleted (its Pod is going): not a successor.
-        let mut deleting = reg("new", 900, 995);
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
-        assert_eq!(
-            youngest(&[reg("old", 100, 990), deleting], "me", now).as_deref(),
-            Some("old")
-        );
-    }
-
-    #[test]
-    fn a_preference_counts_only_for_its_release() {
-        let t: Timestamp = "2026-12-03T10:00:00.123456789Z".parse().unwrap();
-        let a = BTreeMap::from([(
-            PREFERRED_HOLDER_ANNOTATION.to_string(),
-            preferred_value(t, "pod b"),
-        )]);
-        assert_eq!(
-            preferred_for(Some(&a), Some(truncate_micros(t))).as_deref(),
-            Some("pod b")
-        );
-        assert_eq!(
-            preferred_for(Some(&a), Some(t)).as_deref(),
-            Some("pod b"),
-            "as read back at µs"
-        );
-        let later = t.checked_add(SignedDuration::from_secs(1)).unwrap();
-        assert_eq!(preferred_for(Some(&a), Some(later)), None, "another release");
-        assert_eq!(preferred_for(Some(&a), None), None);
-        assert_eq!(preferred_for(None, Some(t)), None);
-        let bad = BTreeMap::from([(PREFERRED_HOLDER_ANNOTATION.to_string(), "yesterday b".to_string())]);
-        assert_eq!(preferred_for(Some(&bad), Some(t)), None);
-    }
-
-    #[test]
-    fn registration_names_are_object_names() {
-        let n = registration_name("my-lock", "Lease", "pod-1");
-        assert!(n.starts_with("my-lock-candidate-") && n.len() == "my-lock-candidate-".len() + 16);
-        assert_ne!(n, registration_name("my-lock", "ConfigMap", "pod-1"));
-        assert_ne!(n, registration_name("my-lock", "Lease", "pod-2"));
-        let long = "a".repeat(253);
-        let n = registration_name(&long, "Lease", "x");
-        assert!(n.len() <= 253, "{}", n.len());
-        crate::lock::validate_name(&n).unwrap();
-        assert_eq!(label_value("my.lock"), "my.lock");
-        assert!(label_value(&long).starts_with("h-") && label_value(&long).len() <= 63);
-    }
-}
+mod tests;

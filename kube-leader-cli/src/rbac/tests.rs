@@ -41,13 +41,13 @@ fn args(s: &str) -> RbacArgs {
 fn lease_rules_are_limited_to_the_lock_where_possible() {
     let y = yaml(&args("kube-leader rbac --strategy lease --lock my-lock"), "ns1");
     assert!(y.contains("resourceNames: [\"my-lock\"]"), "{y}");
-    assert!(y.contains("verbs: [\"get\", \"watch\", \"update\"]"), "{y}");
+    assert!(y.contains("verbs: [\"get\", \"update\"]"), "{y}");
     assert!(y.contains("verbs: [\"create\"]"), "{y}");
     assert!(!y.contains("pods"), "{y}");
     assert!(y.contains("namespace: ns1"), "{y}");
     // The candidates' registrations (--successor youngest, the default): namespace-wide.
     assert!(
-        y.contains("resources: [\"leases\"]\n    verbs: [\"list\", \"patch\", \"delete\"]"),
+        y.contains("resources: [\"leases\"]\n    verbs: [\"list\", \"watch\", \"patch\", \"delete\"]"),
         "{y}"
     );
     let any = yaml(

@@ -108,6 +108,13 @@ use crate::{
 ///   - apiGroups: [""]
 ///     resources: ["events"]
 ///     verbs: ["create"]
+///   # Successor::Youngest (the default): each candidate's registration, a Lease
+///   # my-operator-candidate-HASH owned by its Pod; create, patch: register and heartbeat;
+///   # delete: withdraw it when stopping; list, watch: a leader watches the registrations for
+///   # its term and, stepping down, names the youngest candidate. Successor::Any needs none
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["create", "list", "watch", "patch", "delete"]
 /// ```
 #[derive(Clone)]
 pub struct ForLife {
@@ -498,7 +505,8 @@ impl ForLife {
             backoff_cap: self.config.backoff_cap,
             beat,
             own_pod: std::sync::Mutex::new(Some(own_pod)),
-            registry,
+            // Watched for the term: the release takes its successor from the watch.
+            registry: registry.map(Registry::following),
             successor: std::sync::Mutex::new(None),
             registration: hold.flatten(),
         };

@@ -375,7 +375,8 @@ impl Campaign {
             record,
             fencing_token,
             last_sent: sent,
-            registry: self.registry,
+            // Watched for the term: the release takes its successor from the watch.
+            registry: self.registry.map(Registry::following),
             successor: None,
             registration,
         };

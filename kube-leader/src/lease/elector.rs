@@ -85,16 +85,24 @@ pub struct Unhealthy {
 ///   - apiGroups: ["coordination.k8s.io"]
 ///     resources: ["leases"]
 ///     verbs: ["create"]
-///   # get: status and re-reads after a conflict; list, watch: candidates and the leader watch
-///   # the Lease; update: take over, renew and release
+///   # get: status and re-reads after a conflict; update: take over, renew and release (the
+///   # Lease's list and watch by candidates and the leader: the last rule)
 ///   - apiGroups: ["coordination.k8s.io"]
 ///     resources: ["leases"]
 ///     resourceNames: ["my-operator"]
-///     verbs: ["get", "list", "watch", "update"]
+///     verbs: ["get", "update"]
 ///   # best-effort LeaderElection Events on the Lease (as client-go records them)
 ///   - apiGroups: [""]
 ///     resources: ["events"]
 ///     verbs: ["create"]
+///   # Successor::Youngest (the default): each candidate's registration, a Lease
+///   # my-operator-candidate-HASH (created by the first rule); patch: its heartbeat; delete:
+///   # withdraw it when stopping; list, watch: a leader watches the registrations for its term
+///   # and, stepping down, names the youngest candidate; and the list and watch of the lock.
+///   # With Successor::Any, the lock's rule takes `list` and `watch` and this rule goes
+///   - apiGroups: ["coordination.k8s.io"]
+///     resources: ["leases"]
+///     verbs: ["list", "watch", "patch", "delete"]
 /// ```
 #[derive(Clone)]
 pub struct LeaseElector {
