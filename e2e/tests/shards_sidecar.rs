@@ -336,6 +336,57 @@ async fn a_killed_shards_sidecar_leaves_no_command_behind() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The supervisor of a shards sidecar's COMMAND SIGKILLed: COMMAND and its process group are
+/// killed, kube-leader exits 124, and the shards are not released but left to expire, as in
+/// plain `run` (COMMAND's end is not known to be orderly, so no other replica may start on them
+/// before their lease duration). Before, `run --shards` handed every shard back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shards_supervisor_leaves_the_shards_to_expire() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch("kill-sup");
+    let mut a = start(cp, ns.name(), &dir, "a", &[], &plain_script());
+    let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
+    kube_leader_e2e::wait_for("a's COMMAND to work every shard", SOON, || async {
+        (current(&dir, "a")?.len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    let text = std::fs::read_to_string(dir.join("a.txt")).unwrap();
+    let pid: i32 = text
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|p| p.parse().ok())
+        .expect("COMMAND's pid");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let supervisor: i32 = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("COMMAND's parent");
+    assert_ne!(
+        supervisor,
+        a.id().unwrap() as i32,
+        "COMMAND runs under a supervisor"
+    );
+    nix::sys::signal::kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    let status = tokio::time::timeout(SOON, a.wait())
+        .await
+        .expect("kube-leader exits")
+        .unwrap();
+    let log = std::fs::read_to_string(dir.join("a.log")).unwrap_or_default();
+    assert_eq!(status.code(), Some(124), "a loss: {log}");
+    let gone = nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+    assert!(gone, "COMMAND outlived its supervisor and kube-leader: {log}");
+    assert_eq!(
+        holders(&leases).await,
+        vec!["a".to_string(); SHARDS as usize],
+        "the shards are left to expire, not released: {log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// COMMAND as a shell script that handles SIGHUP as `--on-shards-change signal:HUP` asks: on
 /// the signal it reads the new set from the file, records it as a new incarnation (its work on
 /// the shards the set no longer lists has stopped), then acknowledges the generation.

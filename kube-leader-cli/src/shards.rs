@@ -105,6 +105,11 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     }
     let mut sidecar = Sidecar::new(&args, log_format, assignments, env, file, ack);
     let code = sidecar.run(&mut stops).await;
+    if sidecar.abandoned() {
+        // Not a word to the candidate (its shutdown releases): the process exits now.
+        sidecar.abandon();
+        return Ok(code);
+    }
     info!(code, "COMMAND is gone; handing every shard back");
     shutdown.cancel();
     sidecar.hand_back(&args).await?;

@@ -84,4 +84,4 @@ mod reap;
 pub(crate) use control::{Control, Report, Supervisor, SupervisorProcess};
 pub(crate) use exec::exec;
 pub(crate) use process::supervise;
-pub(crate) use reap::{become_subreaper, kill_group_and_wait, reap_orphans};
+pub(crate) use reap::{become_subreaper, reap_orphans};

@@ -34,7 +34,14 @@
 //! Registrations are an optimisation, never a safety property: a candidate that may not
 //! register (no permission) logs one warning and campaigns as before.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -135,6 +142,9 @@ pub(crate) struct Registry {
     api_timeout: Duration,
     /// A leader's watch of the registrations, for its term (see [`Registry::following`]).
     follow: Option<Arc<watch::Follow>>,
+    /// This candidate's registration was refused (a permission): it does not watch them
+    /// either, and a release lists them (and logs why that fails, once more).
+    refused: Arc<AtomicBool>,
 }
 
 /// What came of writing a registration.
@@ -205,14 +215,16 @@ impl Registry {
             kind,
             api_timeout,
             follow: None,
+            refused: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// This registry with a watch of the registrations kept until the last clone of it is
     /// dropped: a leader takes one for its term, so that the successor its release names is
-    /// taken from the watch, not listed on the handover's path (see [`watch`]).
+    /// taken from the watch, not listed on the handover's path (see [`watch`]). Not where this
+    /// candidate's registration was refused: it may not watch them either.
     pub(crate) fn following(mut self) -> Self {
-        if self.follow.is_none() {
+        if self.follow.is_none() && !self.refused.load(Ordering::Relaxed) {
             let names = format!("{}-candidate-*", self.lock.name);
             let follow = watch::Follow::start(
                 self.api.clone(),
@@ -304,6 +316,7 @@ impl Registry {
                 warn!(lock = %self.lock, registration = %name, error = %e,
                     "cannot register as a candidate: a leader stepping down cannot prefer this \
                      candidate as its successor (leadership itself is unaffected)");
+                self.refused.store(true, Ordering::Relaxed);
                 Written::Refused
             }
             e => {

@@ -248,29 +248,25 @@ impl<'a> Running<'a> {
         self.seen = now;
     }
 
-    /// The supervisor exited without its last word having been read: what it said last (a
-    /// loss that came together with the exit: kube-leader was frozen while the supervisor
-    /// stopped COMMAND), and whether it ended in order. Its side of the socket is closed, the
-    /// rest is buffered.
-    pub(super) async fn drain(&mut self) {
+    /// The supervisor exited (with `code`) without its last word having been read: what it
+    /// said last (a loss that came together with the exit: kube-leader was frozen while the
+    /// supervisor stopped COMMAND), and whether it ended in order; if not, COMMAND's group is
+    /// killed and waited for ([`Control::after_exit`](crate::supervisor::Control::after_exit)).
+    pub(super) async fn drain(&mut self, code: u8) {
         if self.orderly {
             return;
         }
-        for report in self.sup.last_reports().await {
-            match report {
-                Report::Expired(_) if !self.lost => {
-                    self.lost = true;
-                    self.status.lose(
-                        self.token,
-                        "the supervisor stopped COMMAND: leadership not confirmed in time",
-                        false,
-                    );
-                }
-                Report::Started(pid) => self.command_pid = Some(pid),
-                Report::Exited(_) => self.orderly = true,
-                _ => {}
-            }
+        let words = self.sup.after_exit(code).await;
+        if words.expired && !self.lost {
+            self.lost = true;
+            self.status.lose(
+                self.token,
+                "the supervisor stopped COMMAND: leadership not confirmed in time",
+                false,
+            );
         }
+        self.command_pid = words.started.or(self.command_pid);
+        self.orderly = words.orderly;
     }
 }
 

@@ -1,10 +1,7 @@
 //! The leader's side of `run`: from starting COMMAND until it has exited, then stepping down
 //! as the way COMMAND ended asks ([`StepDown`]).
 
-use std::time::Duration;
-
 use kube_leader::{lease::Renewals, Leadership};
-use nix::unistd::Pid;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -14,7 +11,7 @@ use crate::{
     exit,
     label::PodLabel,
     state::Status,
-    supervisor::{self, Supervisor},
+    supervisor::Supervisor,
 };
 
 /// The leader's loop, from starting COMMAND until it has exited.
@@ -112,7 +109,7 @@ impl Leading<'_> {
         let code = running
             .until_exit(&leadership, signals, self.args.retry_period)
             .await;
-        running.drain().await;
+        running.drain(code).await;
         self.end(leadership, running, code).await
     }
 
@@ -164,17 +161,11 @@ impl Leading<'_> {
     async fn abandon(&self, leadership: Leadership, running: &Running<'_>, code: u8) -> u8 {
         let lock = &self.status.lock;
         let command_pid = running.command_pid;
-        // Killed, or crashed: COMMAND (which dies with it) and what it left may still be
-        // going away. Kill its group and wait for it; then nothing is released, as if this
-        // process had crashed: only the lease's expiry can tell that COMMAND is gone.
+        // Killed, or crashed: COMMAND's group was killed and waited for (`drain`). Nothing is
+        // released, as if this process had crashed: only the lease's expiry can tell that
+        // COMMAND is gone.
         warn!(lock = %lock, code, command_pid,
-            "the supervisor died unexpectedly; killing COMMAND's process group, not releasing the lock");
-        if let Some(pid) = command_pid {
-            let group = Pid::from_raw(i32::try_from(pid).unwrap_or(0));
-            if !supervisor::kill_group_and_wait(group, Duration::from_secs(2)).await {
-                warn!(lock = %lock, pgid = pid, "COMMAND's process group would not die");
-            }
-        }
+            "the supervisor died unexpectedly; not releasing the lock");
         self.status.lose(
             leadership.fencing_token(),
             "the supervisor died unexpectedly",

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::signal::handles;
 use crate::{
     cli::LogFormat,
-    supervisor::{kill_group_and_wait, Control, Report, Supervisor, SupervisorProcess},
+    supervisor::{Control, Report, Supervisor, SupervisorProcess},
 };
 
 /// How a run of COMMAND ended.
@@ -153,32 +153,14 @@ impl Run {
         None
     }
 
-    /// The supervisor exited before its last word was read: if it did not say it (killed, or
-    /// crashed), COMMAND died with it; its group is killed and waited for.
+    /// The supervisor exited before its last word was read (see [`Control::after_exit`]).
     async fn died(&mut self, code: u8) -> Ended {
-        let mut orderly = false;
-        for report in self.control.last_reports().await {
-            match report {
-                Report::Exited(_) => orderly = true,
-                Report::Expired(_) => self.stopping = true,
-                _ => {}
-            }
-        }
-        if !orderly {
-            warn!(
-                code,
-                "the supervisor died unexpectedly; killing COMMAND's process group"
-            );
-            if let Some(pid) = self.control.command_group() {
-                if !kill_group_and_wait(pid, Duration::from_secs(2)).await {
-                    warn!(pgid = pid.as_raw(), "COMMAND's process group would not die");
-                }
-            }
-        }
+        let words = self.control.after_exit(code).await;
+        self.stopping |= words.expired;
         Ended {
             code,
             stopped: self.stopping,
-            orderly,
+            orderly: words.orderly,
         }
     }
 }

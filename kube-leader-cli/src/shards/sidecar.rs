@@ -82,6 +82,9 @@ pub(super) struct Sidecar {
     /// kube-leader was told to stop, or the candidate ended: no new run of COMMAND.
     stopping: bool,
     engine_ended: bool,
+    /// COMMAND's end is not known to be orderly (its supervisor died): the shards are not
+    /// handed back but left to expire, as if this process had crashed.
+    abandoned: bool,
 }
 
 // === impl Sidecar ===
@@ -116,6 +119,7 @@ impl Sidecar {
             adding_since: None,
             stopping: false,
             engine_ended: false,
+            abandoned: false,
         }
     }
 
@@ -170,6 +174,7 @@ impl Sidecar {
     fn on_ended(&mut self, ended: Ended) -> Option<u8> {
         self.run = None;
         if !ended.orderly {
+            self.abandoned = true;
             return Some(exit::LOST);
         }
         if self.stopping || !ended.stopped {
@@ -338,6 +343,23 @@ impl Sidecar {
             })
             .min()
             .unwrap_or(self.beat + self.renew_deadline)
+    }
+
+    /// COMMAND's end is not known to be orderly (its supervisor died, or had to be killed by
+    /// the backstop): its process group was killed and waited for, but what it left elsewhere
+    /// cannot be known gone, so nothing may be handed back (see [`abandon`](Self::abandon)).
+    pub(super) fn abandoned(&self) -> bool {
+        self.abandoned
+    }
+
+    /// Leaves every shard held, unreleased, to expire as if this process had crashed: no other
+    /// replica's COMMAND starts on them before their lease duration has passed. Dropping the
+    /// guards or stopping the candidate would release them; the process exits right after.
+    pub(super) fn abandon(self) {
+        warn!(shards = ?self.guards.keys().collect::<Vec<_>>(),
+            "COMMAND's end is not known to be orderly (its supervisor died): not releasing the \
+             shards; they expire");
+        std::mem::forget(self);
     }
 
     /// COMMAND is gone: hands every shard back and removes the files.

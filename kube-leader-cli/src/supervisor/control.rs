@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use super::{
     clock::to_mono,
     protocol::{log_format_arg, Start},
-    reap::{send_group, waited_by_handle},
+    reap::{kill_group_and_wait, send_group, waited_by_handle},
 };
 use crate::{cli::LogFormat, exit};
 
@@ -34,6 +34,17 @@ pub(crate) enum Report {
     /// so the supervisor did not stop it (stopped, traced or stuck): kube-leader killed
     /// COMMAND's process group, and the supervisor.
     Backstop,
+}
+
+/// What a supervisor that exited said last (see [`Control::after_exit`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LastWords {
+    /// It said `exited`: COMMAND and what it left are gone, in order.
+    pub(crate) orderly: bool,
+    /// It had stopped COMMAND because its deadline passed (leadership not confirmed in time).
+    pub(crate) expired: bool,
+    /// It had started COMMAND, with this pid.
+    pub(crate) started: Option<u32>,
 }
 
 /// kube-leader's handle on its supervisor process.
@@ -246,8 +257,38 @@ impl Control {
         self.group
     }
 
+    /// The supervisor has exited with `code` before its last word was read: what it said last
+    /// (read for at most 1 s). If it did not say `exited` (it was killed, or crashed), COMMAND
+    /// died with it but what COMMAND left may still be going away: COMMAND's process group is
+    /// killed and waited for (at most 2 s). Every mode that runs COMMAND ends a supervisor's
+    /// death here, so no mode can leave COMMAND's group behind.
+    pub(crate) async fn after_exit(&mut self, code: u8) -> LastWords {
+        let mut words = LastWords::default();
+        for report in self.last_reports().await {
+            match report {
+                Report::Started(pid) => words.started = Some(pid),
+                Report::Expired(_) => words.expired = true,
+                Report::Exited(_) => words.orderly = true,
+                Report::Failed(_) | Report::Backstop => {}
+            }
+        }
+        if !words.orderly {
+            let pgid = self.group.map(Pid::as_raw);
+            warn!(
+                code,
+                pgid, "the supervisor died unexpectedly; killing COMMAND's process group"
+            );
+            if let Some(group) = self.group {
+                if !kill_group_and_wait(group, Duration::from_secs(2)).await {
+                    warn!(pgid, "COMMAND's process group would not die");
+                }
+            }
+        }
+        words
+    }
+
     /// The reports still buffered once the supervisor has exited (read for at most 1 s).
-    pub(crate) async fn last_reports(&mut self) -> Vec<Report> {
+    async fn last_reports(&mut self) -> Vec<Report> {
         let mut reports = Vec::new();
         let drain = async {
             while let Some(report) = self.next_report().await {

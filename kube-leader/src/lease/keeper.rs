@@ -11,7 +11,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::{
     config::LeaseConfig,
-    record::{release_write, renewal_write, stored_fencing_token, written_by, LeaseRecord},
+    record::{release_write, renewal_write, stored_fencing_token, LeaseRecord, Owner},
     shared::{lease_op, Shared},
 };
 use crate::{
@@ -152,21 +152,24 @@ impl Keeper {
             return Turn::Keep;
         }
         let record = LeaseRecord::from_lease(&lease);
-        if !record.is_held_by(&self.identity) {
-            let holder = record.holder.clone().unwrap_or_default();
-            self.shared
-                .publish(&self.lock, Some(&record), stored_fencing_token(&lease, &record));
-            info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
-            handle.lose(LossReason::OtherHolder { holder });
-            return Turn::End(Ok(()));
+        match Owner::of(&lease, &record, &self.identity, &self.shared.instance) {
+            Owner::Other(holder) => {
+                self.shared
+                    .publish(&self.lock, Some(&record), stored_fencing_token(&lease, &record));
+                info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
+                handle.lose(LossReason::OtherHolder { holder });
+                Turn::End(Ok(()))
+            }
+            Owner::Twin => {
+                handle.lose(self.duplicate_identity());
+                Turn::End(Ok(()))
+            }
+            Owner::Mine => {
+                // Our lease, touched by somebody else (labels): keep its version.
+                self.lease = lease;
+                Turn::Keep
+            }
         }
-        if !written_by(&lease, &record, &self.shared.instance) {
-            handle.lose(self.duplicate_identity());
-            return Turn::End(Ok(()));
-        }
-        // Our lease, touched by somebody else (labels): keep its version.
-        self.lease = lease;
-        Turn::Keep
     }
 
     /// Renews; returns the turn and when the next renewal is due.
@@ -185,9 +188,9 @@ impl Keeper {
         }
     }
 
-    /// Whether `lease` holds a record this very candidate wrote (see [`written_by`]).
-    fn is_mine(&self, lease: &Lease, record: &LeaseRecord) -> bool {
-        record.is_held_by(&self.identity) && written_by(lease, record, &self.shared.instance)
+    /// Whose `lease` (its record `record`) is (see [`Owner`]).
+    fn owner(&self, lease: &Lease, record: &LeaseRecord) -> Owner {
+        Owner::of(lease, record, &self.identity, &self.shared.instance)
     }
 
     /// One renewal. `Err(Some(reason))`: leadership is over; `Err(None)`: retry later.
@@ -241,19 +244,14 @@ impl Keeper {
         )
         .await
         {
-            Ok(current) => {
-                let rec = LeaseRecord::from_lease(&current);
-                if self.is_mine(&current, &rec) {
+            Ok(current) => match self.owner(&current, &LeaseRecord::from_lease(&current)) {
+                Owner::Mine => {
                     self.lease = current;
                     Err(None)
-                } else if rec.is_held_by(&self.identity) {
-                    Err(Some(self.duplicate_identity()))
-                } else {
-                    Err(Some(LossReason::OtherHolder {
-                        holder: rec.holder.unwrap_or_default(),
-                    }))
                 }
-            }
+                Owner::Twin => Err(Some(self.duplicate_identity())),
+                other => Err(other.loss(&self.identity)),
+            },
             Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
             Err(e) => {
                 debug!(error = ?e, "re-read after a conflict failed");
@@ -309,7 +307,9 @@ impl Keeper {
                 Err(Failure::Conflict) => {
                     let get = self.api.get(&self.lock.name);
                     match call(lease_op(&self.lock, "get"), self.cfg.api_timeout(), get).await {
-                        Ok(current) if self.is_mine(&current, &LeaseRecord::from_lease(&current)) => {
+                        Ok(current)
+                            if self.owner(&current, &LeaseRecord::from_lease(&current)) == Owner::Mine =>
+                        {
                             self.lease = current
                         }
                         _ => return Ok(()), // not ours any more: nothing to release

@@ -10,7 +10,10 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION};
+use crate::{
+    leadership::LossReason,
+    lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+};
 
 /// The election record of a Lease (client-go's `LeaderElectionRecord`).
 ///
@@ -123,6 +126,43 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
         return false;
     };
     id == instance && record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
+}
+
+/// Whose a Lease's record is, as a candidate that holds (or held) a term on it judges it: the
+/// one judgement of "is this term still mine" of the single-Lease keeper and of every shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// Held by this identity and written by this process (its instance id): still this term's.
+    Mine,
+    /// Held by this identity but written by another process: two candidates share the identity.
+    Twin,
+    /// Held by another identity, or by nobody (`""`: released).
+    Other(String),
+}
+
+impl Owner {
+    /// Whose `lease` (its record `record`) is, for the candidate `identity` in the process
+    /// `instance` (see [`written_by`]).
+    pub(crate) fn of(lease: &Lease, record: &LeaseRecord, identity: &str, instance: &str) -> Self {
+        if !record.is_held_by(identity) {
+            Owner::Other(record.holder.clone().unwrap_or_default())
+        } else if written_by(lease, record, instance) {
+            Owner::Mine
+        } else {
+            Owner::Twin
+        }
+    }
+
+    /// Why a term of `identity` on this record is over; `None` while it is still [`Mine`](Self::Mine).
+    pub(crate) fn loss(self, identity: &str) -> Option<LossReason> {
+        match self {
+            Owner::Mine => None,
+            Owner::Twin => Some(LossReason::DuplicateIdentity {
+                identity: identity.to_string(),
+            }),
+            Owner::Other(holder) => Some(LossReason::OtherHolder { holder }),
+        }
+    }
 }
 
 /// A new random instance id: 64 bits, hex.
@@ -290,6 +330,43 @@ mod tests {
         // A release clears it.
         set_writer(&mut l, "a", &LeaseRecord::default());
         assert!(!written_by(&l, &record, "a"));
+    }
+
+    #[test]
+    fn whose_a_record_is_mine_a_twins_or_another_holders() {
+        let record = LeaseRecord {
+            holder: Some("me".into()),
+            lease_duration: Some(Duration::from_secs(15)),
+            renew_time: Some(now_micro()),
+            ..Default::default()
+        };
+        let mut l = Lease::default();
+        record.write_to(l.spec.get_or_insert_with(LeaseSpec::default), 15);
+        set_writer(&mut l, "a", &record);
+        assert_eq!(Owner::of(&l, &record, "me", "a"), Owner::Mine);
+        assert_eq!(Owner::of(&l, &record, "me", "a").loss("me"), None);
+        // The same identity, another process: both must not lead.
+        assert_eq!(Owner::of(&l, &record, "me", "b"), Owner::Twin);
+        assert_eq!(
+            Owner::Twin.loss("me"),
+            Some(LossReason::DuplicateIdentity {
+                identity: "me".into()
+            })
+        );
+        assert_eq!(
+            Owner::of(&l, &record, "you", "a"),
+            Owner::Other("me".into()),
+            "held by another identity, whoever wrote it"
+        );
+        let released = LeaseRecord {
+            holder: Some(String::new()),
+            ..Default::default()
+        };
+        assert_eq!(Owner::of(&l, &released, "me", "a"), Owner::Other(String::new()));
+        assert_eq!(
+            Owner::Other("x".into()).loss("me"),
+            Some(LossReason::OtherHolder { holder: "x".into() })
+        );
     }
 
     fn lease(json: serde_json::Value) -> Lease {

@@ -12,7 +12,7 @@ use crate::{
     leadership::LossReason,
     lease::{
         decide::Observed,
-        record::{written_by, LeaseRecord},
+        record::{LeaseRecord, Owner},
     },
     shards::scheduler::Key,
 };
@@ -162,7 +162,7 @@ impl Engine {
         let record = LeaseRecord::from_lease(&lease);
         // Ours only if this process wrote it: a twin with the same identity writes another
         // instance id into `INSTANCE_ANNOTATION` (issue 16).
-        let ours = record.is_held_by(&self.identity) && written_by(&lease, &record, &self.instance);
+        let owner = Owner::of(&lease, &record, &self.identity, &self.instance);
         let slot = &mut self.slots[index as usize];
         if let Some(known) = &slot.lease {
             if !newer(&lease, known) && slot.observed.is_some() {
@@ -172,17 +172,11 @@ impl Engine {
         let mut lost = None;
         if let Some(t) = slot.term.as_mut() {
             if matches!(t.state, State::Active | State::Leaving { .. }) && newer(&lease, &t.lease) {
-                if ours {
+                if owner == Owner::Mine {
                     // Our own write, echoed before its answer came, or an edit of its metadata.
                     t.lease = lease.clone();
-                } else if record.is_held_by(&self.identity) {
-                    lost = Some(LossReason::DuplicateIdentity {
-                        identity: self.identity.clone(),
-                    });
                 } else {
-                    lost = Some(LossReason::OtherHolder {
-                        holder: record.holder.clone().unwrap_or_default(),
-                    });
+                    lost = owner.clone().loss(&self.identity);
                 }
             }
         }
@@ -194,7 +188,7 @@ impl Engine {
             slot.transitions_seen
                 .map_or(record.transitions, |t| t.max(record.transitions)),
         );
-        slot.foreign_self = record.is_held_by(&self.identity) && !ours;
+        slot.foreign_self = owner == Owner::Twin;
         slot.observed = Some(Observed::update(
             slot.observed.as_ref(),
             record,
