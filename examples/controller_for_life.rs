@@ -40,6 +40,11 @@ use tracing::{info, warn};
 const LOCK: &str = "controller-for-life-example";
 /// Exit code after losing leadership.
 const EXIT_LOST: i32 = 3;
+/// How long the controller may take to drain its running reconciles once leadership is lost or
+/// a shutdown was asked for; then they are dropped (cancelled). kube-runtime's graceful
+/// shutdown does not end a controller whose first list has not completed yet (a term lost
+/// within milliseconds of being won), so the wait is bounded here.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// What the reconciler knows about the term it works in.
 struct Context {
@@ -93,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
     let ctx = Arc::new(Context {
         fencing_token: leadership.fencing_token(),
     });
-    Controller::new(configmaps, watcher::Config::default())
+    let controller = Controller::new(configmaps, watcher::Config::default())
         .graceful_shutdown_on(leadership.lost_token().cancelled_owned())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -101,8 +106,19 @@ async fn main() -> anyhow::Result<()> {
             if let Err(error) = result {
                 warn!(%error, "controller error");
             }
-        })
-        .await;
+        });
+    let (lost, stop) = (leadership.lost_token(), shutdown.clone());
+    let drained = async move {
+        tokio::select! {
+            () = lost.cancelled() => {}
+            () = stop.cancelled() => {}
+        }
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        () = controller => {}
+        () = drained => warn!(drain = ?DRAIN, "the controller did not stop in time; its reconciles are cancelled"),
+    }
 
     // 3. The work has stopped: now it is safe to step down.
     match leadership.loss_reason() {

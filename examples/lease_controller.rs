@@ -46,6 +46,8 @@ use tracing::{info, warn};
 const SELECTOR: &str = "app.kubernetes.io/managed-by=lease-controller-example";
 /// The annotation it writes: `<identity> <fencing token>`.
 const STAMP: &str = "example.kube-leader.io/reconciled-by";
+/// How long the controller may take to drain its running reconciles once leadership is lost.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// A controller that reconciles only while it leads.
 #[derive(Parser)]
@@ -113,11 +115,22 @@ async fn reconcile_while_leading(client: &Client, ns: &str, leadership: &Leaders
         fencing_token: leadership.fencing_token(),
     });
     let lost = leadership.lost_token();
-    Controller::new(api, watcher::Config::default().labels(SELECTOR))
+    let controller = Controller::new(api, watcher::Config::default().labels(SELECTOR))
         .graceful_shutdown_on(async move { lost.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    // kube-runtime's graceful shutdown does not end a controller whose first list has not
+    // completed (a term lost within milliseconds of being won): the drain is bounded here, then
+    // the reconciles still running are dropped (cancelled).
+    let lost = leadership.lost_token();
+    let drained = async move {
+        lost.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        () = controller => {}
+        () = drained => warn!(drain = ?DRAIN, "the controller did not stop in time; its reconciles are cancelled"),
+    }
 }
 
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
