@@ -331,16 +331,25 @@ fn poll_processes(namespace: &str, work: Work, state: &mut LogState) {
         let (Some(pod), true) = (pod, in_namespace) else {
             continue;
         };
-        // Field 22 of stat: the start time, which tells a reused pid from the same process.
-        let started = std::fs::read_to_string(path.join("stat"))
-            .ok()
-            .and_then(|stat| {
-                stat.rsplit_once(')')
-                    .map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_owned())
-            })
+        // Field 22 of stat: the start time, which tells a reused pid from the same process;
+        // field 4: the parent.
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
             .unwrap_or_default();
-        seen.insert(pid, (pod, started));
+        let started = fields.get(19).copied().unwrap_or("").to_owned();
+        let parent = fields.get(1).and_then(|p| p.parse::<u32>().ok()).unwrap_or(0);
+        seen.insert(pid, (pod, started, parent));
     }
+    // A child the work forked is a copy of it (same name, same environment) until it execs
+    // (the app's `sleep 1 &`): caught in that moment, it would be taken for the work and its
+    // exec or exit for the work's end. Only processes whose parent is not the work count.
+    let seen: HashMap<u32, (String, String)> = seen
+        .iter()
+        .filter(|(_, (pod, _, parent))| seen.get(parent).is_none_or(|(p, _, _)| p != pod))
+        .map(|(pid, (pod, started, _))| (*pid, (pod.clone(), started.clone())))
+        .collect();
     let now = mono_ns();
     for (pid, (pod, started)) in std::mem::take(&mut state.alive) {
         if seen.get(&pid).is_none_or(|(_, s)| *s != started) {
