@@ -295,6 +295,22 @@ async fn a_go_command_that_exits_on_sighup_is_restarted_not_signalled() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The pid of `identity`'s COMMAND, from its last record.
+fn command_pid(dir: &Path, identity: &str) -> i32 {
+    let text = std::fs::read_to_string(dir.join(format!("{identity}.txt"))).unwrap();
+    text.lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|p| p.parse().ok())
+        .expect("COMMAND's pid")
+}
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
 /// kube-leader SIGKILLed (not PID 1: the kernel kills nothing for it here): its COMMAND is
 /// stopped by the supervisor, before another replica can take its shards over (the lease
 /// duration after the last renewal). Before, `run --shards` started COMMAND itself and a killed
@@ -309,20 +325,10 @@ async fn a_killed_shards_sidecar_leaves_no_command_behind() {
         (!current(&dir, "a")?.is_empty()).then_some(())
     })
     .await;
-    let text = std::fs::read_to_string(dir.join("a.txt")).unwrap();
-    let pid: i32 = text
-        .lines()
-        .last()
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|p| p.parse().ok())
-        .expect("COMMAND's pid");
+    let pid = command_pid(&dir, "a");
     let killed = std::time::Instant::now();
     a.start_kill().unwrap();
     let _ = a.wait().await;
-    let alive = |pid: i32| {
-        nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
-    };
     while alive(pid) && killed.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -351,13 +357,7 @@ async fn a_killed_shards_supervisor_leaves_the_shards_to_expire() {
         (current(&dir, "a")?.len() == SHARDS as usize).then_some(())
     })
     .await;
-    let text = std::fs::read_to_string(dir.join("a.txt")).unwrap();
-    let pid: i32 = text
-        .lines()
-        .last()
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|p| p.parse().ok())
-        .expect("COMMAND's pid");
+    let pid = command_pid(&dir, "a");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let supervisor: i32 = stat
         .rsplit_once(") ")
@@ -376,9 +376,10 @@ async fn a_killed_shards_supervisor_leaves_the_shards_to_expire() {
         .unwrap();
     let log = std::fs::read_to_string(dir.join("a.log")).unwrap_or_default();
     assert_eq!(status.code(), Some(124), "a loss: {log}");
-    let gone = nix::sys::signal::kill(Pid::from_raw(pid), None).is_err()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
-    assert!(gone, "COMMAND outlived its supervisor and kube-leader: {log}");
+    assert!(
+        !alive(pid),
+        "COMMAND outlived its supervisor and kube-leader: {log}"
+    );
     assert_eq!(
         holders(&leases).await,
         vec!["a".to_string(); SHARDS as usize],

@@ -305,8 +305,8 @@ pub(crate) fn release_write(
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_writer_is_told_by_instance_and_renew_time() {
+    /// A record held by "me", renewed now, and a Lease holding it (no writer yet).
+    fn held_by_me() -> (LeaseRecord, Lease) {
         let record = LeaseRecord {
             holder: Some("me".into()),
             lease_duration: Some(Duration::from_secs(15)),
@@ -315,6 +315,12 @@ mod tests {
         };
         let mut l = Lease::default();
         record.write_to(l.spec.get_or_insert_with(LeaseSpec::default), 15);
+        (record, l)
+    }
+
+    #[test]
+    fn the_writer_is_told_by_instance_and_renew_time() {
+        let (record, mut l) = held_by_me();
         assert!(!written_by(&l, &record, "a"), "no annotation: nobody's");
         set_writer(&mut l, "a", &record);
         assert!(written_by(&l, &record, "a"));
@@ -334,14 +340,7 @@ mod tests {
 
     #[test]
     fn whose_a_record_is_mine_a_twins_or_another_holders() {
-        let record = LeaseRecord {
-            holder: Some("me".into()),
-            lease_duration: Some(Duration::from_secs(15)),
-            renew_time: Some(now_micro()),
-            ..Default::default()
-        };
-        let mut l = Lease::default();
-        record.write_to(l.spec.get_or_insert_with(LeaseSpec::default), 15);
+        let (record, mut l) = held_by_me();
         set_writer(&mut l, "a", &record);
         assert_eq!(Owner::of(&l, &record, "me", "a"), Owner::Mine);
         assert_eq!(Owner::of(&l, &record, "me", "a").loss("me"), None);
