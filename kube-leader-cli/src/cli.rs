@@ -7,6 +7,8 @@ use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use kube_leader::Strategy;
+
 use crate::{exit, version};
 
 mod elect;
@@ -91,24 +93,6 @@ pub(crate) enum Command {
     Exec(ExecArgs),
 }
 
-/// The election strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum StrategyArg {
-    /// Leader for life: a ConfigMap owned by the leader's Pod, deleted with that Pod.
-    ForLife,
-    /// A coordination.k8s.io/v1 Lease renewed by the leader (client-go compatible).
-    Lease,
-}
-
-impl StrategyArg {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            StrategyArg::ForLife => "for-life",
-            StrategyArg::Lease => "lease",
-        }
-    }
-}
-
 /// The log format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LogFormat {
@@ -171,8 +155,8 @@ pub(crate) struct LockArgs {
     pub(crate) namespace: Option<String>,
 
     /// Election strategy.
-    #[arg(long, value_enum, default_value_t = StrategyArg::ForLife, value_name = "STRATEGY")]
-    pub(crate) strategy: StrategyArg,
+    #[arg(long, value_enum, default_value_t = Strategy::ForLife, value_name = "STRATEGY")]
+    pub(crate) strategy: Strategy,
 }
 
 /// How `run` and `status` reach the API server.

@@ -1,21 +1,11 @@
-//! The candidate `run` campaigns as: the library's [`Elector`] built from the flags.
+//! The candidate `run` campaigns as: the library's [`ElectorOptions`] from the flags, the one
+//! place the flags meet the library. It names no strategy: the options refuse those a strategy
+//! does not have (`validate`), and build the [`Elector`].
 
 use kube::Client;
-use kube_leader::{
-    options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, LockRef, OutsideCluster, Strategy,
-    Successor,
-};
+use kube_leader::{options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, OutsideCluster, Successor};
 
-use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RunArgs, StrategyArg, SuccessorArg};
-
-impl From<StrategyArg> for Strategy {
-    fn from(s: StrategyArg) -> Self {
-        match s {
-            StrategyArg::ForLife => Strategy::ForLife,
-            StrategyArg::Lease => Strategy::Lease,
-        }
-    }
-}
+use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RbacArgs, RunArgs, SuccessorArg, DEFAULT_LIVENESS};
 
 impl From<DeadLeaderPodArg> for DeadLeaderPod {
     fn from(p: DeadLeaderPodArg) -> Self {
@@ -27,50 +17,75 @@ impl From<DeadLeaderPodArg> for DeadLeaderPod {
     }
 }
 
-/// The candidate `run` campaigns as: the library's mapping of the settings both strategies
-/// share ([`ElectorOptions`], which validates them), then the options of one strategy.
-///
-/// Leader for life gets the namespace only when it was given with `--namespace`: without it
-/// the library looks at `POD_NAMESPACE` and the service-account file, and finding neither is how
-/// it knows it runs outside a cluster (`--on-outside-cluster`).
-///
-/// `pod`: this candidate's Pod, where `run` read it (`--watch-own-pod`), for the Lease
-/// candidate's registration (leader for life reads its Pod itself).
+impl RunArgs {
+    /// The library's options these flags give: the lock (its namespace only when given with
+    /// `--namespace`: without it the library looks at `POD_NAMESPACE`, the service-account file
+    /// and the client, as `run` does, and leader for life finding none is how it knows it runs
+    /// outside a cluster), the identity (`None`: the library's rule, as `run`'s), the timings and
+    /// every strategy's own options as given.
+    pub(crate) fn options(&self) -> ElectorOptions {
+        let mut options = ElectorOptions::new(self.lock.strategy, self.lock.lock.clone());
+        options.namespace = self.lock.namespace.clone();
+        options.identity = self.identity.clone();
+        options.timings = (self.lease_duration, self.renew_deadline, self.retry_period);
+        options.successor = self.successor.into();
+        options.successor_wait = self.successor_wait;
+        options.grace = self.grace;
+        options.allow_grace_beyond_lease = self.allow_grace_beyond_lease;
+        // The sidecar's liveness heartbeat is on by default where the lock does not expire
+        // by itself (COMMAND then stops when kube-leader cannot reach the API server).
+        options.liveness = match self.liveness {
+            Some(l) => Some(l.0),
+            None => (!self.lock.strategy.expires()).then_some(Some(DEFAULT_LIVENESS)),
+        };
+        options.not_ready_takeover = self.not_ready_takeover;
+        options.dead_leader_pod = self.dead_leader_pod.map(Into::into);
+        options.outside_cluster = Some(match self.on_outside_cluster {
+            OutsideClusterArg::Skip => OutsideCluster::Skip,
+            OutsideClusterArg::Fail => OutsideCluster::Fail,
+        });
+        options
+    }
+}
+
+impl RbacArgs {
+    /// The options of the `run` a Role is printed for: a shard set's (`--shards`: Leases,
+    /// whatever `--strategy` says), or a candidate's.
+    pub(crate) fn options(&self) -> ElectorOptions {
+        let mut options = match self.shards {
+            Some(_) => ElectorOptions::shard_set(self.lock.lock.clone()),
+            None => ElectorOptions::new(self.lock.strategy, self.lock.lock.clone()),
+        };
+        options.successor = self.successor.into();
+        options.dead_leader_pod = self.dead_leader_pod.map(Into::into);
+        options
+    }
+}
+
+impl From<SuccessorArg> for Successor {
+    fn from(s: SuccessorArg) -> Self {
+        match s {
+            SuccessorArg::Youngest => Successor::Youngest,
+            SuccessorArg::Any => Successor::Any,
+        }
+    }
+}
+
+/// The candidate `run` campaigns as, with `identity` (as `run` resolved it) and, where `run`
+/// read it (`--watch-own-pod`), this candidate's Pod for its registration.
 pub(crate) fn elector(
     client: Client,
     args: &RunArgs,
-    lock: &LockRef,
     identity: &str,
     pod: Option<CandidatePod>,
 ) -> anyhow::Result<Elector> {
-    let mut options = ElectorOptions::new(args.lock.strategy.into(), lock.name.clone());
-    options.namespace = match args.lock.strategy {
-        StrategyArg::ForLife => args.lock.namespace.clone(),
-        StrategyArg::Lease => Some(lock.namespace.clone()),
-    };
+    let mut options = args.options();
     options.identity = Some(identity.to_string());
-    options.timings = (args.lease_duration, args.renew_deadline, args.retry_period);
-    options.successor = match args.successor {
-        SuccessorArg::Youngest => Successor::Youngest,
-        SuccessorArg::Any => Successor::Any,
-    };
-    options.successor_wait = args.successor_wait;
-    Ok(match options.elector(client)? {
-        Elector::ForLife(e) => e
-            .outside_cluster(match args.on_outside_cluster {
-                OutsideClusterArg::Skip => OutsideCluster::Skip,
-                OutsideClusterArg::Fail => OutsideCluster::Fail,
-            })
-            .not_ready_takeover(args.not_ready_takeover)
-            // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
-            .liveness(args.liveness())
-            .liveness_grace(args.grace())
-            .dead_leader_pod(args.dead_leader_pod.map_or(DeadLeaderPod::default(), Into::into))
-            .into(),
-        Elector::Lease(e) => match pod {
-            Some(pod) => e.candidate_pod(pod).into(),
-            None => e.into(),
-        },
-        other => other,
+    // COMMAND's SIGKILL comes --grace after its confirmation lapsed: advertised too.
+    options.grace = Some(args.grace());
+    let elector = options.elector(client)?;
+    Ok(match pod {
+        Some(pod) => elector.candidate_pod(pod),
+        None => elector,
     })
 }

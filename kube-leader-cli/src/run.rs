@@ -49,14 +49,14 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         )
     })?;
     let mut candidate_pod = None;
-    if args.watch_own_pod && args.lock.strategy == crate::cli::StrategyArg::Lease {
+    if args.watch_own_pod && !args.lock.strategy.watches_own_pod() {
         let (namespace, pod) = own_pod_name(&identity, &client);
         let (ending, pod) = own_pod::watch(client.clone(), &namespace, &pod).await?;
         signals.stop_when_pod_ends(ending);
         candidate_pod = Some(pod);
     }
-    let elector = crate::elector::elector(client.clone(), &args, &lock, &identity, candidate_pod)
-        .or_exit(exit::USAGE)?;
+    let elector =
+        crate::elector::elector(client.clone(), &args, &identity, candidate_pod).or_exit(exit::USAGE)?;
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
     let fence = crate::fence::proxy_user(&args)?.map(|user| (client.clone(), user));

@@ -10,7 +10,9 @@ use tracing::info;
 
 use kube_leader::Elector;
 
-use crate::{cli::StrategyArg, metrics::Metrics};
+use kube_leader::Strategy;
+
+use crate::metrics::Metrics;
 
 /// The election as this candidate sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,7 +71,7 @@ pub(crate) struct LeaderView {
 pub(crate) struct Status {
     pub(crate) lock: LockRef,
     pub(crate) identity: String,
-    pub(crate) strategy: StrategyArg,
+    pub(crate) strategy: Strategy,
     pub(crate) ready_only_when_leader: bool,
     pub(crate) metrics: Metrics,
     elector: Elector,
@@ -84,7 +86,7 @@ impl Status {
     pub(crate) fn new(
         lock: LockRef,
         identity: String,
-        strategy: StrategyArg,
+        strategy: Strategy,
         ready_only_when_leader: bool,
         elector: Elector,
         health_tolerance: std::time::Duration,

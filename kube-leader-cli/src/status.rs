@@ -42,7 +42,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
     .await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let info = kube_leader::Elector::current_leader(client, args.lock.strategy.into(), &lock)
+    let info = kube_leader::Elector::current_leader(client, args.lock.strategy, &lock)
         .await
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());
@@ -114,36 +114,4 @@ fn relative(rfc: &str, now: SystemTime) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kube_leader::Strategy;
-
-    #[test]
-    fn lease_status() {
-        let lock = LockRef::new("ns", "l").unwrap();
-        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let mut info = LeaderInfo::new(Strategy::Lease, lock.clone());
-        info.holder = Some("pod-a".into());
-        info.fencing_token = Some(3);
-        info.acquired_at = Some(t0);
-        info.renewed_at = Some(t0 + Duration::from_secs(10));
-        info.lease_duration = Some(Duration::from_secs(15));
-        let out = StatusOut::new(&lock, "lease", Some(&info));
-        assert_eq!(out.expires_at.as_deref(), Some("2027-01-15T08:00:25Z"));
-        let text = out.text(t0 + Duration::from_secs(20));
-        assert!(text.contains("holder:         pod-a\n"), "{text}");
-        assert!(text.contains("(20s ago)"), "{text}");
-        assert!(text.contains("(in 5s)"), "{text}");
-        let json = serde_json::to_value(&out).unwrap();
-        assert_eq!(json["fencing_token"], 3);
-        assert_eq!(json["holder"], "pod-a");
-    }
-
-    #[test]
-    fn no_lock() {
-        let lock = LockRef::new("ns", "l").unwrap();
-        let out = StatusOut::new(&lock, "for-life", None);
-        assert!(!out.exists);
-        assert!(out.text(SystemTime::now()).contains("none (no lock)"));
-    }
-}
+mod tests;

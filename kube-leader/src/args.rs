@@ -162,23 +162,7 @@ impl LeaderElectionArgs {
     /// # Errors
     /// As [`elector`](Self::elector); leader for life has no shards.
     pub fn shards(&self, client: Client, default_name: &str, count: u32) -> Result<Shards> {
-        let options = self.options(default_name);
-        if options.strategy != Strategy::Lease {
-            return Err(crate::error::invalid(
-                "resource_lock",
-                "shards are Leases: --leader-elect-resource-lock must be leases",
-            ));
-        }
-        options.validate()?;
-        let mut shards =
-            Shards::new(client, options.lock.clone(), count).lease_config(options.lease_config());
-        if let Some(ns) = &options.namespace {
-            shards = shards.namespace(ns.clone());
-        }
-        if let Some(id) = &options.identity {
-            shards = shards.identity(id.clone());
-        }
-        Ok(shards)
+        self.options(default_name).shards(client, count)
     }
 }
 

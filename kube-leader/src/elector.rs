@@ -13,6 +13,7 @@ use crate::{
     lease::{self, LeaseElector, Renewals, Unhealthy},
     lock::LockRef,
     observer::Observer,
+    successor::CandidatePod,
 };
 
 /// A candidate of either strategy, for programs that let their users choose (the
@@ -81,6 +82,40 @@ impl Elector {
         match self {
             Self::ForLife(e) => Self::ForLife(e.event_reporter(reporter)),
             Self::Lease(e) => Self::Lease(e.event_reporter(reporter)),
+        }
+    }
+
+    /// The lock this candidate campaigns for, its namespace resolved as its strategy does
+    /// ([`ForLife::lock`], [`LeaseElector::lock`]).
+    ///
+    /// # Errors
+    /// No namespace (leader for life outside a cluster), or an invalid lock name.
+    pub fn lock(&self) -> Result<LockRef> {
+        match self {
+            Self::ForLife(e) => e.lock(),
+            Self::Lease(e) => e.lock(),
+        }
+    }
+
+    /// This candidate's identity as its strategy resolves it ([`ForLife::resolved_identity`]:
+    /// its Pod's name; [`LeaseElector::resolved_identity`]).
+    ///
+    /// # Errors
+    /// None can be found.
+    pub fn identity(&self) -> Result<String> {
+        match self {
+            Self::ForLife(e) => e.resolved_identity(),
+            Self::Lease(e) => e.resolved_identity(),
+        }
+    }
+
+    /// This candidate's Pod, for its registration as a successor ([`LeaseElector::candidate_pod`]);
+    /// leader for life reads its own Pod, and ignores it.
+    #[must_use]
+    pub fn candidate_pod(self, pod: CandidatePod) -> Self {
+        match self {
+            Self::ForLife(e) => Self::ForLife(e),
+            Self::Lease(e) => Self::Lease(e.candidate_pod(pod)),
         }
     }
 

@@ -83,6 +83,7 @@ pub mod metrics;
 mod object_watch;
 pub mod observer;
 pub mod options;
+pub mod rbac;
 mod renewals;
 pub mod shards;
 pub mod successor;

@@ -1,7 +1,7 @@
 //! Fuzzing of the command line (issue 5): arbitrary flag values and arbitrary argument vectors
 //! never panic, and every rejection is a one-line message naming the flag.
 
-use proptest::prelude::*;
+use proptest::{prelude::*, strategy::Strategy};
 
 use super::{parse::one_line, *};
 

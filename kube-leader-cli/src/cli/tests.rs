@@ -99,7 +99,7 @@ fn run_parses() {
     let Command::Run(run) = cli.command else {
         panic!("not run")
     };
-    assert_eq!(run.lock.strategy, StrategyArg::Lease);
+    assert_eq!(run.lock.strategy, Strategy::Lease);
     assert_eq!(run.retry_period, Duration::from_millis(200));
     assert_eq!(run.command, args("sh -c true"));
     run.validate().unwrap();
@@ -111,7 +111,7 @@ fn defaults_are_for_life_and_client_go_timings() {
     let Command::Run(run) = cli.command else {
         panic!("not run")
     };
-    assert_eq!(run.lock.strategy, StrategyArg::ForLife);
+    assert_eq!(run.lock.strategy, Strategy::ForLife);
     assert_eq!(run.lease_config(), LeaseConfig::default());
     assert_eq!(run.grace(), Duration::from_secs(10));
     assert_eq!(run.on_outside_cluster, OutsideClusterArg::Fail);
@@ -137,7 +137,7 @@ fn a_lease_grace_defaults_to_what_the_lease_leaves_and_is_bounded_by_it() {
     let r = run("kube-leader run --lock l --strategy lease --grace 5001ms -- true");
     let e = r.validate().unwrap_err();
     assert!(
-        e.contains("--grace") && e.contains("5s 1ms") && e.contains("= 5s"),
+        e.contains("--grace") && e.contains("5.001s") && e.contains("= 5s"),
         "{e}"
     );
     let r = run("kube-leader run --lock l --strategy lease --grace 1m --allow-grace-beyond-lease -- true");
@@ -290,7 +290,7 @@ fn elect_takes_runs_candidate_flags_and_no_command() {
     };
     let e = elect("kube-leader elect --lock l");
     assert_eq!(e.status_addr, "0.0.0.0:4040".parse().unwrap());
-    assert_eq!(e.lock.strategy, StrategyArg::ForLife);
+    assert_eq!(e.lock.strategy, Strategy::ForLife);
     e.validate().unwrap();
     let r = e.as_run();
     assert!(r.command.is_empty() && r.shards.is_none());

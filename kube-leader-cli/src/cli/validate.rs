@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use kube_leader::{lease::check_renew_deadline, Error, LeaseConfig};
 
-use super::{RbacArgs, RunArgs, StrategyArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
+use super::{RbacArgs, RunArgs, FOR_LIFE_GRACE};
 
 impl RunArgs {
     /// Checks the timings together, naming the flags: client-go's rules for a lease, and for
@@ -20,66 +20,17 @@ impl RunArgs {
                 return Err(format!("invalid value for '{flag}': must be greater than zero"));
             }
         }
-        let ms = |d: Duration| humantime::format_duration(d).to_string();
-        // The library's rules, named by flag: client-go's for a lease; under both strategies
-        // the supervisor's heartbeats come every retry period, within the renew deadline.
-        match self.lock.strategy {
-            StrategyArg::Lease => self.lease_config().validate(),
-            StrategyArg::ForLife => check_renew_deadline(self.renew_deadline, self.retry_period),
+        // The library's rules, named by flag: the lock, the namespace, client-go's timing
+        // rules for a lease, --grace against an expiring lock, and the options a strategy does
+        // not have. Under every strategy the supervisor's heartbeats come every retry period,
+        // within the renew deadline.
+        let options = self.options();
+        options.validate().map_err(|e| flag_error(&e))?;
+        check_renew_deadline(self.renew_deadline, self.retry_period).map_err(|e| flag_error(&e))?;
+        if self.shards.is_some() {
+            options.validate_shards().map_err(|e| flag_error(&e))?;
         }
-        .map_err(|e| flag_error(&e))?;
-        if self.shards.is_some() && self.lock.strategy != StrategyArg::Lease {
-            return Err("invalid value for '--shards': shards are Leases: add --strategy lease".into());
-        }
-        self.validate_shards_flags()?;
-        if self.lock.strategy == StrategyArg::Lease {
-            let bound = self.lease_duration.saturating_sub(self.renew_deadline);
-            match self.grace {
-                Some(grace) if grace > bound && !self.allow_grace_beyond_lease => {
-                    return Err(format!(
-                        "invalid value for '--grace': {} outlasts the lease: a COMMAND slow on SIGTERM \
-                         could still run when another candidate takes over the expired lease; at most \
-                         --lease-duration − --renew-deadline = {} (or accept the risk with \
-                         --allow-grace-beyond-lease)",
-                        ms(grace),
-                        ms(bound)
-                    ));
-                }
-                _ => {}
-            }
-        }
-        self.validate_not_ready_takeover()?;
-        self.validate_liveness()?;
-        validate_dead_leader_pod(self.lock.strategy, self.dead_leader_pod.is_some())
-    }
-
-    /// `--liveness`: leader for life only, and at least the library's 1 s.
-    fn validate_liveness(&self) -> Result<(), String> {
-        if self.liveness.is_some() && self.lock.strategy != StrategyArg::ForLife {
-            return Err(
-                "invalid value for '--liveness': only for --strategy for-life (a Lease \
-                 has its renewals)"
-                    .into(),
-            );
-        }
-        match self.liveness() {
-            Some(l) if l < Duration::from_secs(1) => Err(format!(
-                "invalid value for '--liveness': at least 1s (a heartbeat every third of it), \
-                 or off; got {}",
-                humantime::format_duration(l)
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// The liveness heartbeat of leader for life: `--liveness`, else [`DEFAULT_LIVENESS`];
-    /// `None` when off, and for a lease.
-    pub(crate) fn liveness(&self) -> Option<Duration> {
-        match (self.lock.strategy, self.liveness) {
-            (StrategyArg::ForLife, Some(l)) => l.0,
-            (StrategyArg::ForLife, None) => Some(DEFAULT_LIVENESS),
-            (StrategyArg::Lease, _) => None,
-        }
+        self.validate_shards_flags()
     }
 
     /// Flags that have no meaning with `--shards` (a status server, the Pod label and readiness
@@ -112,32 +63,21 @@ impl RunArgs {
         Ok(())
     }
 
-    /// `--not-ready-takeover`: leader for life only, and more than zero.
-    fn validate_not_ready_takeover(&self) -> Result<(), String> {
-        match self.not_ready_takeover {
-            Some(_) if self.lock.strategy != StrategyArg::ForLife => Err(
-                "invalid value for '--not-ready-takeover': only for --strategy for-life (a Lease \
-                 expires by itself)"
-                    .into(),
-            ),
-            Some(d) if d.is_zero() => {
-                Err("invalid value for '--not-ready-takeover': must be greater than zero".into())
-            }
-            _ => Ok(()),
-        }
+    /// The SIGTERM → SIGKILL grace: `--grace`, else where the lock expires lease duration −
+    /// renew deadline (the supervisor's SIGTERM comes a renew deadline after the last renewal
+    /// was sent at the latest, so COMMAND is gone a lease duration after it, before any
+    /// successor can take the expired lease over: `ElectorOptions::stop_bound`), else (no lease
+    /// to outlast) [`FOR_LIFE_GRACE`].
+    pub(crate) fn grace(&self) -> Duration {
+        self.options().grace_or(FOR_LIFE_GRACE)
     }
 
-    /// The SIGTERM → SIGKILL grace: `--grace`, else for a lease lease duration − renew
-    /// deadline (the supervisor's SIGTERM comes a renew deadline after the last renewal was
-    /// sent at the latest, so COMMAND is gone a lease duration after it, before any successor
-    /// can take the expired lease over), else (leader for life: no lease to outlast)
-    /// [`FOR_LIFE_GRACE`].
-    pub(crate) fn grace(&self) -> Duration {
-        match (self.grace, self.lock.strategy) {
-            (Some(grace), _) => grace,
-            (None, StrategyArg::Lease) => self.lease_duration.saturating_sub(self.renew_deadline),
-            (None, StrategyArg::ForLife) => FOR_LIFE_GRACE,
-        }
+    /// The liveness heartbeat of leader for life: `--liveness`, else
+    /// [`DEFAULT_LIVENESS`](super::DEFAULT_LIVENESS); `None` when off, and where the lock
+    /// expires by itself (a Lease has its renewals).
+    #[cfg(test)]
+    pub(crate) fn liveness(&self) -> Option<Duration> {
+        self.options().liveness.flatten()
     }
 
     /// The Lease timings.
@@ -147,35 +87,45 @@ impl RunArgs {
 }
 
 impl RbacArgs {
-    /// `--dead-leader-pod` is for the Role of leader for life only.
+    /// The options a Role is printed for, checked as `run` checks them: `--dead-leader-pod` is
+    /// for leader for life only, and `--shards` for the lease strategy.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let strategy = match self.shards {
-            Some(_) => StrategyArg::Lease,
-            None => self.lock.strategy,
-        };
-        validate_dead_leader_pod(strategy, self.dead_leader_pod.is_some())
+        self.options().validate().map_err(|e| flag_error(&e))
     }
 }
 
-/// `--dead-leader-pod`: leader for life only (a Lease holder's Pod is never deleted). Shared by
-/// `run` and `rbac`.
-fn validate_dead_leader_pod(strategy: StrategyArg, set: bool) -> Result<(), String> {
-    if set && strategy != StrategyArg::ForLife {
-        return Err(format!(
-            "invalid value for '--dead-leader-pod': only for --strategy for-life (the {} strategy \
-             never deletes a Pod)",
-            strategy.as_str()
-        ));
-    }
-    Ok(())
-}
-
-/// A configuration error of the library as a usage error naming the flag that set the field.
+/// A configuration error of the library as a usage error naming the flag that set the field;
+/// the other settings its reason names (`` `renew_deadline` ``) are named as flags too.
 fn flag_error(e: &Error) -> String {
     match e {
         Error::InvalidConfig { field, reason } => {
-            format!("invalid value for '--{}': {reason}", field.replace('_', "-"))
+            format!("invalid value for {}: {}", flag(field), flags_in(reason))
         }
         other => other.to_string(),
     }
+}
+
+/// The flag of a library setting: `'--renew-deadline'`.
+fn flag(field: &str) -> String {
+    format!("'--{}'", field.replace('_', "-"))
+}
+
+/// `reason` with every `` `setting` `` written as its flag.
+fn flags_in(reason: &str) -> String {
+    let mut parts = reason.split('`');
+    let mut out = parts.next().unwrap_or_default().to_string();
+    for (i, part) in parts.enumerate() {
+        let is_setting = i % 2 == 0 && part.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        if is_setting {
+            out.push_str("--");
+            out.push_str(&part.replace('_', "-"));
+        } else if i % 2 == 0 {
+            out.push('`');
+            out.push_str(part);
+            out.push('`');
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
 }

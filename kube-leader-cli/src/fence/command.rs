@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::{
-    config::{FenceConfig, Guard, LockKind},
+    config::{FenceConfig, Guard},
     server::{self, Fence},
     tls,
     webhooks::{self, Endpoint, Options},
@@ -81,15 +81,7 @@ fn summary(config: &FenceConfig) -> String {
             .collect();
         let guard = match r.guard() {
             None => "no lock".to_string(),
-            Some(Guard::Lock(l)) => format!(
-                "lock {}/{} ({})",
-                l.namespace,
-                l.name,
-                match l.strategy {
-                    LockKind::Lease => "lease",
-                    LockKind::ForLife => "for-life",
-                }
-            ),
+            Some(Guard::Lock(l)) => format!("lock {}/{} ({})", l.namespace, l.name, l.strategy),
             Some(Guard::Shards(sh)) => format!("shard {}/{}-<{}> (lease)", sh.namespace, sh.set, sh.label),
         };
         s.push_str(&format!(

@@ -20,6 +20,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube_leader::Strategy;
 use serde::Deserialize;
 
 /// The namespace a fence never covers.
@@ -72,16 +73,6 @@ pub(crate) struct ResourceRef {
     pub(crate) resource: String,
 }
 
-/// The lock strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum LockKind {
-    /// A Lease.
-    Lease,
-    /// A leader-for-life ConfigMap.
-    ForLife,
-}
-
 /// A lock.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,8 +81,8 @@ pub(crate) struct LockSpec {
     pub(crate) namespace: String,
     /// Its name.
     pub(crate) name: String,
-    /// Its strategy.
-    pub(crate) strategy: LockKind,
+    /// Its strategy (`lease`, `for-life`).
+    pub(crate) strategy: Strategy,
 }
 
 /// A shard set: the object's shard is `<set>-<value of label>`, a Lease.
@@ -373,7 +364,7 @@ rules:
         let r = c.rule("orders").unwrap();
         assert!(r.fences("system:serviceaccount:app:orders"));
         assert!(!r.fences("system:serviceaccount:kube-system:generic-garbage-collector"));
-        assert!(matches!(r.guard(), Some(Guard::Lock(l)) if l.strategy == LockKind::Lease));
+        assert!(matches!(r.guard(), Some(Guard::Lock(l)) if l.strategy == Strategy::Lease));
         let ns = r.webhook_namespace_selector();
         let e = &ns.match_expressions.unwrap()[0];
         assert_eq!(

@@ -4,11 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
-use kube_leader::{
-    fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA},
-    lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
-};
+use kube_leader::fence::{LockState, FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA};
 
 use super::config::KUBE_SYSTEM;
 
@@ -72,85 +68,6 @@ pub(crate) fn stamp_patch(has_annotations: bool, token: u64) -> serde_json::Valu
             "value": { FENCED_TOKEN_ANNOTATION: token.to_string() },
         }])
     }
-}
-
-/// The lock as the webhook read it, just now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LockState {
-    /// The lock exists.
-    Held {
-        /// The token every fenced write must at least carry.
-        token: u64,
-        /// Its holder, if any.
-        holder: Option<String>,
-        /// Whether `token` is the holder's own token (else it is the lock's `resourceVersion`:
-        /// a Lease's new holder has not stored its token yet, or nobody holds it).
-        exact: bool,
-    },
-    /// The lock does not exist: nobody leads.
-    Missing,
-}
-
-/// The state of a Lease lock: the holder's token where the Lease's annotations name the holder
-/// (kube-leader's holders store it with their first renewal), else its `resourceVersion`, which
-/// is at least the token of whoever holds it now (the write that made it leader, or a later one)
-/// and greater than any earlier holder's.
-pub(crate) fn lease_state(lease: &Lease) -> Result<LockState, String> {
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .filter(|h| !h.is_empty());
-    let annotations = lease.metadata.annotations.as_ref();
-    let named = annotations.and_then(|a| a.get(HOLDER_ANNOTATION));
-    if let (Some(h), Some(n)) = (&holder, named) {
-        if h == n {
-            if let Some(t) = annotations
-                .and_then(|a| a.get(FENCING_TOKEN_ANNOTATION))
-                .and_then(|t| t.trim().parse().ok())
-            {
-                return Ok(LockState::Held {
-                    token: t,
-                    holder,
-                    exact: true,
-                });
-            }
-        }
-    }
-    Ok(LockState::Held {
-        token: resource_version(lease.metadata.resource_version.as_deref())?,
-        holder,
-        exact: false,
-    })
-}
-
-/// The state of a leader-for-life lock: its token annotation, else (the leader crashed before
-/// storing it) its `resourceVersion`, as the library reads it.
-pub(crate) fn for_life_state(cm: &ConfigMap) -> Result<LockState, String> {
-    let annotations = cm.metadata.annotations.as_ref();
-    let holder = annotations.and_then(|a| a.get(HOLDER_ANNOTATION)).cloned();
-    match annotations
-        .and_then(|a| a.get(FENCING_TOKEN_ANNOTATION))
-        .and_then(|t| t.trim().parse().ok())
-    {
-        Some(t) => Ok(LockState::Held {
-            token: t,
-            holder,
-            exact: true,
-        }),
-        None => Ok(LockState::Held {
-            token: resource_version(cm.metadata.resource_version.as_deref())?,
-            holder,
-            exact: false,
-        }),
-    }
-}
-
-fn resource_version(rv: Option<&str>) -> Result<u64, String> {
-    let rv = rv.ok_or("the lock has no resourceVersion")?;
-    rv.parse().map_err(|_| {
-        format!("the lock's resourceVersion {rv:?} is not a number (not an etcd-backed API server?)")
-    })
 }
 
 /// What a request is, for the messages.
@@ -252,7 +169,6 @@ pub(crate) fn no_token(write: Write<'_>, why: &str, lock_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 
     fn extra(values: &[&str]) -> BTreeMap<String, Vec<String>> {
         [(
@@ -336,65 +252,6 @@ mod tests {
         assert!(out_of_scope(Some("kube-system"), "", "configmaps"));
         assert!(out_of_scope(Some("app"), "coordination.k8s.io", "leases"));
         assert!(!out_of_scope(Some("app"), "", "configmaps"));
-    }
-
-    fn lease(holder: Option<&str>, annotations: &[(&str, &str)], rv: &str) -> Lease {
-        Lease {
-            metadata: ObjectMeta {
-                resource_version: Some(rv.into()),
-                annotations: Some(
-                    annotations
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: holder.map(Into::into),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn a_lease_tells_its_holders_token_or_its_resource_version() {
-        let l = lease(
-            Some("b"),
-            &[(HOLDER_ANNOTATION, "b"), (FENCING_TOKEN_ANNOTATION, "40")],
-            "55",
-        );
-        assert_eq!(
-            lease_state(&l).unwrap(),
-            LockState::Held {
-                token: 40,
-                holder: Some("b".into()),
-                exact: true
-            }
-        );
-        // A new holder that has not stored its token yet: the resourceVersion bounds it.
-        let l = lease(
-            Some("c"),
-            &[(HOLDER_ANNOTATION, "b"), (FENCING_TOKEN_ANNOTATION, "40")],
-            "60",
-        );
-        assert_eq!(
-            lease_state(&l).unwrap(),
-            LockState::Held {
-                token: 60,
-                holder: Some("c".into()),
-                exact: false
-            }
-        );
-        let l = lease(Some(""), &[], "61");
-        assert_eq!(
-            lease_state(&l).unwrap(),
-            LockState::Held {
-                token: 61,
-                holder: None,
-                exact: false
-            }
-        );
     }
 
     #[test]

@@ -7,21 +7,24 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::{body::Incoming, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{
     core::{
         admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
         DynamicObject, Status,
     },
-    Api, Client,
+    Client,
+};
+use kube_leader::{
+    fence::{self, LockReadError, LockState},
+    LockRef, Strategy,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    config::{FenceConfig, Guard, LockKind, Rule},
-    decide::{self, LockState, Write, Writer},
+    config::{FenceConfig, Guard, Rule},
+    decide::{self, Write, Writer},
 };
 
 /// The largest AdmissionReview read (the API server's own request limit is 3 MiB of object,
@@ -356,7 +359,7 @@ fn log_check(
 pub(crate) struct LockTarget {
     pub(crate) namespace: String,
     pub(crate) name: String,
-    pub(crate) kind: LockKind,
+    pub(crate) strategy: Strategy,
 }
 
 /// The lock that guards an object with `labels` under `rule`.
@@ -369,7 +372,7 @@ fn lock_target(
         Some(Guard::Lock(l)) => Ok(LockTarget {
             namespace: l.namespace.clone(),
             name: l.name.clone(),
-            kind: l.strategy,
+            strategy: l.strategy,
         }),
         Some(Guard::Shards(s)) => {
             let index = labels.and_then(|l| l.get(&s.label)).ok_or_else(|| {
@@ -384,49 +387,25 @@ fn lock_target(
             Ok(LockTarget {
                 namespace: s.namespace.clone(),
                 name: format!("{}-{index}", s.set),
-                kind: LockKind::Lease,
+                strategy: Strategy::Lease,
             })
         }
     }
 }
 
 /// Reads the lock with a GET (served from etcd, not from the API server's watch cache): its
-/// state and the `resourceVersion` read (empty when it does not exist).
+/// state and the `resourceVersion` read (empty when it does not exist); `Err` is the refusal's
+/// reason.
 async fn read_lock(client: &Client, target: &LockTarget) -> Result<(LockState, String), String> {
-    let (resource, read) = match target.kind {
-        LockKind::Lease => {
-            let api = Api::<Lease>::namespaced(client.clone(), &target.namespace);
-            (
-                "leases",
-                tokio::time::timeout(LOCK_READ_TIMEOUT, async move {
-                    match api.get_opt(&target.name).await {
-                        Ok(Some(l)) => Ok(decide::lease_state(&l).map(|s| (s, version(&l.metadata)))),
-                        Ok(None) => Ok(Ok((LockState::Missing, String::new()))),
-                        Err(e) => Err(e),
-                    }
-                })
-                .await,
-            )
-        }
-        LockKind::ForLife => {
-            let api = Api::<ConfigMap>::namespaced(client.clone(), &target.namespace);
-            (
-                "configmaps",
-                tokio::time::timeout(LOCK_READ_TIMEOUT, async move {
-                    match api.get_opt(&target.name).await {
-                        Ok(Some(c)) => Ok(decide::for_life_state(&c).map(|s| (s, version(&c.metadata)))),
-                        Ok(None) => Ok(Ok((LockState::Missing, String::new()))),
-                        Err(e) => Err(e),
-                    }
-                })
-                .await,
-            )
-        }
-    };
     let lock = format!("{}/{}", target.namespace, target.name);
-    match read {
-        Ok(Ok(state)) => state.map_err(|e| format!("lock {lock}: {e}")),
-        Ok(Err(kube::Error::Api(s))) if s.code == 403 => {
+    let lock_ref = LockRef {
+        namespace: target.namespace.clone(),
+        name: target.name.clone(),
+    };
+    match fence::read_lock(client, target.strategy, &lock_ref, LOCK_READ_TIMEOUT).await {
+        Ok(state) => Ok(state),
+        Err(LockReadError::Malformed(e)) => Err(format!("lock {lock}: {e}")),
+        Err(LockReadError::Forbidden { resource }) => {
             warn!(%lock, "the fence may not read its lock");
             Err(format!(
                 "the fence cannot read lock {lock}: missing permission get {resource} {} in \
@@ -434,16 +413,9 @@ async fn read_lock(client: &Client, target: &LockTarget) -> Result<(LockState, S
                 target.name, target.namespace
             ))
         }
-        Ok(Err(e)) => Err(format!("the fence cannot read lock {lock}: {e}")),
-        Err(_) => Err(format!(
-            "the fence could not read lock {lock} within {LOCK_READ_TIMEOUT:?}"
-        )),
+        Err(LockReadError::TimedOut(t)) => Err(format!("the fence could not read lock {lock} within {t:?}")),
+        Err(e) => Err(format!("the fence cannot read lock {lock}: {e}")),
     }
-}
-
-/// An object's `resourceVersion` (empty if it has none).
-fn version(meta: &kube::api::ObjectMeta) -> String {
-    meta.resource_version.clone().unwrap_or_default()
 }
 
 /// A refusal: 403 Forbidden (a deposed leader must not retry the same write), with `message`.

@@ -7,7 +7,7 @@ use tracing::{info, warn};
 
 use super::{command::Running, signals::Signals};
 use crate::{
-    cli::{LogFormat, RunArgs, StrategyArg},
+    cli::{LogFormat, RunArgs},
     exit,
     label::PodLabel,
     state::Status,
@@ -147,7 +147,7 @@ impl Leading<'_> {
         self.status.lose(token, "COMMAND exited", true);
         // A lease is always released; a leader-for-life lock only when asked to stop (the Pod is
         // going away), since a restarted kube-leader in the same Pod continues on it.
-        let release = self.status.strategy == StrategyArg::Lease || running.stop_signal;
+        let release = !self.status.strategy.keeps_lock_after_work() || running.stop_signal;
         let how = if release {
             StepDown::Release
         } else {

@@ -310,6 +310,48 @@ impl ForLife {
         self
     }
 
+    /// The lock this candidate campaigns for: its namespace as [`become_leader`](Self::become_leader)
+    /// finds it (set, else `POD_NAMESPACE`, else the service-account file).
+    ///
+    /// # Errors
+    /// [`Error::NoNamespace`] outside a cluster; an invalid lock name.
+    pub fn lock(&self) -> Result<LockRef> {
+        let env = self.environment_in_force();
+        let path = env
+            .service_account_namespace_file
+            .as_ref()
+            .map_or_else(|| "(none)".to_string(), |p| p.display().to_string());
+        let (namespace, _) =
+            discover_namespace(self.config.namespace.as_deref(), &env).ok_or(Error::NoNamespace { path })?;
+        LockRef::new(namespace, self.name.clone())
+    }
+
+    /// This candidate's identity: the name of its Pod (set, else `POD_NAME`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for `pod_name` when there is none.
+    pub fn resolved_identity(&self) -> Result<String> {
+        let env = self.environment_in_force();
+        self.config
+            .pod_name
+            .clone()
+            .or(env.pod_name)
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| Error::InvalidConfig {
+                field: "pod_name",
+                reason: "no Pod name: set it, or POD_NAME from the Downward API".into(),
+            })
+    }
+
+    /// The environment namespace and Pod name come from (see [`environment`](Self::environment)).
+    fn environment_in_force(&self) -> Environment {
+        self.config
+            .environment
+            .clone()
+            .unwrap_or_else(Environment::from_process)
+    }
+
     /// The options in force.
     pub fn settings(&self) -> &ForLifeConfig {
         &self.config
