@@ -241,7 +241,7 @@ impl ElectorOptions {
                 return Err(invalid(
                     field,
                     format!(
-                        "only for the for-life strategy ({why}; this one is {})",
+                        "only for `strategy` for-life ({why}; this one is {})",
                         self.strategy
                     ),
                 ));
@@ -358,5 +358,76 @@ mod tests {
         let mut o = ElectorOptions::new(Strategy::Lease, "lock");
         o.namespace = Some("Bad NS".into());
         assert!(o.validate().is_err());
+    }
+
+    #[test]
+    fn an_option_the_strategy_lacks_is_refused_by_name() {
+        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        o.liveness = Some(None);
+        assert!(matches!(
+            o.validate(),
+            Err(crate::Error::InvalidConfig {
+                field: "liveness",
+                ..
+            })
+        ));
+        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        o.dead_leader_pod = Some(DeadLeaderPod::Keep);
+        assert!(matches!(
+            o.validate(),
+            Err(crate::Error::InvalidConfig {
+                field: "dead_leader_pod",
+                ..
+            })
+        ));
+        o.strategy = Strategy::ForLife;
+        o.validate().unwrap();
+        o.not_ready_takeover = Some(Duration::ZERO);
+        assert!(o.validate().is_err());
+        let o = ElectorOptions::new(Strategy::ForLife, "lock");
+        assert!(matches!(
+            o.validate_shards(),
+            Err(crate::Error::InvalidConfig { field: "shards", .. })
+        ));
+        ElectorOptions::shard_set("set").validate_shards().unwrap();
+    }
+
+    #[test]
+    fn the_grace_is_bounded_where_the_lock_expires() {
+        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        assert_eq!(o.stop_bound(), Some(Duration::from_secs(5)), "15 s − 10 s");
+        assert_eq!(o.grace_or(Duration::from_secs(10)), Duration::from_secs(5));
+        o.grace = Some(Duration::from_secs(6));
+        assert!(matches!(
+            o.validate(),
+            Err(crate::Error::InvalidConfig { field: "grace", .. })
+        ));
+        o.allow_grace_beyond_lease = true;
+        o.validate().unwrap();
+        let mut o = ElectorOptions::new(Strategy::ForLife, "lock");
+        assert_eq!(o.stop_bound(), None);
+        assert_eq!(o.grace_or(Duration::from_secs(10)), Duration::from_secs(10));
+        o.grace = Some(Duration::from_secs(60));
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn the_role_follows_the_options() {
+        let mut o = ElectorOptions::new(Strategy::ForLife, "lock");
+        let deletes_pods = |o: &ElectorOptions| {
+            o.role_rules()
+                .iter()
+                .any(|r| r.resource == "pods" && r.verbs.contains(&"delete"))
+        };
+        assert!(deletes_pods(&o), "delete-evicted by default");
+        o.dead_leader_pod = Some(DeadLeaderPod::Keep);
+        assert!(!deletes_pods(&o));
+        let registrations =
+            |o: &ElectorOptions| o.role_rules().iter().any(|r| r.why.contains("registration"));
+        assert!(registrations(&o));
+        o.successor = Successor::Any;
+        assert!(!registrations(&o));
+        let o = ElectorOptions::new(Strategy::Lease, "lock");
+        assert!(o.role_rules().iter().all(|r| r.resource != "configmaps"));
     }
 }
