@@ -39,14 +39,14 @@ use super::{
     assignments::{Shard, ShardSet},
     config::ShardsConfig,
     names::{member_lease_name, SHARDS_LABEL},
-    scheduler::{Key, Phases, Renewal, Throttle, Timers},
+    scheduler::{Key, Phased, Phases, Renewal, Throttle, Timers},
 };
 use crate::{
     api::{call, classify_watch, Failure, Op},
     backoff::jittered,
     error::{Error, Result},
     leadership::{KeeperHandle, LossReason},
-    lease::{decide::Observed, record::new_instance_id, record::LeaseRecord},
+    lease::{decide::Observed, record::new_instance_id, term::Term},
     lock,
     time::sleep_until_opt,
 };
@@ -155,11 +155,8 @@ struct Held {
     done: bool,
     /// When it stopped being ours while its work went on (it became `Gone` undone).
     lost_at: Option<Instant>,
-    record: LeaseRecord,
-    /// The Lease as last written by us: its resourceVersion is the next write's precondition.
-    lease: Lease,
-    fencing_token: u64,
-    renewal: Renewal,
+    /// The term's Lease, record, fencing token and renewals, judged by the term machine.
+    term: Term<Phased>,
 }
 
 // === impl Held ===
@@ -405,7 +402,7 @@ impl Engine {
                 s.term
                     .as_ref()
                     .filter(|t| t.state == State::Active)
-                    .map(|t| (i as u32, t.fencing_token))
+                    .map(|t| (i as u32, t.term.fencing_token()))
             })
             .collect();
         let set = ShardSet {

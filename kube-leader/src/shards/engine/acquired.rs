@@ -16,11 +16,12 @@ use crate::{
     lease::{
         decide::{Decision, Observed},
         record::LeaseRecord,
+        term::{Term as LeaseTerm, Writer},
     },
     lock::{self, LockRef},
     shards::{
         assignments::Shard,
-        scheduler::{Key, Renewal},
+        scheduler::{Key, Phased},
     },
 };
 
@@ -134,10 +135,17 @@ impl Engine {
         self.next_gen += 1;
         let gen = self.next_gen;
         let leadership = leadership.with_task(self.guard(index, gen, done, wait_released));
-        let renewal = Renewal::new(&self.phases, index, sent);
-        let deadline = renewal.deadline(self.renew_deadline());
-        self.timers.at(renewal.next, Key::Shard(index));
-        self.timers.at(deadline, Key::Shard(index));
+        let writer = Writer {
+            identity: self.identity.clone(),
+            instance: self.instance.clone(),
+            lease_duration_seconds: self.cfg.lease.lease_duration_seconds(),
+            renew_deadline: self.renew_deadline(),
+        };
+        let last_try = self.cfg.api_timeout().min(self.renew_deadline() / 4);
+        let pace = Phased::new(&self.phases, index, sent, last_try);
+        let term = LeaseTerm::new(writer, lease, record, fencing_token, sent, pace);
+        self.timers.at(term.next_renewal(), Key::Shard(index));
+        self.timers.at(term.confirmed_until(), Key::Shard(index));
         let held = Held {
             gen,
             keeper,
@@ -145,10 +153,7 @@ impl Engine {
             state: State::Active,
             done: false,
             lost_at: None,
-            record,
-            lease,
-            fencing_token,
-            renewal,
+            term,
         };
         self.hold(index, held, sent);
         (leadership, fencing_token)
@@ -174,19 +179,19 @@ impl Engine {
 
     /// Records the term `held` of shard `index`, and its Lease as seen at `sent`.
     fn hold(&mut self, index: u32, held: Held, sent: Instant) {
-        let record = &held.record;
+        let record = held.term.record();
         let slot = &mut self.slots[index as usize];
         slot.observed = Some(Observed::update(
             None,
             record.clone(),
-            held.lease.metadata.resource_version.clone(),
+            held.term.lease().metadata.resource_version.clone(),
             sent,
         ));
         slot.transitions_seen = Some(
             slot.transitions_seen
                 .map_or(record.transitions, |t| t.max(record.transitions)),
         );
-        slot.lease = Some(held.lease.clone());
+        slot.lease = Some(held.term.lease().clone());
         slot.deleted = None;
         slot.absent_since = None;
         slot.seen = true;

@@ -16,6 +16,7 @@ use crate::{
     lease::{
         decide::{Decision, Observed},
         record::LeaseRecord,
+        term::Step,
     },
     shards::scheduler::{Key, Renewal},
 };
@@ -32,7 +33,6 @@ pub(super) enum Reply {
     Renewed {
         index: u32,
         gen: u64,
-        record: LeaseRecord,
         sent: Instant,
         result: Result<Lease, Failure>,
     },
@@ -124,10 +124,9 @@ impl Engine {
             Reply::Renewed {
                 index,
                 gen,
-                record,
                 sent,
                 result,
-            } => self.on_renewed(index, gen, record, sent, result, now),
+            } => self.on_renewed(index, gen, sent, result, now),
             Reply::Released { index, gen, result } => self.on_released(index, gen, result, now),
             Reply::Read { index, result } => self.on_read(index, result, now),
             Reply::MemberRead { result } => self.on_member_read(result, now),
@@ -236,7 +235,6 @@ impl Engine {
         &mut self,
         index: u32,
         gen: u64,
-        record: LeaseRecord,
         sent: Instant,
         result: Result<Lease, Failure>,
         now: Instant,
@@ -247,7 +245,7 @@ impl Engine {
             return;
         }
         match result {
-            Ok(written) => self.renewed(index, record, sent, written),
+            Ok(written) => self.renewed(index, sent, written),
             Err(Failure::NotFound) => {
                 self.gone(index, now, false);
             }
@@ -256,23 +254,20 @@ impl Engine {
     }
 
     /// Shard `index` was renewed (`written`, sent at `sent`).
-    fn renewed(&mut self, index: u32, record: LeaseRecord, sent: Instant, written: Lease) {
-        let renew = self.renew_deadline();
+    fn renewed(&mut self, index: u32, sent: Instant, written: Lease) {
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
         self.throttle.succeeded();
+        // Also when the term is handed back meanwhile: its release needs the new version.
+        t.term.renewed(written.clone(), sent);
         if matches!(t.state, State::Active | State::Leaving { .. }) {
-            t.record = record.clone();
-            t.renewal.succeeded(&self.phases, sent);
-            t.keeper.confirm_until(sent + renew);
-            self.timers.at(t.renewal.next, Key::Shard(index));
-            self.timers.at(t.renewal.deadline(renew), Key::Shard(index));
+            t.keeper.confirm_until(t.term.confirmed_until());
+            self.timers.at(t.term.next_renewal(), Key::Shard(index));
+            self.timers.at(t.term.confirmed_until(), Key::Shard(index));
         }
-        if newer(&written, &t.lease) {
-            t.lease = written.clone();
-        }
+        let record = t.term.record().clone();
         if slot.lease.as_ref().is_none_or(|l| newer(&written, l)) {
             slot.observed = Some(Observed::update(
                 slot.observed.as_ref(),
@@ -287,30 +282,27 @@ impl Engine {
     /// Renewing shard `index` failed: retried until its renew deadline; a conflict is read
     /// again first.
     fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
-        let renew = self.renew_deadline();
-        let last_try = self.cfg.api_timeout().min(renew / 4);
         let timeout = self.cfg.api_timeout();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
-        if let Failure::Conflict = e {
-            // Re-read and decide again: still ours (somebody edited metadata) or lost. The
-            // read is bounded by the renew deadline, so that fail-stop holds.
-            t.renewal.failed(now, renew, last_try);
-            let next = t.renewal.next;
-            let left = t.renewal.deadline(renew).saturating_duration_since(now);
-            self.timers.at(next, Key::Shard(index));
-            self.read(index, timeout.min(left));
-            return;
+        let step = t.term.write_failed(&e, now);
+        self.timers.at(t.term.next_renewal(), Key::Shard(index));
+        match step {
+            // Re-read and decide again (the read's answer is judged as a watched Lease): still
+            // ours (somebody edited metadata) or lost.
+            Step::Reread { until } => {
+                self.read(index, timeout.min(until.saturating_duration_since(now)));
+                return;
+            }
+            Step::End(reason) => return self.lose(index, reason, now),
+            Step::Keep | Step::Renew { .. } => {}
         }
         if let Failure::Fatal(err) = &e {
             warn!(shard = index, error = %err, "renewal refused; retrying until the renew deadline");
         } else {
             debug!(shard = index, error = ?e, "renewal failed; retrying");
         }
-        t.renewal.failed(now, renew, last_try);
-        let next = t.renewal.next;
-        self.timers.at(next, Key::Shard(index));
         self.overloaded(&e, now);
     }
 }

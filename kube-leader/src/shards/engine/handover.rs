@@ -78,13 +78,12 @@ impl Engine {
     /// Goes on with a term whose work has stopped: releases it if it is to be released and
     /// still can be, or ends it.
     pub(super) fn after_done(&mut self, index: u32, now: Instant) {
-        let renew = self.renew_deadline();
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
         match t.state {
-            State::Leaving { release: true, .. } if now < t.renewal.deadline(renew) => {
+            State::Leaving { release: true, .. } if t.term.may_release(now, None) => {
                 t.state = State::Releasing;
                 self.queue.insert((1, now, Key::Shard(index)));
             }

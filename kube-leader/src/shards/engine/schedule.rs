@@ -8,7 +8,10 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Engine, Reply, State};
-use crate::{leadership::LossReason, shards::scheduler::Key};
+use crate::{
+    lease::term::Step,
+    shards::scheduler::{hold_back, Key},
+};
 
 // === impl Engine ===
 
@@ -35,20 +38,13 @@ impl Engine {
             State::Active | State::Leaving { .. } => {}
             State::Releasing | State::Gone => return,
         }
-        if now >= t.renewal.deadline(renew) {
-            let since = now - t.renewal.last_sent;
+        if let Step::End(reason) = t.term.deadline_reached(now) {
             warn!(
                 shard = index,
-                ?since,
+                %reason,
                 "renew deadline passed; stopping work on the shard"
             );
-            self.lose(
-                index,
-                LossReason::RenewDeadline {
-                    since_last_renewal: since,
-                },
-                now,
-            );
+            self.lose(index, reason, now);
             return;
         }
         if let State::Leaving { until, .. } = t.state {
@@ -65,13 +61,15 @@ impl Engine {
                 return;
             }
         }
-        if slot.busy || now < t.renewal.next {
+        if slot.busy || now < t.term.next_renewal() {
             return;
         }
-        match t.renewal.hold_back(now, &self.throttle, renew) {
+        // Urgent, and sent whatever the pause, from half the renew deadline on.
+        let urgent = t.term.last_sent() + renew / 2;
+        match hold_back(now, &self.throttle, urgent) {
             Some(later) => self.timers.at(later, Key::Shard(index)),
             None => {
-                let deadline = t.renewal.deadline(renew);
+                let deadline = t.term.confirmed_until();
                 self.queue.insert((0, deadline, Key::Shard(index)));
             }
         }

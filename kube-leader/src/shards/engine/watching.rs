@@ -13,6 +13,7 @@ use crate::{
     lease::{
         decide::Observed,
         record::{LeaseRecord, Owner},
+        term::Step,
     },
     shards::scheduler::Key,
 };
@@ -171,12 +172,11 @@ impl Engine {
         }
         let mut lost = None;
         if let Some(t) = slot.term.as_mut() {
-            if matches!(t.state, State::Active | State::Leaving { .. }) && newer(&lease, &t.lease) {
-                if owner == Owner::Mine {
-                    // Our own write, echoed before its answer came, or an edit of its metadata.
-                    t.lease = lease.clone();
-                } else {
-                    lost = owner.clone().loss(&self.identity);
+            // Ours goes on (our own write, echoed before its answer came, or an edit of its
+            // metadata); another holder's or a twin's write ends the term.
+            if matches!(t.state, State::Active | State::Leaving { .. }) {
+                if let Step::End(reason) = t.term.watched(&lease) {
+                    lost = Some(reason);
                 }
             }
         }

@@ -18,7 +18,8 @@ use crate::{
     api::{call, Failure},
     lease::{
         decide::{record_for, Decision},
-        record::{now_micro, release_write, renewal_write, set_fencing_token, set_writer, LeaseRecord},
+        record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
+        term::Step,
     },
     shards::names::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
 };
@@ -95,30 +96,23 @@ impl Engine {
         }
     }
 
-    /// Renews held shard `index`, unless its renew deadline has passed; the call is bounded by
-    /// that deadline.
+    /// Renews held shard `index`, unless its renew deadline has passed (its timer ends the
+    /// term then); the call is bounded by that deadline.
     fn send_renewal(&mut self, index: u32, now: Instant) {
-        let renew = self.renew_deadline();
         let timeout_cap = self.cfg.api_timeout();
-        let secs = self.cfg.lease.lease_duration_seconds();
         let name = self.shard_name(index);
         let api = self.api.clone();
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        let deadline = t.renewal.deadline(renew);
-        if now >= deadline {
+        let Step::Renew {
+            lease,
+            until: deadline,
+        } = t.term.renew(now)
+        else {
             return;
-        }
-        let (lease, record) = renewal_write(
-            &t.lease,
-            &t.record,
-            secs,
-            &self.identity,
-            t.fencing_token,
-            &self.instance,
-        );
+        };
         let timeout = timeout_cap
             .min(deadline.saturating_duration_since(now))
             .max(Duration::from_millis(1));
@@ -140,7 +134,6 @@ impl Engine {
             Reply::Renewed {
                 index,
                 gen,
-                record,
                 sent,
                 result,
             }
@@ -156,7 +149,7 @@ impl Engine {
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        let (lease, _) = release_write(&t.lease, t.record.transitions, &self.instance, None);
+        let lease = t.term.release_write(None);
         let gen = t.gen;
         slot.busy = true;
         let op = OwnedOp {
