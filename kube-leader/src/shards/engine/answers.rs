@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::{jittered, newer, Engine, State};
+use super::{jittered, newer, table::Event, table::State, Engine};
 use crate::{
     api::Failure,
     error::Result,
@@ -77,7 +77,7 @@ impl Engine {
     /// Pauses the schedule if `failure` says the API server is overloaded.
     pub(super) fn overloaded(&mut self, failure: &Failure, now: Instant) {
         if let Some(retry_after) = overload(failure) {
-            self.throttle.overloaded(now, retry_after);
+            self.io.throttle.overloaded(now, retry_after);
         }
     }
 
@@ -97,13 +97,13 @@ impl Engine {
         if let Some(index) = index {
             let slot = &self.slots[index as usize];
             if !slot.busy {
-                match slot.term.as_ref().map(|t| t.state) {
+                match slot.term.as_ref().map(|t| t.state()) {
                     Some(State::Releasing) => {
-                        self.queue.insert((1, now, Key::Shard(index)));
+                        self.io.queue_release(now, Key::Shard(index));
                     }
                     Some(State::Gone) => {
                         self.dirty = true;
-                        self.finish_term(index);
+                        self.finish_term(index, now);
                     }
                     _ => {}
                 }
@@ -153,10 +153,8 @@ impl Engine {
             .as_ref()
             .is_some_and(|t| t.gen == gen)
         {
-            if let Some(t) = self.slots[index as usize].term.as_mut() {
-                t.state = State::Gone;
-            }
-            self.finish_term(index);
+            self.apply(index, Event::Released, now);
+            self.finish_term(index, now);
         }
     }
 
@@ -171,7 +169,7 @@ impl Engine {
                 debug!(shard = index, error = ?e, "re-read failed");
             }
         }
-        self.timers.at(now, Key::Shard(index));
+        self.io.wake_at(now, Key::Shard(index));
         self.dirty = true;
     }
 
@@ -186,22 +184,22 @@ impl Engine {
             }
         }
         self.member.next = Some(now);
-        self.timers.at(now, Key::Member);
+        self.io.wake_at(now, Key::Member);
     }
 
     /// A write of the membership Lease was answered; schedules the next one.
     fn on_member_written(&mut self, sent: Instant, result: Result<Lease, Failure>, now: Instant) {
         self.member.busy = false;
-        let retry = self.cfg.lease.retry_period;
+        let retry = self.set.cfg.lease.retry_period;
         match result {
             Ok(lease) => {
-                self.throttle.succeeded();
+                self.io.throttle.succeeded();
                 self.member.lease = Some(lease);
                 let renewal = self
                     .member
                     .renewal
-                    .get_or_insert_with(|| Renewal::new(&self.phases, self.count, sent));
-                renewal.succeeded(&self.phases, sent);
+                    .get_or_insert_with(|| Renewal::new(&self.set.phases, self.set.count, sent));
+                renewal.succeeded(&self.set.phases, sent);
                 self.member.next = Some(renewal.next);
             }
             Err(Failure::NotFound) => {
@@ -226,7 +224,7 @@ impl Engine {
             }
         }
         if let Some(next) = self.member.next {
-            self.timers.at(next, Key::Member);
+            self.io.wake_at(next, Key::Member);
         }
     }
 
@@ -259,13 +257,13 @@ impl Engine {
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        self.throttle.succeeded();
+        self.io.throttle.succeeded();
         // Also when the term is handed back meanwhile: its release needs the new version.
         t.term.renewed(written.clone(), sent);
-        if matches!(t.state, State::Active | State::Leaving { .. }) {
+        if t.live() {
             t.keeper.confirm_until(t.term.confirmed_until());
-            self.timers.at(t.term.next_renewal(), Key::Shard(index));
-            self.timers.at(t.term.confirmed_until(), Key::Shard(index));
+            self.io.wake_at(t.term.next_renewal(), Key::Shard(index));
+            self.io.wake_at(t.term.confirmed_until(), Key::Shard(index));
         }
         let record = t.term.record().clone();
         if slot.lease.as_ref().is_none_or(|l| newer(&written, l)) {
@@ -282,12 +280,12 @@ impl Engine {
     /// Renewing shard `index` failed: retried until its renew deadline; a conflict is read
     /// again first.
     fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
-        let timeout = self.cfg.api_timeout();
+        let timeout = self.set.cfg.api_timeout();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
         let step = t.term.write_failed(&e, now);
-        self.timers.at(t.term.next_renewal(), Key::Shard(index));
+        self.io.wake_at(t.term.next_renewal(), Key::Shard(index));
         match step {
             // Re-read and decide again (the read's answer is judged as a watched Lease): still
             // ours (somebody edited metadata) or lost.
