@@ -25,6 +25,7 @@ use super::{
         written_by, LeaseRecord,
     },
     shared::{lease_op, Shared},
+    term::{Every, Term as HeldTerm, Writer},
 };
 use crate::{
     api::{call, Failure},
@@ -365,16 +366,15 @@ impl Campaign {
         let lock_uid = lease.metadata.uid.clone();
         let renewals = self.shared.renewals.subscribe();
         let registration = self.shared.hold_registration();
+        let won_term = (lease, record, fencing_token, sent);
+        let held = held_term(&self.cfg, &self.identity, &self.shared.instance, won_term);
         let keeper = Keeper {
             api: Api::namespaced(self.client, &self.lock.namespace),
             cfg: self.cfg,
             shared: self.shared,
             lock: self.lock,
             identity: self.identity,
-            lease,
-            record,
-            fencing_token,
-            last_sent: sent,
+            term: held,
             // Watched for the term: the release takes its successor from the watch.
             registry: self.registry.map(Registry::following),
             successor: None,
@@ -387,6 +387,23 @@ impl Campaign {
         self.hooks.follow(&leadership, lock_uid, false, Some(renewals));
         leadership
     }
+}
+
+/// The term begun by the write of a Lease (with its record, fencing token, and when it was sent).
+fn held_term(
+    cfg: &LeaseConfig,
+    identity: &str,
+    instance: &str,
+    (lease, record, fencing_token, sent): (Lease, LeaseRecord, u64, Instant),
+) -> HeldTerm<Every> {
+    let writer = Writer {
+        identity: identity.to_string(),
+        instance: instance.to_string(),
+        lease_duration_seconds: cfg.lease_duration_seconds(),
+        renew_deadline: cfg.renew_deadline,
+    };
+    let pace = Every::new(cfg.retry_period, sent);
+    HeldTerm::new(writer, lease, record, fencing_token, sent, pace)
 }
 
 /// What came of one attempt to write.

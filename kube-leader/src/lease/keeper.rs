@@ -1,5 +1,6 @@
-//! The Lease leader's keeper: renews every retry period with one write, ends the term at the
-//! renew deadline or on another holder's write, and releases the lease when the work is done.
+//! The Lease leader's keeper: the I/O of a held term. Renews every retry period with one
+//! write, ends the term at the renew deadline or on another holder's write, and releases the
+//! lease when the work is done; what each event means is the [`Term`]'s judgement.
 
 use std::sync::Arc;
 
@@ -9,16 +10,17 @@ use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
-use super::{
-    config::LeaseConfig,
-    record::{release_write, renewal_write, stored_fencing_token, LeaseRecord, Owner},
-    shared::{lease_op, Shared},
-};
 use crate::{
     api::{call, Failure},
     error::Result,
     leadership::{KeeperHandle, LossReason},
-    lock::{self, LockRef},
+    lease::{
+        config::LeaseConfig,
+        record::{stored_fencing_token, LeaseRecord},
+        shared::{lease_op, Shared},
+        term::{Every, Step, Term},
+    },
+    lock::LockRef,
     object_watch::ObjectWatch,
     successor::Registry,
     time::{sleep_until_opt, until_deadline},
@@ -31,13 +33,8 @@ pub(crate) struct Keeper {
     pub(crate) shared: Arc<Shared>,
     pub(crate) lock: LockRef,
     pub(crate) identity: String,
-    /// The Lease as last written by us (its resourceVersion is the next write's precondition).
-    pub(crate) lease: Lease,
-    pub(crate) record: LeaseRecord,
-    /// This term's fencing token, stored in the Lease by every renewal for observers.
-    pub(crate) fencing_token: u64,
-    /// When the last successful renewal was sent.
-    pub(crate) last_sent: Instant,
+    /// The term held: the Lease as last written, its record, fencing token and renewals.
+    pub(crate) term: Term<Every>,
     /// The candidates' registrations, to name the successor of a release.
     pub(crate) registry: Option<Registry>,
     /// The successor, looked up while the work stops (from the shutdown on).
@@ -65,19 +62,19 @@ impl Keeper {
         done: CancellationToken,
         shutdown: CancellationToken,
     ) -> Result<()> {
-        let mut next_renewal = self.last_sent + self.cfg.retry_period;
         let mut grace_until: Option<Instant> = None;
         let mut watch_refused = false;
         let result = loop {
-            let deadline = self.last_sent + self.cfg.renew_deadline;
+            let deadline = self.term.confirmed_until();
             handle.confirm_until(deadline);
             let turn = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(deadline) => {
-                    let since = self.last_sent.elapsed();
-                    warn!(lock = %self.lock, identity = %self.identity, ?since, "renew deadline passed; stopping leading");
-                    handle.lose(LossReason::RenewDeadline { since_last_renewal: since });
-                    Turn::End(Ok(()))
+                    let step = self.term.deadline_reached(Instant::now());
+                    if let Step::End(LossReason::RenewDeadline { since_last_renewal: since }) = &step {
+                        warn!(lock = %self.lock, identity = %self.identity, ?since, "renew deadline passed; stopping leading");
+                    }
+                    self.step(&handle, step)
                 }
                 _ = done.cancelled() => {
                     Turn::End(if self.cfg.release_on_cancel { self.release(&handle).await } else { Ok(()) })
@@ -98,11 +95,7 @@ impl Keeper {
                     let ev = ev.map(|l| l.cloned());
                     self.on_watch(&handle, ev, &mut watch_refused)
                 }
-                _ = tokio::time::sleep_until(next_renewal) => {
-                    let (turn, next) = self.on_renewal_due(&handle, deadline).await;
-                    next_renewal = next;
-                    turn
-                }
+                _ = tokio::time::sleep_until(self.term.next_renewal()) => self.renew(&handle).await,
             };
             if let Turn::End(result) = turn {
                 break result;
@@ -118,6 +111,20 @@ impl Keeper {
         result
     }
 
+    /// Acts on the term's decision: an end is told to the handle (a twin loudly).
+    fn step(&self, handle: &KeeperHandle, step: Step) -> Turn {
+        match step {
+            Step::End(reason) => {
+                if let LossReason::DuplicateIdentity { .. } = reason {
+                    self.log_twin();
+                }
+                handle.lose(reason);
+                Turn::End(Ok(()))
+            }
+            Step::Keep | Step::Renew { .. } | Step::Reread { .. } => Turn::Keep,
+        }
+    }
+
     /// Takes in what the Lease watch shows while leading.
     fn on_watch(
         &mut self,
@@ -126,12 +133,11 @@ impl Keeper {
         watch_refused: &mut bool,
     ) -> Turn {
         match ev {
-            Ok(Some(lease)) => return self.on_lease(handle, lease),
+            Ok(Some(lease)) => return self.on_lease(handle, &lease),
             Ok(None) => {
                 info!(lock = %self.lock, identity = %self.identity, "lease deleted; stopping leading");
                 self.shared.publish(&self.lock, None, None);
-                handle.lose(LossReason::LockDeleted);
-                return Turn::End(Ok(()));
+                return self.step(handle, self.term.deleted());
             }
             Err(Failure::Fatal(e)) if !*watch_refused => {
                 // Renewals do not need the watch, but nobody should lose a permission
@@ -144,120 +150,72 @@ impl Keeper {
         Turn::Keep
     }
 
-    /// A Lease seen by the watch: only a record newer than our last write can depose us (our
-    /// write carried the version we decided on; older events cannot be current).
-    fn on_lease(&mut self, handle: &KeeperHandle, lease: Lease) -> Turn {
-        let v = |l: &Lease| l.metadata.resource_version.clone();
-        if !lock::is_newer(v(&lease).as_deref(), v(&self.lease).as_deref()) {
-            return Turn::Keep;
+    /// A Lease seen by the watch, judged by the term.
+    fn on_lease(&mut self, handle: &KeeperHandle, lease: &Lease) -> Turn {
+        let step = self.term.watched(lease);
+        if let Step::End(LossReason::OtherHolder { holder }) = &step {
+            let record = LeaseRecord::from_lease(lease);
+            self.shared
+                .publish(&self.lock, Some(&record), stored_fencing_token(lease, &record));
+            info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
         }
-        let record = LeaseRecord::from_lease(&lease);
-        match Owner::of(&lease, &record, &self.identity, &self.shared.instance) {
-            Owner::Other(holder) => {
-                self.shared
-                    .publish(&self.lock, Some(&record), stored_fencing_token(&lease, &record));
-                info!(lock = %self.lock, identity = %self.identity, holder = %holder, "another holder seen; stopping leading");
-                handle.lose(LossReason::OtherHolder { holder });
-                Turn::End(Ok(()))
-            }
-            Owner::Twin => {
-                handle.lose(self.duplicate_identity());
-                Turn::End(Ok(()))
-            }
-            Owner::Mine => {
-                // Our lease, touched by somebody else (labels): keep its version.
-                self.lease = lease;
-                Turn::Keep
-            }
-        }
+        self.step(handle, step)
     }
 
-    /// Renews; returns the turn and when the next renewal is due.
-    async fn on_renewal_due(&mut self, handle: &KeeperHandle, deadline: Instant) -> (Turn, Instant) {
-        match self.renew(deadline).await {
-            Ok(()) => (Turn::Keep, self.last_sent + self.cfg.retry_period),
-            Err(Some(reason)) => {
-                info!(lock = %self.lock, identity = %self.identity, %reason, "stopping leading");
-                handle.lose(reason);
-                (Turn::End(Ok(())), Instant::now())
-            }
-            Err(None) => {
-                self.shared.set_health(|h| h.failures += 1);
-                (Turn::Keep, Instant::now() + self.cfg.retry_period)
-            }
-        }
-    }
-
-    /// Whose `lease` (its record `record`) is (see [`Owner`]).
-    fn owner(&self, lease: &Lease, record: &LeaseRecord) -> Owner {
-        Owner::of(lease, record, &self.identity, &self.shared.instance)
-    }
-
-    /// One renewal. `Err(Some(reason))`: leadership is over; `Err(None)`: retry later.
-    async fn renew(&mut self, deadline: Instant) -> Result<(), Option<LossReason>> {
-        let (lease, record) = renewal_write(
-            &self.lease,
-            &self.record,
-            self.cfg.lease_duration_seconds(),
-            &self.identity,
-            self.fencing_token,
-            &self.shared.instance,
-        );
+    /// One renewal, when the term says it is due; a conflict is read again.
+    async fn renew(&mut self, handle: &KeeperHandle) -> Turn {
+        let (lease, deadline) = match self.term.renew(Instant::now()) {
+            Step::Renew { lease, until } => (lease, until),
+            step => return self.renewal_over(handle, step),
+        };
         let timeout = until_deadline(self.cfg.api_timeout(), deadline);
         let sent = Instant::now();
         let params = PostParams::default();
         let replace = self.api.replace(&self.lock.name, &params, &lease);
-        match call(lease_op(&self.lock, "update"), timeout, replace).await {
+        let failure = match call(lease_op(&self.lock, "update"), timeout, replace).await {
             Ok(written) => {
-                self.lease = written;
-                self.record = record;
-                self.last_sent = sent;
+                self.term.renewed(written, sent);
                 self.shared.set_health(|h| {
                     h.last_success = Some(sent);
                     h.last_latency = Some(sent.elapsed());
                     h.successes += 1;
                 });
-                Ok(())
+                return Turn::Keep;
             }
-            Err(Failure::Conflict) => self.after_conflict(deadline).await,
-            Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
-            Err(Failure::Transient(e)) => {
-                debug!(error = %e, "renewal failed; retrying");
-                Err(None)
-            }
-            Err(Failure::Fatal(e)) => {
-                warn!(error = %e, "renewal refused; retrying until the renew deadline");
-                Err(None)
-            }
+            Err(failure) => failure,
+        };
+        match &failure {
+            Failure::Transient(e) => debug!(error = %e, "renewal failed; retrying"),
+            Failure::Fatal(e) => warn!(error = %e, "renewal refused; retrying until the renew deadline"),
+            Failure::Conflict | Failure::NotFound => {}
         }
+        let step = match self.term.write_failed(&failure, Instant::now()) {
+            // Re-read and decide again. The read is bounded by the renew deadline too: while
+            // it runs, nothing else can end leadership, and fail-stop must hold if the API
+            // server stops answering.
+            Step::Reread { until } => {
+                let timeout = until_deadline(self.cfg.api_timeout(), until);
+                let get = self.api.get(&self.lock.name);
+                let current = call(lease_op(&self.lock, "get"), timeout, get).await;
+                if let Err(e) = &current {
+                    debug!(error = ?e, "re-read after a conflict failed");
+                }
+                self.term.reread(current, Instant::now())
+            }
+            step => step,
+        };
+        self.renewal_over(handle, step)
     }
 
-    /// A renewal met a conflict: re-read and decide again, still ours (somebody edited
-    /// metadata) or lost. The read is bounded by the renew deadline too: while it runs, nothing
-    /// else can end leadership, and fail-stop must hold if the API server stops answering.
-    async fn after_conflict(&mut self, deadline: Instant) -> Result<(), Option<LossReason>> {
-        let timeout = until_deadline(self.cfg.api_timeout(), deadline);
-        match call(
-            lease_op(&self.lock, "get"),
-            timeout,
-            self.api.get(&self.lock.name),
-        )
-        .await
-        {
-            Ok(current) => match self.owner(&current, &LeaseRecord::from_lease(&current)) {
-                Owner::Mine => {
-                    self.lease = current;
-                    Err(None)
-                }
-                Owner::Twin => Err(Some(self.duplicate_identity())),
-                other => Err(other.loss(&self.identity)),
-            },
-            Err(Failure::NotFound) => Err(Some(LossReason::LockDeleted)),
-            Err(e) => {
-                debug!(error = ?e, "re-read after a conflict failed");
-                Err(None)
+    /// What a renewal came to: a failure counted, or the end of the term.
+    fn renewal_over(&mut self, handle: &KeeperHandle, step: Step) -> Turn {
+        match &step {
+            Step::End(reason) => {
+                info!(lock = %self.lock, identity = %self.identity, %reason, "stopping leading")
             }
+            _ => self.shared.set_health(|h| h.failures += 1),
         }
+        self.step(handle, step)
     }
 
     /// Starts looking up the youngest registered candidate, the successor a release names;
@@ -282,7 +240,8 @@ impl Keeper {
     /// a registry, names the youngest live candidate as the preferred successor
     /// ([`PREFERRED_HOLDER_ANNOTATION`](crate::successor::PREFERRED_HOLDER_ANNOTATION)).
     async fn release(&mut self, handle: &KeeperHandle) -> Result<()> {
-        if handle.is_lost() && !matches!(handle.reason(), Some(LossReason::Cancelled) | None) {
+        let lost = if handle.is_lost() { handle.reason() } else { None };
+        if !self.term.may_release(Instant::now(), lost.as_ref()) {
             return Ok(());
         }
         // The loss first: once the release is written, a successor may start at once, and no
@@ -290,12 +249,7 @@ impl Keeper {
         handle.lose(LossReason::Released);
         let successor = self.successor().await;
         for _ in 0..2 {
-            let (lease, _) = release_write(
-                &self.lease,
-                self.record.transitions,
-                &self.shared.instance,
-                successor.as_deref(),
-            );
+            let lease = self.term.release_write(successor.as_deref());
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
             match call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await {
@@ -306,13 +260,9 @@ impl Keeper {
                 }
                 Err(Failure::Conflict) => {
                     let get = self.api.get(&self.lock.name);
-                    match call(lease_op(&self.lock, "get"), self.cfg.api_timeout(), get).await {
-                        Ok(current)
-                            if self.owner(&current, &LeaseRecord::from_lease(&current)) == Owner::Mine =>
-                        {
-                            self.lease = current
-                        }
-                        _ => return Ok(()), // not ours any more: nothing to release
+                    let current = call(lease_op(&self.lock, "get"), self.cfg.api_timeout(), get).await;
+                    if current.is_err() || self.term.reread(current, Instant::now()) != Step::Keep {
+                        return Ok(()); // not ours any more: nothing to release
                     }
                 }
                 Err(Failure::NotFound) => return Ok(()),
@@ -328,14 +278,11 @@ impl Keeper {
 
     /// The Lease names this candidate but this process did not write it: another process
     /// shares the identity. Both must not lead; this one stops, loudly.
-    fn duplicate_identity(&self) -> LossReason {
+    fn log_twin(&self) {
         tracing::error!(lock = %self.lock, identity = %self.identity,
             "another process wrote the lease under this candidate's identity: two candidates share \
              one identity (a copied --identity, two containers of one Pod, or host names under \
              hostNetwork); stopping leading. Give every candidate a unique identity (POD_NAME from \
              the Downward API, or --identity)");
-        LossReason::DuplicateIdentity {
-            identity: self.identity.clone(),
-        }
     }
 }

@@ -1,8 +1,9 @@
 //! The Lease strategy: client-go's `leaderelection` on a `coordination.k8s.io/v1` Lease.
 //!
 //! `config` (timings), `record` (the Lease's fields), `decide` (pure decisions on a monotonic
-//! clock), `campaign` (follow and acquire), `keeper` (renew, release), `leader` (read or watch
-//! the leader without campaigning), `elector` (the candidate's settings and face).
+//! clock), `campaign` (follow and acquire), `term` (a held term judged without I/O), `keeper`
+//! (the term's I/O: renew, release), `leader` (read or watch the leader without campaigning),
+//! `elector` (the candidate's settings and face).
 
 mod campaign;
 mod config;
@@ -12,6 +13,7 @@ mod keeper;
 mod leader;
 pub(crate) mod record;
 mod shared;
+pub(crate) mod term;
 
 pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};
 pub use elector::{LeaseElector, Recampaign, Unhealthy};

@@ -4,6 +4,10 @@
 //! the terms it holds ([`Held`]), its membership Lease ([`Member`]) and the other candidates'.
 //! It wakes up for shutdown, an API answer, the end of the work on a shard, a watch event or a
 //! timer, and acts on it in one of its parts:
+//! - [`table`]: the lifecycle of a shard's term and of the campaign, the only place either
+//!   changes (the other parts tell it events);
+//! - [`setup`]: what the candidate is (fixed); [`io`]: the I/O edge (calls, queued writes,
+//!   wake-ups, the pause, the channels);
 //! - [`watching`]: folding the list/watch into what is known;
 //! - [`schedule`]: timers (renewals, deadlines) and the queue of writes;
 //! - [`writes`]: the API calls (acquire, renew, release, read, membership);
@@ -12,16 +16,9 @@
 //! - [`handover`]: the end of a term (lost, handed over, given up, released);
 //! - [`rebalance`]: the fair share and which shards to take or hand over.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::collections::BTreeMap;
 
-use futures::{
-    future::BoxFuture,
-    stream::{BoxStream, FuturesUnordered},
-    StreamExt,
-};
+use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     api::DeleteParams,
@@ -29,7 +26,7 @@ use kube::{
     Api,
 };
 use tokio::{
-    sync::{mpsc, oneshot, watch},
+    sync::{mpsc, watch},
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
@@ -39,14 +36,14 @@ use super::{
     assignments::{Shard, ShardSet},
     config::ShardsConfig,
     names::{member_lease_name, SHARDS_LABEL},
-    scheduler::{Key, Phases, Renewal, Throttle, Timers},
+    scheduler::{Phases, Renewal, Throttle},
 };
 use crate::{
     api::{call, classify_watch, Failure, Op},
     backoff::jittered,
     error::{Error, Result},
-    leadership::{KeeperHandle, LossReason},
-    lease::{decide::Observed, record::new_instance_id, record::LeaseRecord},
+    leadership::LossReason,
+    lease::{decide::Observed, record::new_instance_id},
     lock,
     time::sleep_until_opt,
 };
@@ -55,12 +52,17 @@ mod acquired;
 mod answers;
 mod counts;
 mod handover;
+mod io;
 mod rebalance;
 mod schedule;
+mod setup;
+mod table;
 mod watching;
 mod writes;
 
-use answers::Reply;
+use io::{Input, Io};
+use setup::Setup;
+use table::{Campaign, Held, State};
 
 const RESOURCE: &str = "leases.coordination.k8s.io";
 /// The Role shards need: create, list and watch Leases; get and update on the shard Leases
@@ -73,43 +75,26 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 
 /// The background task of one candidate.
 pub(super) struct Engine {
-    api: Api<Lease>,
-    name: String,
-    namespace: String,
-    count: u32,
-    identity: String,
-    instance: String,
-    cfg: ShardsConfig,
-    phases: Phases,
+    /// What it is a candidate for (fixed).
+    set: Setup,
+    /// The I/O edge: calls, queued writes, wake-ups, the pause, the channels.
+    io: Io,
+    /// What is known and held of every shard; their terms' states are the table's.
     slots: Vec<Slot>,
     member: Member,
     /// Other candidates' membership Leases, by Lease name.
     members: BTreeMap<String, Observed>,
     /// Those of them seen with another shard count (see [`counts`]).
     foreign: BTreeMap<String, counts::Foreign>,
-    timers: Timers,
-    calls: FuturesUnordered<BoxFuture<'static, Reply>>,
-    in_flight: usize,
-    /// Writes waiting for a free call: (class, deadline, key). Renewals (class 0) by deadline
-    /// first, then releases (1).
-    queue: BTreeSet<(u8, Instant, Key)>,
-    throttle: Throttle,
-    out: mpsc::UnboundedSender<Shard>,
-    held_tx: watch::Sender<ShardSet>,
-    done_tx: mpsc::UnboundedSender<(u32, u64)>,
-    done_rx: mpsc::UnboundedReceiver<(u32, u64)>,
-    /// The initial list has completed.
-    synced: bool,
     /// Relist in progress: the names listed so far.
     relist: Option<Vec<Lease>>,
-    /// No shard is taken before this (see [`ShardsConfig::join_settle`]).
-    acquire_from: Option<Instant>,
+    /// Where the campaign is (see [`table`]).
+    campaign: Campaign,
+    /// Something changed that may change the plan: rebalance before the next wait.
     dirty: bool,
-    stopping: bool,
     fatal: Option<Error>,
+    /// The generation of the last term begun (tells a term's answers from an earlier one's).
     next_gen: u64,
-    quota: u32,
-    live: usize,
 }
 
 /// What this candidate knows and holds of one shard.
@@ -125,56 +110,12 @@ struct Slot {
     absent_since: Option<Instant>,
     seen: bool,
     transitions_seen: Option<u32>,
+    /// The term held, if any (its lifecycle is the [`table`]'s).
     term: Option<Held>,
     /// An acquisition, renewal, release or read is in flight.
     busy: bool,
     /// No acquisition before this (after a lost race or an error).
     not_before: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Held; renewed.
-    Active,
-    /// Lost by handover or shutdown: still renewed until the work stops (`done`), then
-    /// released; past `until`, given up unreleased.
-    Leaving { until: Instant, release: bool },
-    /// The release write is in flight.
-    Releasing,
-    /// No longer ours (deadline, another holder, deleted): waiting for the work to stop, for
-    /// a while only (see [`Held::orphaned_from`]).
-    Gone,
-}
-
-struct Held {
-    gen: u64,
-    keeper: KeeperHandle,
-    released: Option<oneshot::Sender<()>>,
-    state: State,
-    /// The work on it has stopped (the `Shard` was dropped).
-    done: bool,
-    /// When it stopped being ours while its work went on (it became `Gone` undone).
-    lost_at: Option<Instant>,
-    record: LeaseRecord,
-    /// The Lease as last written by us: its resourceVersion is the next write's precondition.
-    lease: Lease,
-    fencing_token: u64,
-    renewal: Renewal,
-}
-
-// === impl Held ===
-
-impl Held {
-    /// When a term that is not ours any more, and whose `Shard` is still kept, stops keeping
-    /// the shard from being taken again: `grace` after its loss was told (the time its work
-    /// has to stop), if it is such a term. From then on it guards nothing: the shard is waited
-    /// out like any other holder's and taken again as a new term, whose `hold` drops this one.
-    fn orphaned_from(&self, grace: Duration) -> Option<Instant> {
-        if self.state != State::Gone || self.done {
-            return None;
-        }
-        self.lost_at.map(|t| t + grace)
-    }
 }
 
 #[derive(Default)]
@@ -207,110 +148,81 @@ impl Engine {
         out: mpsc::UnboundedSender<Shard>,
         held_tx: watch::Sender<ShardSet>,
     ) -> Self {
-        let cfg = s.config.clone();
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let cfg = s.config;
         let retry = cfg.lease.retry_period;
+        let throttle = Throttle::new(retry / 4, cfg.lease.renew_deadline / 2);
         Self {
-            api: Api::namespaced(s.client, &namespace),
-            namespace,
-            count: s.count,
+            io: Io::new(Api::namespaced(s.client, &namespace), throttle, out, held_tx),
             member: Member {
                 name: member_lease_name(&s.name, &identity),
                 ..Member::default()
             },
-            name: s.name,
-            identity,
-            instance: new_instance_id(),
-            phases: Phases {
-                epoch: Instant::now(),
-                retry,
-                slots: s.count + 1,
-            },
             slots: (0..s.count).map(|_| Slot::default()).collect(),
+            set: Setup {
+                namespace,
+                count: s.count,
+                name: s.name,
+                identity,
+                instance: new_instance_id(),
+                phases: Phases {
+                    epoch: Instant::now(),
+                    retry,
+                    slots: s.count + 1,
+                },
+                cfg,
+            },
             members: BTreeMap::new(),
             foreign: BTreeMap::new(),
-            timers: Timers::default(),
-            calls: FuturesUnordered::new(),
-            in_flight: 0,
-            queue: BTreeSet::new(),
-            throttle: Throttle::new(retry / 4, cfg.lease.renew_deadline / 2),
-            out,
-            held_tx,
-            done_tx,
-            done_rx,
-            synced: false,
             relist: None,
-            acquire_from: None,
+            campaign: Campaign::Listing,
             dirty: false,
-            stopping: false,
             fatal: None,
             next_gen: 0,
-            quota: 0,
-            live: 1,
-            cfg,
         }
     }
 
-    /// The description of a call with `verb` on the set, for errors and logs.
-    fn op(&self, verb: &'static str) -> OwnedOp {
-        OwnedOp {
-            verb,
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
-    }
-
-    /// The renew deadline of every Lease of the set.
-    fn renew_deadline(&self) -> Duration {
-        self.cfg.lease.renew_deadline
-    }
-
-    /// How long the work on a lost shard has to stop once its loss is told: the lease
-    /// duration minus the renew deadline, as for any Lease leader.
-    fn stop_grace(&self) -> Duration {
-        self.cfg
-            .lease
-            .lease_duration
-            .saturating_sub(self.cfg.lease.renew_deadline)
+    /// Whether every shard is being handed back.
+    fn stopping(&self) -> bool {
+        self.campaign == Campaign::Stopping
     }
 
     /// Campaigns until shutdown (or an error), then hands every shard back.
     pub(super) async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
         let mut watch = self.watch();
-        info!(instance = %self.instance, "campaigning for shards");
+        info!(instance = %self.set.instance, "campaigning for shards");
         loop {
-            if (self.fatal.is_some() || self.out.is_closed()) && !self.stopping {
+            if (self.fatal.is_some() || self.io.abandoned()) && !self.stopping() {
                 // An error ended the campaign, or nobody takes the shards any more (the
                 // `Assignments` were dropped): hand everything back.
                 self.stop(Instant::now(), LossReason::Cancelled);
             }
-            if self.stopping && self.finished() {
+            if self.stopping() && self.finished() {
                 break;
             }
             // Deadlines first: after a freeze (SIGSTOP, a paused VM) the renew deadlines that
             // passed meanwhile end their shards before a backlog of watch events is read.
             let now = Instant::now();
-            if self.timers.next().is_some_and(|t| t <= now) {
+            if self.io.next_wake().is_some_and(|t| t <= now) {
                 self.fire(now);
                 self.settle(now);
             }
-            let wake = self.timers.next();
+            let wake = self.io.next_wake();
             // Not biased: with many shards a renewal's answer is ready on almost every turn,
             // and a biased select that put answers first read the watch only on a turn with
             // none. The API server gives a Lease watcher 10 events of buffer and closes a
             // watch whose reader falls behind: the set's watch was opened again every ~12 s
             // (24 times in 5 minutes with 1,000 shards; issue 21, item 10). Deadlines are
             // handled above, before the select, and shutdown is seen on the next turn at most.
+            let stopping = self.stopping();
             tokio::select! {
-                () = shutdown.cancelled(), if !self.stopping => {
+                () = shutdown.cancelled(), if !stopping => {
                     info!("shutdown: handing every shard back once its work stops");
                     self.stop(Instant::now(), LossReason::Cancelled);
                 }
-                Some(reply) = self.calls.next(), if !self.calls.is_empty() => {
-                    self.in_flight = self.in_flight.saturating_sub(1);
-                    self.on_reply(reply, Instant::now());
-                }
-                Some((index, gen)) = self.done_rx.recv() => self.on_done(index, gen, Instant::now()),
+                input = self.io.input() => match input {
+                    Input::Reply(reply) => self.on_reply(reply, Instant::now()),
+                    Input::Done(index, gen) => self.on_done(index, gen, Instant::now()),
+                },
                 ev = watch.next() => self.on_watch_item(ev),
                 () = sleep_until_opt(wake) => self.fire(Instant::now()),
             }
@@ -325,16 +237,16 @@ impl Engine {
 
     /// The one list/watch of every Lease of the set.
     fn watch(&self) -> BoxStream<'static, watcher::Result<watcher::Event<Lease>>> {
-        let selector = format!("{SHARDS_LABEL}={}", self.name);
+        let selector = format!("{SHARDS_LABEL}={}", self.set.name);
         let config = watcher::Config::default()
             .labels(&selector)
             .timeout(WATCH_TIMEOUT_SECS);
-        watcher(self.api.clone(), config).default_backoff().boxed()
+        watcher(self.io.api.clone(), config).default_backoff().boxed()
     }
 
     /// Handles the timers due at `now`.
     fn fire(&mut self, now: Instant) {
-        for key in self.timers.due(now) {
+        for key in self.io.due(now) {
             self.on_timer(key, now);
         }
     }
@@ -351,7 +263,7 @@ impl Engine {
     fn on_watch_item(&mut self, ev: Option<watcher::Result<watcher::Event<Lease>>>) {
         match ev {
             Some(Ok(ev)) => self.on_watch(ev, Instant::now()),
-            Some(Err(e)) => match classify_watch(self.op("watch").op(), e) {
+            Some(Err(e)) => match classify_watch(self.set.op("watch").op(), e) {
                 Failure::Fatal(e) => {
                     warn!(error = %e, "cannot watch the shard Leases");
                     self.fatal.get_or_insert(e);
@@ -364,11 +276,11 @@ impl Engine {
 
     /// Whether everything is handed back after a shutdown.
     fn finished(&self) -> bool {
-        self.in_flight == 0
+        self.io.in_flight() == 0
             && self
                 .slots
                 .iter()
-                .all(|s| s.term.as_ref().is_none_or(|t| t.state == State::Gone))
+                .all(|s| s.term.as_ref().is_none_or(|t| t.state() == State::Gone))
     }
 
     /// Deletes the membership Lease (best effort) after the last shard is handed back.
@@ -384,12 +296,14 @@ impl Engine {
             });
         }
         let name = self.member.name.clone();
-        let op = self.op("delete");
-        let op = OwnedOp {
-            name: name.clone(),
-            ..op
-        };
-        match call(op.op(), self.cfg.api_timeout(), self.api.delete(&name, &params)).await {
+        let op = self.set.op_on("delete", &name);
+        match call(
+            op.op(),
+            self.set.cfg.api_timeout(),
+            self.io.api.delete(&name, &params),
+        )
+        .await
+        {
             Ok(_) => debug!(lease = %name, "membership Lease deleted"),
             Err(e) => debug!(lease = %name, error = ?e, "could not delete the membership Lease; it expires"),
         }
@@ -397,6 +311,11 @@ impl Engine {
 
     /// Publishes the shards held now (see [`Assignments::held`](super::Assignments::held)).
     fn publish(&self) {
+        self.publish_share(self.io.share());
+    }
+
+    /// Publishes the shards held now, this candidate's fair share and the live candidates.
+    fn publish_share(&self, (quota, members): (u32, usize)) {
         let held: BTreeMap<u32, u64> = self
             .slots
             .iter()
@@ -404,22 +323,11 @@ impl Engine {
             .filter_map(|(i, s)| {
                 s.term
                     .as_ref()
-                    .filter(|t| t.state == State::Active)
-                    .map(|t| (i as u32, t.fencing_token))
+                    .filter(|t| t.state() == State::Active)
+                    .map(|t| (i as u32, t.term.fencing_token()))
             })
             .collect();
-        let set = ShardSet {
-            held,
-            members: self.live,
-            quota: self.quota,
-        };
-        self.held_tx.send_if_modified(|cur| {
-            if *cur == set {
-                return false;
-            }
-            *cur = set;
-            true
-        });
+        self.io.publish(ShardSet { held, members, quota });
     }
 }
 

@@ -20,7 +20,7 @@ use std::{collections::BTreeSet, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
+use crate::{backoff::Backoff, lease::term::Pace};
 
 /// What a scheduled wake-up is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,7 +106,7 @@ impl Throttle {
     }
 }
 
-/// The renewal state of one held Lease.
+/// The renewal state of the membership Lease (a held shard's is its term's, paced by [`Phased`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {
     slot: u32,
@@ -133,6 +133,8 @@ impl Renewal {
         self.last_sent + renew_deadline
     }
 
+    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
+    #[cfg(test)]
     /// From when on a renewal is sent even while the API server asked to wait: half the renew
     /// deadline after the last success.
     pub(crate) fn urgent_from(&self, renew_deadline: Duration) -> Instant {
@@ -146,14 +148,17 @@ impl Renewal {
         self.backoff.reset();
     }
 
+    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
+    #[cfg(test)]
     /// A renewal failed at `now`: retry after a backoff, but leave at least `last_try` before the
     /// renew deadline for one more attempt.
     pub(crate) fn failed(&mut self, now: Instant, renew_deadline: Duration, last_try: Duration) {
         let delay = self.backoff.next_delay();
-        let latest = self.deadline(renew_deadline).checked_sub(last_try).unwrap_or(now);
-        self.next = (now + delay).min(latest).max(now);
+        self.next = retry_at(now, delay, self.deadline(renew_deadline), last_try);
     }
 
+    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
+    #[cfg(test)]
     /// When to send the renewal that is due at `now`: `None` now, or the later instant to wait
     /// for while the API server asked to pause (never later than [`Renewal::urgent_from`]).
     pub(crate) fn hold_back(
@@ -162,9 +167,63 @@ impl Renewal {
         throttle: &Throttle,
         renew_deadline: Duration,
     ) -> Option<Instant> {
-        let until = throttle.paused_until(now)?;
-        let urgent = self.urgent_from(renew_deadline);
-        (now < urgent).then(|| until.min(urgent))
+        hold_back(now, throttle, self.urgent_from(renew_deadline))
+    }
+}
+
+/// When to send a renewal that is due at `now` and urgent from `urgent`: `None` now, or the
+/// later instant to wait for while the API server asked to pause (never later than `urgent`).
+pub(crate) fn hold_back(now: Instant, throttle: &Throttle, urgent: Instant) -> Option<Instant> {
+    let until = throttle.paused_until(now)?;
+    (now < urgent).then(|| until.min(urgent))
+}
+
+/// The retry of a renewal that failed at `now`: after `delay`, but leaving at least `last_try`
+/// before `deadline` for one more attempt.
+fn retry_at(now: Instant, delay: Duration, deadline: Instant, last_try: Duration) -> Instant {
+    let latest = deadline.checked_sub(last_try).unwrap_or(now);
+    (now + delay).min(latest).max(now)
+}
+
+/// The pace of a held shard's renewals for its [`Term`](crate::lease::term::Term): at the
+/// shard's phase of every retry period, and after a failure with a backoff that leaves one
+/// last attempt before the renew deadline (as [`Renewal`]'s).
+#[derive(Debug, Clone)]
+pub(crate) struct Phased {
+    phases: Phases,
+    slot: u32,
+    next: Instant,
+    backoff: Backoff,
+    /// The time left for one last attempt before the renew deadline.
+    last_try: Duration,
+}
+
+impl Phased {
+    /// The pace of slot `slot`'s Lease acquired by a write sent at `sent`.
+    pub(crate) fn new(phases: &Phases, slot: u32, sent: Instant, last_try: Duration) -> Self {
+        Self {
+            phases: *phases,
+            slot,
+            next: phases.next_after(slot, sent),
+            backoff: Backoff::new(phases.retry / 4, phases.retry),
+            last_try,
+        }
+    }
+}
+
+impl Pace for Phased {
+    fn next(&self) -> Instant {
+        self.next
+    }
+
+    fn succeeded(&mut self, sent: Instant) {
+        self.next = self.phases.next_after(self.slot, sent);
+        self.backoff.reset();
+    }
+
+    fn failed(&mut self, now: Instant, deadline: Instant) {
+        let delay = self.backoff.next_delay();
+        self.next = retry_at(now, delay, deadline, self.last_try);
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::{sync::oneshot, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{jittered, Engine, Held, State};
+use super::{jittered, table::Event, Engine};
 use crate::{
     api::Failure,
     error::Result,
@@ -16,11 +16,12 @@ use crate::{
     lease::{
         decide::{Decision, Observed},
         record::LeaseRecord,
+        term::{Term as LeaseTerm, Writer},
     },
     lock::{self, LockRef},
     shards::{
         assignments::Shard,
-        scheduler::{Key, Renewal},
+        scheduler::{Key, Phased},
     },
 };
 
@@ -43,8 +44,8 @@ impl Engine {
             Ok(lease) => lease,
             Err(e) => return self.acquire_failed(index, &decision, e, now),
         };
-        self.throttle.succeeded();
-        if now >= sent + self.renew_deadline() {
+        self.io.throttle.succeeded();
+        if now >= sent + self.set.renew_deadline() {
             // Answered after its own renew deadline: by the fail-stop rule the term is over
             // before it began, so it is not handed out (issue 16). The Lease names us: it is
             // taken again as a new term by the next decision.
@@ -56,21 +57,19 @@ impl Engine {
             return;
         }
         let (leadership, fencing_token) = self.begin_term(index, record, lease, sent);
-        if self.stopping {
+        if self.stopping() {
             // Acquired while handing everything back: nobody works on it; released at once
             // (dropping the handle tells the engine so).
-            if let Some(t) = self.slots[index as usize].term.as_mut() {
+            if let Some(t) = self.slots[index as usize].term.as_ref() {
                 t.keeper.lose(LossReason::Cancelled);
-                t.state = State::Leaving {
-                    until: now + self.cfg.lease.shutdown_grace,
-                    release: true,
-                };
             }
+            let until = now + self.set.cfg.lease.shutdown_grace;
+            self.apply(index, Event::Leave { until, release: true }, now);
             drop(leadership);
             return;
         }
         info!(shard = index, fencing_token, "acquired shard");
-        if self.out.send(Shard::new(index, leadership)).is_err() {
+        if !self.io.hand_out(Shard::new(index, leadership)) {
             debug!(shard = index, "nobody takes the shards; giving it up");
         }
         self.publish();
@@ -78,17 +77,17 @@ impl Engine {
 
     /// An acquisition of shard `index` failed: a race lost, an error; tried again later.
     fn acquire_failed(&mut self, index: u32, decision: &Decision, failure: Failure, now: Instant) {
-        let retry = self.cfg.lease.retry_period;
+        let retry = self.set.cfg.lease.retry_period;
         match failure {
             Failure::Conflict if *decision == Decision::Create => {
                 // It exists: maybe unlabelled (never seen by our watch). Read it.
                 self.slots[index as usize].not_before = Some(now + retry);
-                self.read(index, self.cfg.api_timeout());
+                self.read(index, self.set.cfg.api_timeout());
             }
             Failure::Conflict | Failure::NotFound => {
                 debug!(shard = index, "lost a race for the shard");
                 self.slots[index as usize].not_before = Some(now + retry);
-                self.timers.at(now + retry, Key::Rebalance);
+                self.io.wake_at(now + retry, Key::Rebalance);
             }
             Failure::Fatal(e) => {
                 warn!(shard = index, error = %e, "cannot take shards");
@@ -99,14 +98,14 @@ impl Engine {
                 debug!(shard = index, error = ?e, "transient error while acquiring; retrying later");
                 let later = now + jittered(retry);
                 self.slots[index as usize].not_before = Some(later);
-                self.timers.at(later, Key::Rebalance);
+                self.io.wake_at(later, Key::Rebalance);
             }
         }
     }
 
     /// Begins a term of shard `index` with the Lease just written: its [`Leadership`] (whose
     /// drop tells the loop that the work stopped), its fencing token and its renewals.
-    fn begin_term(
+    pub(super) fn begin_term(
         &mut self,
         index: u32,
         record: LeaseRecord,
@@ -117,11 +116,11 @@ impl Engine {
             lease.metadata.resource_version.as_deref(),
             u64::from(record.transitions),
         );
-        let name = self.shard_name(index);
+        let name = self.set.shard_name(index);
         let term = Term {
-            identity: self.identity.clone(),
+            identity: self.set.identity.clone(),
             lock: LockRef {
-                namespace: self.namespace.clone(),
+                namespace: self.set.namespace.clone(),
                 name,
             },
             strategy: Strategy::Lease,
@@ -129,28 +128,24 @@ impl Engine {
             acquired_at: record.acquired_at().unwrap_or_else(SystemTime::now),
         };
         let (leadership, keeper, done) = Leadership::new(term);
-        keeper.confirm_until(sent + self.renew_deadline());
+        keeper.confirm_until(sent + self.set.renew_deadline());
         let (released, wait_released) = oneshot::channel();
         self.next_gen += 1;
         let gen = self.next_gen;
         let leadership = leadership.with_task(self.guard(index, gen, done, wait_released));
-        let renewal = Renewal::new(&self.phases, index, sent);
-        let deadline = renewal.deadline(self.renew_deadline());
-        self.timers.at(renewal.next, Key::Shard(index));
-        self.timers.at(deadline, Key::Shard(index));
-        let held = Held {
-            gen,
-            keeper,
-            released: Some(released),
-            state: State::Active,
-            done: false,
-            lost_at: None,
-            record,
-            lease,
-            fencing_token,
-            renewal,
+        let writer = Writer {
+            identity: self.set.identity.clone(),
+            instance: self.set.instance.clone(),
+            lease_duration_seconds: self.set.cfg.lease.lease_duration_seconds(),
+            renew_deadline: self.set.renew_deadline(),
         };
-        self.hold(index, held, sent);
+        let last_try = self.set.cfg.api_timeout().min(self.set.renew_deadline() / 4);
+        let pace = Phased::new(&self.set.phases, index, sent, last_try);
+        let term = LeaseTerm::new(writer, lease, record, fencing_token, sent, pace);
+        self.io.wake_at(term.next_renewal(), Key::Shard(index));
+        self.io.wake_at(term.confirmed_until(), Key::Shard(index));
+        self.hold(index, &term, sent);
+        self.begin(index, (gen, keeper, released), term);
         (leadership, fencing_token)
     }
 
@@ -163,7 +158,7 @@ impl Engine {
         done: CancellationToken,
         wait_released: oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<Result<()>> {
-        let done_tx = self.done_tx.clone();
+        let done_tx = self.io.done_sender();
         tokio::spawn(async move {
             done.cancelled().await;
             let _ = done_tx.send((index, gen));
@@ -172,25 +167,24 @@ impl Engine {
         })
     }
 
-    /// Records the term `held` of shard `index`, and its Lease as seen at `sent`.
-    fn hold(&mut self, index: u32, held: Held, sent: Instant) {
-        let record = &held.record;
+    /// Records the Lease of shard `index` as the term `held` wrote it at `sent`.
+    fn hold(&mut self, index: u32, held: &LeaseTerm<Phased>, sent: Instant) {
+        let record = held.record();
         let slot = &mut self.slots[index as usize];
         slot.observed = Some(Observed::update(
             None,
             record.clone(),
-            held.lease.metadata.resource_version.clone(),
+            held.lease().metadata.resource_version.clone(),
             sent,
         ));
         slot.transitions_seen = Some(
             slot.transitions_seen
                 .map_or(record.transitions, |t| t.max(record.transitions)),
         );
-        slot.lease = Some(held.lease.clone());
+        slot.lease = Some(held.lease().clone());
         slot.deleted = None;
         slot.absent_since = None;
         slot.seen = true;
         slot.foreign_self = false;
-        slot.term = Some(held);
     }
 }

@@ -9,13 +9,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::{jittered, newer, Engine, State};
+use super::{jittered, newer, table::Event, table::State, Engine};
 use crate::{
     api::Failure,
     error::Result,
     lease::{
         decide::{Decision, Observed},
         record::LeaseRecord,
+        term::Step,
     },
     shards::scheduler::{Key, Renewal},
 };
@@ -32,7 +33,6 @@ pub(super) enum Reply {
     Renewed {
         index: u32,
         gen: u64,
-        record: LeaseRecord,
         sent: Instant,
         result: Result<Lease, Failure>,
     },
@@ -77,7 +77,7 @@ impl Engine {
     /// Pauses the schedule if `failure` says the API server is overloaded.
     pub(super) fn overloaded(&mut self, failure: &Failure, now: Instant) {
         if let Some(retry_after) = overload(failure) {
-            self.throttle.overloaded(now, retry_after);
+            self.io.throttle.overloaded(now, retry_after);
         }
     }
 
@@ -97,13 +97,13 @@ impl Engine {
         if let Some(index) = index {
             let slot = &self.slots[index as usize];
             if !slot.busy {
-                match slot.term.as_ref().map(|t| t.state) {
+                match slot.term.as_ref().map(|t| t.state()) {
                     Some(State::Releasing) => {
-                        self.queue.insert((1, now, Key::Shard(index)));
+                        self.io.queue_release(now, Key::Shard(index));
                     }
                     Some(State::Gone) => {
                         self.dirty = true;
-                        self.finish_term(index);
+                        self.finish_term(index, now);
                     }
                     _ => {}
                 }
@@ -124,10 +124,9 @@ impl Engine {
             Reply::Renewed {
                 index,
                 gen,
-                record,
                 sent,
                 result,
-            } => self.on_renewed(index, gen, record, sent, result, now),
+            } => self.on_renewed(index, gen, sent, result, now),
             Reply::Released { index, gen, result } => self.on_released(index, gen, result, now),
             Reply::Read { index, result } => self.on_read(index, result, now),
             Reply::MemberRead { result } => self.on_member_read(result, now),
@@ -154,10 +153,8 @@ impl Engine {
             .as_ref()
             .is_some_and(|t| t.gen == gen)
         {
-            if let Some(t) = self.slots[index as usize].term.as_mut() {
-                t.state = State::Gone;
-            }
-            self.finish_term(index);
+            self.apply(index, Event::Released, now);
+            self.finish_term(index, now);
         }
     }
 
@@ -172,7 +169,7 @@ impl Engine {
                 debug!(shard = index, error = ?e, "re-read failed");
             }
         }
-        self.timers.at(now, Key::Shard(index));
+        self.io.wake_at(now, Key::Shard(index));
         self.dirty = true;
     }
 
@@ -187,22 +184,22 @@ impl Engine {
             }
         }
         self.member.next = Some(now);
-        self.timers.at(now, Key::Member);
+        self.io.wake_at(now, Key::Member);
     }
 
     /// A write of the membership Lease was answered; schedules the next one.
     fn on_member_written(&mut self, sent: Instant, result: Result<Lease, Failure>, now: Instant) {
         self.member.busy = false;
-        let retry = self.cfg.lease.retry_period;
+        let retry = self.set.cfg.lease.retry_period;
         match result {
             Ok(lease) => {
-                self.throttle.succeeded();
+                self.io.throttle.succeeded();
                 self.member.lease = Some(lease);
                 let renewal = self
                     .member
                     .renewal
-                    .get_or_insert_with(|| Renewal::new(&self.phases, self.count, sent));
-                renewal.succeeded(&self.phases, sent);
+                    .get_or_insert_with(|| Renewal::new(&self.set.phases, self.set.count, sent));
+                renewal.succeeded(&self.set.phases, sent);
                 self.member.next = Some(renewal.next);
             }
             Err(Failure::NotFound) => {
@@ -227,7 +224,7 @@ impl Engine {
             }
         }
         if let Some(next) = self.member.next {
-            self.timers.at(next, Key::Member);
+            self.io.wake_at(next, Key::Member);
         }
     }
 
@@ -236,7 +233,6 @@ impl Engine {
         &mut self,
         index: u32,
         gen: u64,
-        record: LeaseRecord,
         sent: Instant,
         result: Result<Lease, Failure>,
         now: Instant,
@@ -247,7 +243,7 @@ impl Engine {
             return;
         }
         match result {
-            Ok(written) => self.renewed(index, record, sent, written),
+            Ok(written) => self.renewed(index, sent, written),
             Err(Failure::NotFound) => {
                 self.gone(index, now, false);
             }
@@ -256,23 +252,20 @@ impl Engine {
     }
 
     /// Shard `index` was renewed (`written`, sent at `sent`).
-    fn renewed(&mut self, index: u32, record: LeaseRecord, sent: Instant, written: Lease) {
-        let renew = self.renew_deadline();
+    fn renewed(&mut self, index: u32, sent: Instant, written: Lease) {
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        self.throttle.succeeded();
-        if matches!(t.state, State::Active | State::Leaving { .. }) {
-            t.record = record.clone();
-            t.renewal.succeeded(&self.phases, sent);
-            t.keeper.confirm_until(sent + renew);
-            self.timers.at(t.renewal.next, Key::Shard(index));
-            self.timers.at(t.renewal.deadline(renew), Key::Shard(index));
+        self.io.throttle.succeeded();
+        // Also when the term is handed back meanwhile: its release needs the new version.
+        t.term.renewed(written.clone(), sent);
+        if t.live() {
+            t.keeper.confirm_until(t.term.confirmed_until());
+            self.io.wake_at(t.term.next_renewal(), Key::Shard(index));
+            self.io.wake_at(t.term.confirmed_until(), Key::Shard(index));
         }
-        if newer(&written, &t.lease) {
-            t.lease = written.clone();
-        }
+        let record = t.term.record().clone();
         if slot.lease.as_ref().is_none_or(|l| newer(&written, l)) {
             slot.observed = Some(Observed::update(
                 slot.observed.as_ref(),
@@ -287,30 +280,27 @@ impl Engine {
     /// Renewing shard `index` failed: retried until its renew deadline; a conflict is read
     /// again first.
     fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
-        let renew = self.renew_deadline();
-        let last_try = self.cfg.api_timeout().min(renew / 4);
-        let timeout = self.cfg.api_timeout();
+        let timeout = self.set.cfg.api_timeout();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
-        if let Failure::Conflict = e {
-            // Re-read and decide again: still ours (somebody edited metadata) or lost. The
-            // read is bounded by the renew deadline, so that fail-stop holds.
-            t.renewal.failed(now, renew, last_try);
-            let next = t.renewal.next;
-            let left = t.renewal.deadline(renew).saturating_duration_since(now);
-            self.timers.at(next, Key::Shard(index));
-            self.read(index, timeout.min(left));
-            return;
+        let step = t.term.write_failed(&e, now);
+        self.io.wake_at(t.term.next_renewal(), Key::Shard(index));
+        match step {
+            // Re-read and decide again (the read's answer is judged as a watched Lease): still
+            // ours (somebody edited metadata) or lost.
+            Step::Reread { until } => {
+                self.read(index, timeout.min(until.saturating_duration_since(now)));
+                return;
+            }
+            Step::End(reason) => return self.lose(index, reason, now),
+            Step::Keep | Step::Renew { .. } => {}
         }
         if let Failure::Fatal(err) = &e {
             warn!(shard = index, error = %err, "renewal refused; retrying until the renew deadline");
         } else {
             debug!(shard = index, error = ?e, "renewal failed; retrying");
         }
-        t.renewal.failed(now, renew, last_try);
-        let next = t.renewal.next;
-        self.timers.at(next, Key::Shard(index));
         self.overloaded(&e, now);
     }
 }

@@ -65,7 +65,7 @@ impl Engine {
     /// Notes the count announced by another candidate's membership Lease `name`.
     pub(super) fn note_count(&mut self, name: &str, lease: &Lease, now: Instant) {
         match announced_count(lease) {
-            Some(theirs) if theirs != self.count => {
+            Some(theirs) if theirs != self.set.count => {
                 let first = !self.foreign.contains_key(name);
                 let f = self.foreign.entry(name.to_string()).or_insert(Foreign {
                     theirs,
@@ -74,7 +74,7 @@ impl Engine {
                 f.theirs = theirs;
                 if first {
                     let holder = LeaseRecord::from_lease(lease).holder.unwrap_or_default();
-                    warn!(member = %holder, theirs, ours = self.count, "a candidate of this set has another number of shards");
+                    warn!(member = %holder, theirs, ours = self.set.count, "a candidate of this set has another number of shards");
                 }
                 // Its renewal may decide the verdict.
                 self.dirty = true;
@@ -97,14 +97,14 @@ impl Engine {
     /// first and is alive; returns whether shards must not be taken now (one joined first but
     /// has not been seen renewed yet), and schedules a look at its expiry.
     pub(super) fn judge_counts(&mut self, now: Instant) -> bool {
-        let fallback = self.cfg.lease.lease_duration;
+        let fallback = self.set.cfg.lease.lease_duration;
         let own_joined = self
             .member
             .lease
             .as_ref()
             .and_then(|l| LeaseRecord::from_lease(l).acquire_time)
             .unwrap_or_else(now_micro);
-        let ours = (Some(own_joined), self.identity.as_str());
+        let ours = (Some(own_joined), self.set.identity.as_str());
         let mut wait = false;
         for (name, f) in &self.foreign {
             let Some(obs) = self.members.get(name) else {
@@ -118,12 +118,12 @@ impl Engine {
             let theirs = (obs.record.acquire_time, holder.as_str());
             match verdict(ours, theirs, obs.observed_at > f.first_seen) {
                 Verdict::Fail => {
-                    warn!(member = %holder, theirs = f.theirs, ours = self.count, "another candidate joined the set first with another number of shards; giving up");
+                    warn!(member = %holder, theirs = f.theirs, ours = self.set.count, "another candidate joined the set first with another number of shards; giving up");
                     self.fatal.get_or_insert(Error::ShardCountMismatch {
-                        set: self.name.clone(),
-                        namespace: self.namespace.clone(),
-                        identity: self.identity.clone(),
-                        ours: self.count,
+                        set: self.set.name.clone(),
+                        namespace: self.set.namespace.clone(),
+                        identity: self.set.identity.clone(),
+                        ours: self.set.count,
                         other: holder,
                         theirs: f.theirs,
                     });
@@ -131,7 +131,7 @@ impl Engine {
                 }
                 Verdict::Wait => {
                     wait = true;
-                    self.timers.at(expiry, Key::Rebalance);
+                    self.io.wake_at(expiry, Key::Rebalance);
                 }
                 Verdict::Ignore => {}
             }

@@ -5,7 +5,10 @@
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Engine, State};
+use super::{
+    table::{Event, State},
+    Engine,
+};
 use crate::{
     leadership::LossReason,
     lease::decide::{decide, decide_absent, Absent, Decision},
@@ -17,8 +20,8 @@ use crate::{
 impl Engine {
     /// The live candidates (this one included), sorted; schedules a look when one expires.
     fn live_members(&mut self, now: Instant) -> Vec<String> {
-        let fallback = self.cfg.lease.lease_duration;
-        let mut live = vec![self.identity.clone()];
+        let fallback = self.set.cfg.lease.lease_duration;
+        let mut live = vec![self.set.identity.clone()];
         let mut soonest: Option<Instant> = None;
         for (name, obs) in &self.members {
             if self.is_foreign(name) {
@@ -35,7 +38,7 @@ impl Engine {
             }
         }
         if let Some(t) = soonest {
-            self.timers.at(t, Key::Rebalance);
+            self.io.wake_at(t, Key::Rebalance);
         }
         live.sort();
         live.dedup();
@@ -44,10 +47,10 @@ impl Engine {
 
     /// What this candidate would do about shard `index` now, if it wanted it.
     fn decision(&mut self, index: u32, now: Instant) -> Decision {
-        let fallback = self.cfg.lease.lease_duration;
+        let fallback = self.set.cfg.lease.lease_duration;
         let slot = &mut self.slots[index as usize];
         // A record naming this identity but written by another process is not ours.
-        let identity: &str = if slot.foreign_self { "" } else { &self.identity };
+        let identity: &str = if slot.foreign_self { "" } else { &self.set.identity };
         match (&slot.observed, &slot.deleted) {
             (Some(obs), _) => {
                 let d = decide(Some(obs), identity, now, fallback);
@@ -64,10 +67,12 @@ impl Engine {
                     (d, _) => d,
                 }
             }
-            (None, Some(deleted)) => decide_absent(Absent::Deleted(deleted), &self.identity, now, fallback),
+            (None, Some(deleted)) => {
+                decide_absent(Absent::Deleted(deleted), &self.set.identity, now, fallback)
+            }
             (None, None) if slot.seen => {
                 let since = *slot.absent_since.get_or_insert(now);
-                decide_absent(Absent::Unknown { since }, &self.identity, now, fallback)
+                decide_absent(Absent::Unknown { since }, &self.set.identity, now, fallback)
             }
             (None, None) => Decision::Create,
         }
@@ -76,7 +81,7 @@ impl Engine {
     /// Recomputes the fair share; hands over the surplus and takes free shards up to it.
     pub(super) fn rebalance(&mut self, now: Instant) {
         self.dirty = false;
-        if !self.synced || self.stopping || self.fatal.is_some() {
+        if !self.campaign.campaigning() || self.fatal.is_some() {
             return;
         }
         let count_unsure = self.judge_counts(now);
@@ -85,13 +90,13 @@ impl Engine {
         }
         let quota = self.fair_share(now);
         let (active, holding) = self.holding();
-        let ready = self.acquire_from.is_some_and(|t| now >= t) && !count_unsure;
+        let ready = self.campaign.acquiring(now) && !count_unsure;
         let free = if holding.len() < quota as usize && ready {
             self.free(now)
         } else {
             Vec::new()
         };
-        let plan = balance::plan(&self.identity, quota, &holding, &free);
+        let plan = balance::plan(&self.set.identity, quota, &holding, &free);
         for index in plan.release {
             if active.contains(&index) {
                 self.hand_over(index, now);
@@ -103,12 +108,10 @@ impl Engine {
     /// This candidate's fair share among the live candidates, published when it changes.
     fn fair_share(&mut self, now: Instant) -> u32 {
         let members = self.live_members(now);
-        let quota = balance::quota(self.count, &members, &self.identity);
-        if (quota, members.len()) != (self.quota, self.live) {
+        let quota = balance::quota(self.set.count, &members, &self.set.identity);
+        if (quota, members.len()) != self.io.share() {
             info!(members = members.len(), quota, "fair share");
-            self.quota = quota;
-            self.live = members.len();
-            self.publish();
+            self.publish_share((quota, members.len()));
         }
         quota
     }
@@ -116,13 +119,13 @@ impl Engine {
     /// The shards held and active, and those held or being acquired (a lost term's shard
     /// with a call in flight may be being taken again).
     fn holding(&self) -> (Vec<u32>, Vec<u32>) {
-        let grace = self.stop_grace();
+        let grace = self.set.stop_grace();
         let mut active = Vec::new();
         let mut holding = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let i = i as u32;
             match &slot.term {
-                Some(t) if t.state == State::Active => {
+                Some(t) if t.state() == State::Active => {
                     active.push(i);
                     holding.push(i);
                 }
@@ -137,11 +140,11 @@ impl Engine {
     /// The shards that could be taken now; schedules a look when the next one could be. A
     /// shard whose term is lost while its `Shard` is still kept counts once the work on it had
     /// the time to stop (see `Held::orphaned_from`); it is then waited out as any holder's.
-    fn free(&mut self, now: Instant) -> Vec<u32> {
-        let grace = self.stop_grace();
+    pub(super) fn free(&mut self, now: Instant) -> Vec<u32> {
+        let grace = self.set.stop_grace();
         let mut free = Vec::new();
         let mut soonest: Option<Instant> = None;
-        for i in 0..self.count {
+        for i in 0..self.set.count {
             let slot = &self.slots[i as usize];
             if slot.busy {
                 continue;
@@ -165,22 +168,20 @@ impl Engine {
             }
         }
         if let Some(t) = soonest {
-            self.timers.at(t, Key::Rebalance);
+            self.io.wake_at(t, Key::Rebalance);
         }
         free
     }
 
     /// Hands active shard `index` over: its work stops, then it is released.
     fn hand_over(&mut self, index: u32, now: Instant) {
-        let until = now + self.cfg.handover_grace;
-        if let Some(t) = self.slots[index as usize].term.as_mut() {
+        let until = now + self.set.cfg.handover_grace;
+        if let Some(t) = self.slots[index as usize].term.as_ref() {
             info!(shard = index, "handing the shard over");
             t.keeper.lose(LossReason::Rebalanced);
-            t.state = State::Leaving { until, release: true };
-            self.timers.at(until, Key::Shard(index));
-            if t.done {
-                self.after_done(index, now);
-            }
+            self.apply(index, Event::Leave { until, release: true }, now);
+            self.io.wake_at(until, Key::Shard(index));
+            self.after_done(index, now);
         }
         self.publish();
     }
@@ -191,12 +192,12 @@ impl Engine {
         if plan.is_empty() {
             return;
         }
-        if let Some(until) = self.throttle.paused_until(now) {
-            self.timers.at(until, Key::Rebalance);
+        if let Some(until) = self.io.throttle.paused_until(now) {
+            self.io.wake_at(until, Key::Rebalance);
             return;
         }
         for index in plan {
-            if self.in_flight >= self.cfg.max_in_flight {
+            if self.io.in_flight() >= self.set.cfg.max_in_flight {
                 // Renewals first; the rest when calls come back.
                 self.dirty = true;
                 break;

@@ -7,22 +7,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use super::{newer, Engine, State};
+use super::{newer, setup::Role, table::Campaign, Engine};
 use crate::{
     leadership::LossReason,
     lease::{
         decide::Observed,
         record::{LeaseRecord, Owner},
+        term::Step,
     },
     shards::scheduler::Key,
 };
-
-/// What a Lease of the set is, by its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Shard(u32),
-    Member,
-}
 
 // === impl Engine ===
 
@@ -47,8 +41,8 @@ impl Engine {
         }
         // Known before and not listed now: deleted while the watch was down, by whom
         // and after which holder is unknown (waited out from now).
-        for index in 0..self.count {
-            let name = self.shard_name(index);
+        for index in 0..self.set.count {
+            let name = self.set.shard_name(index);
             let slot = &self.slots[index as usize];
             if slot.lease.is_some() && slot.observed.is_some() && !names.contains(&name) {
                 self.gone(index, now, true);
@@ -59,8 +53,7 @@ impl Engine {
         if !names.contains(&self.member.name) {
             self.member.lease = None;
         }
-        if !self.synced {
-            self.synced = true;
+        if self.campaign == Campaign::Listing {
             self.first_synced(now);
         }
         self.dirty = true;
@@ -71,7 +64,7 @@ impl Engine {
         // Joining a set whose shards are all held: nothing to race for, the others
         // hand over as soon as they see this candidate. Otherwise (candidates
         // starting together) let them see each other first.
-        let fallback = self.cfg.lease.lease_duration;
+        let fallback = self.set.cfg.lease.lease_duration;
         let established = self.slots.iter().all(|s| {
             s.observed
                 .as_ref()
@@ -80,17 +73,17 @@ impl Engine {
         let settle = if established {
             Duration::ZERO
         } else {
-            self.cfg.join_settle()
+            self.set.cfg.join_settle()
         };
-        self.acquire_from = Some(now + settle);
-        self.timers.at(now + settle, Key::Rebalance);
-        self.timers.at(now, Key::Member);
+        self.campaign_to(Campaign::From(now + settle));
+        self.io.wake_at(now + settle, Key::Rebalance);
+        self.io.wake_at(now, Key::Member);
     }
 
     /// A Lease of the set was deleted.
     fn deleted(&mut self, l: &Lease, now: Instant) {
         let name = l.metadata.name.clone().unwrap_or_default();
-        match self.classify(&name) {
+        match self.set.classify(&name) {
             Some(Role::Shard(index)) => self.gone(index, now, false),
             Some(Role::Member) if name == self.member.name => self.member.lease = None,
             Some(Role::Member) => {
@@ -102,33 +95,10 @@ impl Engine {
         }
     }
 
-    /// The name of shard `index`'s Lease.
-    pub(super) fn shard_name(&self, index: u32) -> String {
-        format!("{}-{index}", self.name)
-    }
-
-    /// What a Lease of the set is, by its name: a shard (in range) or a membership Lease.
-    fn classify(&self, lease_name: &str) -> Option<Role> {
-        let rest = lease_name.strip_prefix(&self.name)?.strip_prefix('-')?;
-        if rest.starts_with("member-") {
-            return Some(Role::Member);
-        }
-        if rest.is_empty()
-            || !rest.bytes().all(|b| b.is_ascii_digit())
-            || (rest.len() > 1 && rest.starts_with('0'))
-        {
-            return None;
-        }
-        rest.parse::<u32>()
-            .ok()
-            .filter(|i| *i < self.count)
-            .map(Role::Shard)
-    }
-
     /// Folds a Lease seen (watch or read) into what is known.
     fn absorb(&mut self, lease: Lease, now: Instant) {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        match self.classify(&name) {
+        match self.set.classify(&name) {
             Some(Role::Shard(index)) => self.absorb_shard(index, lease, now),
             Some(Role::Member) if name == self.member.name => {
                 let newer = self.member.lease.as_ref().is_none_or(|m| newer(&lease, m));
@@ -139,7 +109,7 @@ impl Engine {
             Some(Role::Member) => {
                 let record = LeaseRecord::from_lease(&lease);
                 let rv = lease.metadata.resource_version.clone();
-                let fallback = self.cfg.lease.lease_duration;
+                let fallback = self.set.cfg.lease.lease_duration;
                 let prev = self.members.get(&name);
                 let changed_holder = prev.is_none_or(|p| p.record.holder != record.holder);
                 let was_live = prev.is_some_and(|p| now < p.expires_at(fallback));
@@ -162,7 +132,7 @@ impl Engine {
         let record = LeaseRecord::from_lease(&lease);
         // Ours only if this process wrote it: a twin with the same identity writes another
         // instance id into `INSTANCE_ANNOTATION` (issue 16).
-        let owner = Owner::of(&lease, &record, &self.identity, &self.instance);
+        let owner = Owner::of(&lease, &record, &self.set.identity, &self.set.instance);
         let slot = &mut self.slots[index as usize];
         if let Some(known) = &slot.lease {
             if !newer(&lease, known) && slot.observed.is_some() {
@@ -171,12 +141,11 @@ impl Engine {
         }
         let mut lost = None;
         if let Some(t) = slot.term.as_mut() {
-            if matches!(t.state, State::Active | State::Leaving { .. }) && newer(&lease, &t.lease) {
-                if owner == Owner::Mine {
-                    // Our own write, echoed before its answer came, or an edit of its metadata.
-                    t.lease = lease.clone();
-                } else {
-                    lost = owner.clone().loss(&self.identity);
+            // Ours goes on (our own write, echoed before its answer came, or an edit of its
+            // metadata); another holder's or a twin's write ends the term.
+            if t.live() {
+                if let Step::End(reason) = t.term.watched(&lease) {
+                    lost = Some(reason);
                 }
             }
         }
@@ -224,11 +193,7 @@ impl Engine {
         }
         slot.not_before = None;
         self.dirty = true;
-        if slot
-            .term
-            .as_ref()
-            .is_some_and(|t| matches!(t.state, State::Active | State::Leaving { .. }))
-        {
+        if slot.term.as_ref().is_some_and(|t| t.live()) {
             self.lose(index, LossReason::LockDeleted, now);
         }
     }

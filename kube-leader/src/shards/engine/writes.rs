@@ -2,25 +2,22 @@
 //! create, renew and read the membership Lease), sent on a background future whose [`Reply`]
 //! comes back to the loop.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use futures::{future::BoxFuture, FutureExt};
-use k8s_openapi::{
-    api::coordination::v1::{Lease, LeaseSpec},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::PostParams;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::{Engine, OwnedOp, Reply, State};
+use super::{answers::Reply, table::State, Engine, OwnedOp};
 use crate::{
     api::{call, Failure},
     lease::{
         decide::{record_for, Decision},
-        record::{now_micro, release_write, renewal_write, set_fencing_token, set_writer, LeaseRecord},
+        record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
+        term::Step,
     },
-    shards::names::{ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION},
 };
 
 // === impl Engine ===
@@ -28,22 +25,22 @@ use crate::{
 impl Engine {
     /// Creates or renews the membership Lease.
     pub(super) fn write_member(&mut self) {
-        if self.member.busy || self.stopping {
+        if self.member.busy || self.stopping() {
             return;
         }
         let record = LeaseRecord {
-            holder: Some(self.identity.clone()),
-            lease_duration: Some(self.cfg.lease.lease_duration),
+            holder: Some(self.set.identity.clone()),
+            lease_duration: Some(self.set.cfg.lease.lease_duration),
             acquire_time: Some(now_micro()),
             renew_time: Some(now_micro()),
             transitions: 0,
         };
-        let secs = self.cfg.lease.lease_duration_seconds();
-        let api = self.api.clone();
-        let timeout = self.cfg.api_timeout();
+        let secs = self.set.cfg.lease.lease_duration_seconds();
+        let api = self.io.api.clone();
+        let timeout = self.set.cfg.api_timeout();
         let op = OwnedOp {
             name: self.member.name.clone(),
-            ..self.op("update")
+            ..self.set.op("update")
         };
         self.member.busy = true;
         let sent = Instant::now();
@@ -56,9 +53,9 @@ impl Engine {
                     ..record
                 };
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
-                self.label(&mut lease, "member");
+                self.set.label(&mut lease, "member");
                 let name = op.name.clone();
-                self.push(async move {
+                self.io.push(async move {
                     let result = call(
                         op.op(),
                         timeout,
@@ -69,10 +66,10 @@ impl Engine {
                 });
             }
             None => {
-                let mut lease = self.new_lease(&self.member.name, &record, "member");
-                self.label(&mut lease, "member");
+                let mut lease = self.set.new_lease(&self.member.name, &record, "member");
+                self.set.label(&mut lease, "member");
                 let op = OwnedOp { verb: "create", ..op };
-                self.push(async move {
+                self.io.push(async move {
                     let result = call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await;
                     Reply::Member { sent, result }
                 });
@@ -88,37 +85,30 @@ impl Engine {
             // is queued again when the call returns (see `on_reply`).
             return;
         }
-        match slot.term.as_ref().map(|t| t.state) {
+        match slot.term.as_ref().map(|t| t.state()) {
             Some(State::Active | State::Leaving { .. }) => self.send_renewal(index, now),
             Some(State::Releasing) => self.send_release(index),
             Some(State::Gone) | None => {}
         }
     }
 
-    /// Renews held shard `index`, unless its renew deadline has passed; the call is bounded by
-    /// that deadline.
+    /// Renews held shard `index`, unless its renew deadline has passed (its timer ends the
+    /// term then); the call is bounded by that deadline.
     fn send_renewal(&mut self, index: u32, now: Instant) {
-        let renew = self.renew_deadline();
-        let timeout_cap = self.cfg.api_timeout();
-        let secs = self.cfg.lease.lease_duration_seconds();
-        let name = self.shard_name(index);
-        let api = self.api.clone();
+        let timeout_cap = self.set.cfg.api_timeout();
+        let name = self.set.shard_name(index);
+        let api = self.io.api.clone();
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        let deadline = t.renewal.deadline(renew);
-        if now >= deadline {
+        let Step::Renew {
+            lease,
+            until: deadline,
+        } = t.term.renew(now)
+        else {
             return;
-        }
-        let (lease, record) = renewal_write(
-            &t.lease,
-            &t.record,
-            secs,
-            &self.identity,
-            t.fencing_token,
-            &self.instance,
-        );
+        };
         let timeout = timeout_cap
             .min(deadline.saturating_duration_since(now))
             .max(Duration::from_millis(1));
@@ -126,11 +116,11 @@ impl Engine {
         slot.busy = true;
         let op = OwnedOp {
             verb: "update",
-            namespace: self.namespace.clone(),
+            namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
         let sent = Instant::now();
-        self.push(async move {
+        self.io.push(async move {
             let result = call(
                 op.op(),
                 timeout,
@@ -140,7 +130,6 @@ impl Engine {
             Reply::Renewed {
                 index,
                 gen,
-                record,
                 sent,
                 result,
             }
@@ -149,22 +138,22 @@ impl Engine {
 
     /// Releases shard `index`: no holder, a one-second duration, no fencing token.
     fn send_release(&mut self, index: u32) {
-        let timeout_cap = self.cfg.api_timeout();
-        let name = self.shard_name(index);
-        let api = self.api.clone();
+        let timeout_cap = self.set.cfg.api_timeout();
+        let name = self.set.shard_name(index);
+        let api = self.io.api.clone();
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return;
         };
-        let (lease, _) = release_write(&t.lease, t.record.transitions, &self.instance, None);
+        let lease = t.term.release_write(None);
         let gen = t.gen;
         slot.busy = true;
         let op = OwnedOp {
             verb: "update",
-            namespace: self.namespace.clone(),
+            namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
-        self.push(async move {
+        self.io.push(async move {
             let result = call(
                 op.op(),
                 timeout_cap,
@@ -181,15 +170,15 @@ impl Engine {
         let mut record = record_for(
             &decision,
             slot.observed.as_ref(),
-            &self.identity,
-            self.cfg.lease.lease_duration,
+            &self.set.identity,
+            self.set.cfg.lease.lease_duration,
             now_micro(),
         );
         let sent = Instant::now();
         let fut = self.acquire_call(index, &decision, &mut record);
         self.slots[index as usize].busy = true;
         debug!(shard = index, ?decision, "acquiring shard");
-        self.push(async move {
+        self.io.push(async move {
             let result = fut.await;
             Reply::Acquired {
                 index,
@@ -208,14 +197,14 @@ impl Engine {
         decision: &Decision,
         record: &mut LeaseRecord,
     ) -> BoxFuture<'static, Result<Lease, Failure>> {
-        let secs = self.cfg.lease.lease_duration_seconds();
-        let timeout = self.cfg.api_timeout();
-        let name = self.shard_name(index);
+        let secs = self.set.cfg.lease.lease_duration_seconds();
+        let timeout = self.set.cfg.api_timeout();
+        let name = self.set.shard_name(index);
         let slot = &self.slots[index as usize];
-        let api = self.api.clone();
+        let api = self.io.api.clone();
         let op = OwnedOp {
             verb: "update",
-            namespace: self.namespace.clone(),
+            namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
         match (decision, slot.lease.clone()) {
@@ -225,8 +214,8 @@ impl Engine {
                     .transitions_seen
                     .filter(|t| *t < i32::MAX.unsigned_abs())
                     .map_or(0, |t| t + 1);
-                let mut lease = self.new_lease(&name, record, "shard");
-                set_writer(&mut lease, &self.instance, record);
+                let mut lease = self.set.new_lease(&name, record, "shard");
+                set_writer(&mut lease, &self.set.instance, record);
                 let op = OwnedOp { verb: "create", ..op };
                 async move { call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await }
                     .boxed()
@@ -235,8 +224,8 @@ impl Engine {
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
                 // The previous term's token does not belong to this one.
                 set_fencing_token(&mut lease, None);
-                set_writer(&mut lease, &self.instance, record);
-                self.label(&mut lease, "shard");
+                set_writer(&mut lease, &self.set.instance, record);
+                self.set.label(&mut lease, "shard");
                 async move {
                     call(
                         op.op(),
@@ -252,15 +241,15 @@ impl Engine {
 
     /// Reads shard `index`'s Lease again (after a conflict), within `timeout`.
     pub(super) fn read(&mut self, index: u32, timeout: Duration) {
-        let name = self.shard_name(index);
-        let api = self.api.clone();
+        let name = self.set.shard_name(index);
+        let api = self.io.api.clone();
         let op = OwnedOp {
             verb: "get",
-            namespace: self.namespace.clone(),
+            namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
         self.slots[index as usize].busy = true;
-        self.push(async move {
+        self.io.push(async move {
             let result = call(op.op(), timeout.max(Duration::from_millis(1)), api.get_opt(&name)).await;
             Reply::Read { index, result }
         });
@@ -269,44 +258,16 @@ impl Engine {
     /// Reads the membership Lease again (after a conflict).
     pub(super) fn read_member(&mut self) {
         let name = self.member.name.clone();
-        let api = self.api.clone();
+        let api = self.io.api.clone();
         let op = OwnedOp {
             name: name.clone(),
-            ..self.op("get")
+            ..self.set.op("get")
         };
-        let timeout = self.cfg.api_timeout();
+        let timeout = self.set.cfg.api_timeout();
         self.member.busy = true;
-        self.push(async move {
+        self.io.push(async move {
             let result = call(op.op(), timeout, api.get_opt(&name)).await;
             Reply::MemberRead { result }
         });
-    }
-
-    /// A new Lease of the set, labelled with its `role`.
-    fn new_lease(&self, name: &str, record: &LeaseRecord, role: &str) -> Lease {
-        let mut spec = LeaseSpec::default();
-        record.write_to(&mut spec, self.cfg.lease.lease_duration_seconds());
-        let mut lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(self.namespace.clone()),
-                ..Default::default()
-            },
-            spec: Some(spec),
-        };
-        self.label(&mut lease, role);
-        lease
-    }
-
-    /// Labels a Lease as one of the set's, with its `role`; a membership Lease also
-    /// announces this candidate's shard count.
-    fn label(&self, lease: &mut Lease, role: &str) {
-        let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
-        labels.insert(SHARDS_LABEL.to_string(), self.name.clone());
-        labels.insert(ROLE_LABEL.to_string(), role.to_string());
-        if role == "member" {
-            let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-            annotations.insert(SHARD_COUNT_ANNOTATION.to_string(), self.count.to_string());
-        }
     }
 }

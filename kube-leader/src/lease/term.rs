@@ -1,0 +1,308 @@
+//! The term machine: what a held Lease term is, judged without I/O on a monotonic clock.
+//!
+//! A [`Term`] is the Lease as last written by this process, the record it carries, the term's
+//! fencing token and when the last successful renewal was sent. Events come in as method calls
+//! (a renewal is due, a write or a re-read was answered, the watch showed the Lease, a release
+//! is wanted), each with the instant `now` the caller read; decisions come out as [`Step`]s
+//! (keep, send this renewal bounded until the renew deadline, re-read, end with a reason) or as
+//! the release to write. The single-Lease keeper and every shard of the shards engine drive
+//! one, so the writes of a term are built, and its answers judged, in this one place (the
+//! writes themselves are assembled by [`renewal_write`] and [`release_write`]).
+//!
+//! When the next renewal is due is the [`Pace`]'s: the keeper renews every retry period
+//! ([`Every`]), the shards engine at each shard's phase of the period with a backoff.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::time::Instant;
+
+use crate::{
+    api::Failure,
+    leadership::LossReason,
+    lease::record::{release_write, renewal_write, LeaseRecord, Owner},
+    lock,
+};
+
+/// When a term's renewals are due: after a success and after a failure.
+pub(crate) trait Pace {
+    /// When the next renewal is due.
+    fn next(&self) -> Instant;
+    /// A renewal sent at `sent` succeeded.
+    fn succeeded(&mut self, sent: Instant);
+    /// A renewal failed at `now`; the term ends at `deadline` unless renewed before.
+    fn failed(&mut self, now: Instant, deadline: Instant);
+}
+
+/// The single Lease's pace: a retry period after the last success, or after a failure.
+#[derive(Debug, Clone)]
+pub(crate) struct Every {
+    retry: Duration,
+    next: Instant,
+}
+
+/// Who writes a term, and the timings its records carry and its judgement keeps.
+#[derive(Debug, Clone)]
+pub(crate) struct Writer {
+    /// The candidate's identity (the holder of the record).
+    pub(crate) identity: String,
+    /// This process's instance id (tells its writes from a twin's).
+    pub(crate) instance: String,
+    /// The `leaseDurationSeconds` a renewal writes.
+    pub(crate) lease_duration_seconds: i32,
+    /// How long after the last successful renewal was sent the term ends (fail-stop).
+    pub(crate) renew_deadline: Duration,
+}
+
+/// What the caller does next.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Step {
+    /// Nothing: the term goes on.
+    Keep,
+    /// Send this renewal (a replace of the Lease), bounded by `until`: the renew deadline.
+    Renew {
+        /// The object to send; its resourceVersion is the precondition.
+        lease: Box<Lease>,
+        /// The renew deadline: no answer counts after it.
+        until: Instant,
+    },
+    /// Read the Lease again (a renewal met a conflict), bounded by `until`: the renew deadline.
+    Reread {
+        /// The renew deadline.
+        until: Instant,
+    },
+    /// The term is over.
+    End(LossReason),
+}
+
+/// One held term of a Lease (see the [module](self)).
+#[derive(Debug, Clone)]
+pub(crate) struct Term<P> {
+    writer: Writer,
+    /// The Lease as last written by us (its resourceVersion is the next write's precondition).
+    lease: Lease,
+    record: LeaseRecord,
+    /// The record of the renewal in flight, which becomes the term's when it succeeds.
+    pending: Option<LeaseRecord>,
+    /// This term's fencing token, stored in the Lease by every renewal for observers.
+    fencing_token: u64,
+    /// When the last successful renewal (or the acquisition) was sent.
+    last_sent: Instant,
+    pace: P,
+}
+
+// === impl Every ===
+
+impl Every {
+    /// Renewals every `retry`, the first a retry period after the acquisition sent at `sent`.
+    pub(crate) fn new(retry: Duration, sent: Instant) -> Self {
+        Self {
+            retry,
+            next: sent + retry,
+        }
+    }
+}
+
+impl Pace for Every {
+    fn next(&self) -> Instant {
+        self.next
+    }
+
+    fn succeeded(&mut self, sent: Instant) {
+        self.next = sent + self.retry;
+    }
+
+    fn failed(&mut self, now: Instant, _deadline: Instant) {
+        self.next = now + self.retry;
+    }
+}
+
+// === impl Term ===
+
+impl<P: Pace> Term<P> {
+    /// The term begun by the write of `lease` (carrying `record`), sent at `sent`.
+    pub(crate) fn new(
+        writer: Writer,
+        lease: Lease,
+        record: LeaseRecord,
+        fencing_token: u64,
+        sent: Instant,
+        pace: P,
+    ) -> Self {
+        Self {
+            writer,
+            lease,
+            record,
+            pending: None,
+            fencing_token,
+            last_sent: sent,
+            pace,
+        }
+    }
+
+    /// The Lease as last written (or adopted) by this term.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The record of the last successful write.
+    pub(crate) fn record(&self) -> &LeaseRecord {
+        &self.record
+    }
+
+    /// This term's fencing token.
+    pub(crate) fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// When the last successful renewal (or the acquisition) was sent.
+    pub(crate) fn last_sent(&self) -> Instant {
+        self.last_sent
+    }
+
+    /// Until when the term is certainly ours: the last renewal sent plus the renew deadline.
+    pub(crate) fn confirmed_until(&self) -> Instant {
+        self.last_sent + self.writer.renew_deadline
+    }
+
+    /// When the next renewal is due.
+    pub(crate) fn next_renewal(&self) -> Instant {
+        self.pace.next()
+    }
+
+    /// The renew deadline is checked at `now`: past it, the term is over (fail-stop).
+    pub(crate) fn deadline_reached(&self, now: Instant) -> Step {
+        if now < self.confirmed_until() {
+            return Step::Keep;
+        }
+        Step::End(LossReason::RenewDeadline {
+            since_last_renewal: now.saturating_duration_since(self.last_sent),
+        })
+    }
+
+    /// A renewal is to be sent at `now`: the write, unless the renew deadline has passed.
+    pub(crate) fn renew(&mut self, now: Instant) -> Step {
+        if let end @ Step::End(_) = self.deadline_reached(now) {
+            return end;
+        }
+        let w = &self.writer;
+        let (lease, record) = renewal_write(
+            &self.lease,
+            &self.record,
+            w.lease_duration_seconds,
+            &w.identity,
+            self.fencing_token,
+            &w.instance,
+        );
+        self.pending = Some(record);
+        Step::Renew {
+            lease: Box::new(lease),
+            until: self.confirmed_until(),
+        }
+    }
+
+    /// The renewal sent at `sent` was written as `written`: the term is confirmed from `sent`.
+    pub(crate) fn renewed(&mut self, written: Lease, sent: Instant) -> Step {
+        if let Some(record) = self.pending.take() {
+            self.record = record;
+        }
+        self.last_sent = self.last_sent.max(sent);
+        self.pace.succeeded(sent);
+        self.adopt(written);
+        Step::Keep
+    }
+
+    /// The renewal failed at `now`: a conflict is read again, a deleted Lease ends the term,
+    /// anything else is retried as the pace says until the renew deadline.
+    pub(crate) fn write_failed(&mut self, failure: &Failure, now: Instant) -> Step {
+        self.pending = None;
+        if let Failure::NotFound = failure {
+            return Step::End(LossReason::LockDeleted);
+        }
+        self.pace.failed(now, self.confirmed_until());
+        match failure {
+            // 409 means "re-read and decide again": still ours (somebody edited metadata) or
+            // lost. The read is bounded by the renew deadline, so that fail-stop holds.
+            Failure::Conflict => Step::Reread {
+                until: self.confirmed_until(),
+            },
+            _ => Step::Keep,
+        }
+    }
+
+    /// The re-read after a conflict was answered at `now` with the Lease as it is: still ours
+    /// (its version adopted) or lost; a failed read is retried as the pace says.
+    pub(crate) fn reread(&mut self, answer: Result<Lease, Failure>, now: Instant) -> Step {
+        let step = match answer {
+            Ok(current) => self.judge(current),
+            Err(Failure::NotFound) => Step::End(LossReason::LockDeleted),
+            Err(_) => Step::Keep,
+        };
+        if step == Step::Keep {
+            self.pace.failed(now, self.confirmed_until());
+        }
+        step
+    }
+
+    /// The watch showed `lease`: only a record newer than our last write can depose us (our
+    /// write carried the version we decided on; older events cannot be current).
+    pub(crate) fn watched(&mut self, lease: &Lease) -> Step {
+        if !newer(lease, &self.lease) {
+            return Step::Keep;
+        }
+        self.judge(lease.clone())
+    }
+
+    /// The watch showed the Lease deleted.
+    pub(crate) fn deleted(&self) -> Step {
+        Step::End(LossReason::LockDeleted)
+    }
+
+    /// Whether a release may be written at `now`, the term lost for `lost` (`None`: not lost):
+    /// not after the renew deadline, and not after a loss other than a cancellation (the
+    /// Lease may be somebody else's by then).
+    pub(crate) fn may_release(&self, now: Instant, lost: Option<&LossReason>) -> bool {
+        matches!(lost, None | Some(LossReason::Cancelled)) && now < self.confirmed_until()
+    }
+
+    /// The release to write, naming `successor` as the preferred next holder.
+    pub(crate) fn release_write(&self, successor: Option<&str>) -> Lease {
+        let (lease, _) = release_write(
+            &self.lease,
+            self.record.transitions,
+            &self.writer.instance,
+            successor,
+        );
+        lease
+    }
+
+    /// Whose `lease`, as it is now, is: ours goes on with its version adopted.
+    fn judge(&mut self, lease: Lease) -> Step {
+        let record = LeaseRecord::from_lease(&lease);
+        let w = &self.writer;
+        match Owner::of(&lease, &record, &w.identity, &w.instance).loss(&w.identity) {
+            Some(reason) => Step::End(reason),
+            None => {
+                // Our lease, touched by somebody else (labels), or our own write echoed.
+                self.lease = lease;
+                Step::Keep
+            }
+        }
+    }
+
+    /// Takes `lease` for the last written if it is newer.
+    fn adopt(&mut self, lease: Lease) {
+        if newer(&lease, &self.lease) {
+            self.lease = lease;
+        }
+    }
+}
+
+/// Whether `a`'s resourceVersion is newer than `b`'s ([`lock::is_newer`]).
+fn newer(a: &Lease, b: &Lease) -> bool {
+    let rv = |l: &Lease| l.metadata.resource_version.clone();
+    lock::is_newer(rv(a).as_deref(), rv(b).as_deref())
+}
+
+#[cfg(test)]
+mod tests;
