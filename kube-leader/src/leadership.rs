@@ -14,9 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{error::Result, lock::LockRef};
 
-mod strategy;
-
-pub use strategy::Strategy;
+pub use crate::strategy::Strategy;
 
 /// Why leadership ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

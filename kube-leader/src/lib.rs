@@ -86,6 +86,7 @@ pub mod options;
 pub mod rbac;
 mod renewals;
 pub mod shards;
+mod strategy;
 pub mod successor;
 mod time;
 

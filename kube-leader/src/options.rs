@@ -45,7 +45,7 @@ pub struct ElectorOptions {
     pub lock: String,
     /// The lock's namespace. Default: `POD_NAMESPACE`, the service-account namespace, then (Lease)
     /// the client's; leader for life without one runs outside a cluster
-    /// ([`OutsideCluster`](crate::OutsideCluster)).
+    /// ([`OutsideCluster`]).
     pub namespace: Option<String>,
     /// This candidate's identity. Default: `POD_NAME`, else the host name. Leader for life:
     /// the name of this candidate's Pod.

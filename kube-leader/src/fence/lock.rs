@@ -7,8 +7,8 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{Api, Client};
 
 use crate::{
-    leadership::Strategy,
     lock::{LockRef, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    strategy::Strategy,
 };
 
 /// A lock as a fence reads it: the token every fenced write must at least carry.

@@ -1,8 +1,10 @@
-//! [`Strategy`]: which strategy, and what a program that lets its users choose asks of it.
+//! [`Strategy`]: which strategy, and what a program that lets its users choose asks of it. It
+//! stands below every module that names a strategy (the handle, the fence's lock reads, the
+//! options), and imports none of them.
 
 use std::fmt;
 
-/// Which election strategy produced a [`Leadership`](super::Leadership).
+/// Which election strategy produced a [`Leadership`](crate::leadership::Leadership).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
