@@ -86,12 +86,14 @@ pub(super) struct Engine {
     members: BTreeMap<String, Observed>,
     /// Those of them seen with another shard count (see [`counts`]).
     foreign: BTreeMap<String, counts::Foreign>,
-    /// Relist in progress: the names listed so far.
+    // The state below is the machine's: written only in `table` (see its module).
+    /// Relist in progress: the Leases listed so far.
     relist: Option<Vec<Lease>>,
-    /// Where the campaign is (see [`table`]).
+    /// Where the campaign is.
     campaign: Campaign,
     /// Something changed that may change the plan: rebalance before the next wait.
     dirty: bool,
+    /// The error that ends the campaign, if one did.
     fatal: Option<Error>,
     /// The generation of the last term begun (tells a term's answers from an earlier one's).
     next_gen: u64,
@@ -112,9 +114,7 @@ struct Slot {
     transitions_seen: Option<u32>,
     /// The term held, if any (its lifecycle is the [`table`]'s).
     term: Option<Held>,
-    /// An acquisition, renewal, release or read is in flight.
-    busy: bool,
-    /// No acquisition before this (after a lost race or an error).
+    /// No acquisition before this (after a lost race or an error; the [`table`]'s).
     not_before: Option<Instant>,
 }
 
@@ -123,7 +123,6 @@ struct Member {
     name: String,
     lease: Option<Lease>,
     renewal: Option<Renewal>,
-    busy: bool,
     /// Retry the write not before this.
     next: Option<Instant>,
 }
@@ -191,7 +190,7 @@ impl Engine {
         let mut watch = self.watch();
         info!(instance = %self.set.instance, "campaigning for shards");
         loop {
-            if (self.fatal.is_some() || self.io.abandoned()) && !self.stopping() {
+            if (self.failed() || self.io.abandoned()) && !self.stopping() {
                 // An error ended the campaign, or nobody takes the shards any more (the
                 // `Assignments` were dropped): hand everything back.
                 self.stop(Instant::now(), LossReason::Cancelled);
@@ -229,10 +228,7 @@ impl Engine {
             self.settle(Instant::now());
         }
         self.leave().await;
-        match self.fatal.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.outcome()
     }
 
     /// The one list/watch of every Lease of the set.
@@ -253,7 +249,7 @@ impl Engine {
 
     /// Acts on what changed: rebalances if needed, then starts queued writes.
     fn settle(&mut self, now: Instant) {
-        if self.dirty {
+        if self.replan_wanted() {
             self.rebalance(now);
         }
         self.dispatch(now);
@@ -266,7 +262,7 @@ impl Engine {
             Some(Err(e)) => match classify_watch(self.set.op("watch").op(), e) {
                 Failure::Fatal(e) => {
                     warn!(error = %e, "cannot watch the shard Leases");
-                    self.fatal.get_or_insert(e);
+                    self.fail(e);
                 }
                 e => debug!(error = ?e, "shard watch failed; it is retried with backoff"),
             },

@@ -38,8 +38,7 @@ impl Engine {
         result: Result<Lease, Failure>,
         now: Instant,
     ) {
-        self.slots[index as usize].busy = false;
-        self.dirty = true;
+        self.replan();
         let lease = match result {
             Ok(lease) => lease,
             Err(e) => return self.acquire_failed(index, &decision, e, now),
@@ -81,23 +80,23 @@ impl Engine {
         match failure {
             Failure::Conflict if *decision == Decision::Create => {
                 // It exists: maybe unlabelled (never seen by our watch). Read it.
-                self.slots[index as usize].not_before = Some(now + retry);
+                self.hold_off(index, now + retry);
                 self.read(index, self.set.cfg.api_timeout());
             }
             Failure::Conflict | Failure::NotFound => {
                 debug!(shard = index, "lost a race for the shard");
-                self.slots[index as usize].not_before = Some(now + retry);
+                self.hold_off(index, now + retry);
                 self.io.wake_at(now + retry, Key::Rebalance);
             }
             Failure::Fatal(e) => {
                 warn!(shard = index, error = %e, "cannot take shards");
-                self.fatal.get_or_insert(e);
+                self.fail(e);
             }
             e => {
                 self.overloaded(&e, now);
                 debug!(shard = index, error = ?e, "transient error while acquiring; retrying later");
                 let later = now + jittered(retry);
-                self.slots[index as usize].not_before = Some(later);
+                self.hold_off(index, later);
                 self.io.wake_at(later, Key::Rebalance);
             }
         }
@@ -130,8 +129,7 @@ impl Engine {
         let (leadership, keeper, done) = Leadership::new(term);
         keeper.confirm_until(sent + self.set.renew_deadline());
         let (released, wait_released) = oneshot::channel();
-        self.next_gen += 1;
-        let gen = self.next_gen;
+        let gen = self.new_gen();
         let leadership = leadership.with_task(self.guard(index, gen, done, wait_released));
         let writer = Writer {
             identity: self.set.identity.clone(),

@@ -94,24 +94,22 @@ impl Engine {
         // that is not ours any more and whose work stopped ends (its `Shard` may have been
         // dropped during the call: during a renewal sent before the loss, or during a failed
         // attempt to take the shard again), and the shard is looked at again.
-        if let Some(index) = index {
-            let slot = &self.slots[index as usize];
-            if !slot.busy {
-                match slot.term.as_ref().map(|t| t.state()) {
-                    Some(State::Releasing) => {
-                        self.io.queue_release(now, Key::Shard(index));
-                    }
-                    Some(State::Gone) => {
-                        self.dirty = true;
-                        self.finish_term(index, now);
-                    }
-                    _ => {}
+        if let Some(index) = index.filter(|i| !self.io.busy(Key::Shard(*i))) {
+            match self.slots[index as usize].term.as_ref().map(|t| t.state()) {
+                Some(State::Releasing) => {
+                    self.io.queue_release(now, Key::Shard(index));
                 }
+                Some(State::Gone) => {
+                    self.replan();
+                    self.finish_term(index, now);
+                }
+                _ => {}
             }
         }
     }
 
-    /// Folds an answer into the state of its shard or of the membership Lease.
+    /// Folds an answer into the state of its shard or of the membership Lease (its call is
+    /// over: the edge no longer counts its key [`busy`](super::io::Io::busy)).
     fn answer(&mut self, reply: Reply, now: Instant) {
         match reply {
             Reply::Acquired {
@@ -136,7 +134,6 @@ impl Engine {
 
     /// The release of shard `index` (term `gen`) was answered: the term ends.
     fn on_released(&mut self, index: u32, gen: u64, result: Result<Lease, Failure>, now: Instant) {
-        self.slots[index as usize].busy = false;
         match &result {
             Ok(lease) => {
                 debug!(shard = index, "released shard");
@@ -160,7 +157,6 @@ impl Engine {
 
     /// A re-read of shard `index` was answered.
     fn on_read(&mut self, index: u32, result: Result<Option<Lease>, Failure>, now: Instant) {
-        self.slots[index as usize].busy = false;
         match result {
             Ok(Some(lease)) => self.absorb_shard(index, lease, now),
             Ok(None) => self.gone(index, now, self.slots[index as usize].observed.is_none()),
@@ -170,12 +166,11 @@ impl Engine {
             }
         }
         self.io.wake_at(now, Key::Shard(index));
-        self.dirty = true;
+        self.replan();
     }
 
     /// A re-read of the membership Lease was answered.
     fn on_member_read(&mut self, result: Result<Option<Lease>, Failure>, now: Instant) {
-        self.member.busy = false;
         match result {
             Ok(lease) => self.member.lease = lease,
             Err(e) => {
@@ -189,7 +184,6 @@ impl Engine {
 
     /// A write of the membership Lease was answered; schedules the next one.
     fn on_member_written(&mut self, sent: Instant, result: Result<Lease, Failure>, now: Instant) {
-        self.member.busy = false;
         let retry = self.set.cfg.lease.retry_period;
         match result {
             Ok(lease) => {
@@ -214,7 +208,7 @@ impl Engine {
             }
             Err(Failure::Fatal(e)) => {
                 warn!(error = %e, "cannot write the membership Lease");
-                self.fatal.get_or_insert(e);
+                self.fail(e);
                 return;
             }
             Err(e) => {
@@ -237,9 +231,13 @@ impl Engine {
         result: Result<Lease, Failure>,
         now: Instant,
     ) {
-        let slot = &mut self.slots[index as usize];
-        slot.busy = false;
-        if slot.term.as_ref().is_none_or(|t| t.gen != gen) {
+        // The term is over, or the answer is an earlier term's: nothing to do (its call is over
+        // all the same).
+        if self.slots[index as usize]
+            .term
+            .as_ref()
+            .is_none_or(|t| t.gen != gen)
+        {
             return;
         }
         match result {

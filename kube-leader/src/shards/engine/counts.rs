@@ -77,12 +77,12 @@ impl Engine {
                     warn!(member = %holder, theirs, ours = self.set.count, "a candidate of this set has another number of shards");
                 }
                 // Its renewal may decide the verdict.
-                self.dirty = true;
+                self.replan();
             }
             // No count: a candidate of an earlier release, counted as before.
             _ => {
                 if self.foreign.remove(name).is_some() {
-                    self.dirty = true;
+                    self.replan();
                 }
             }
         }
@@ -119,14 +119,15 @@ impl Engine {
             match verdict(ours, theirs, obs.observed_at > f.first_seen) {
                 Verdict::Fail => {
                     warn!(member = %holder, theirs = f.theirs, ours = self.set.count, "another candidate joined the set first with another number of shards; giving up");
-                    self.fatal.get_or_insert(Error::ShardCountMismatch {
+                    let error = Error::ShardCountMismatch {
                         set: self.set.name.clone(),
                         namespace: self.set.namespace.clone(),
                         identity: self.set.identity.clone(),
                         ours: self.set.count,
                         other: holder,
                         theirs: f.theirs,
-                    });
+                    };
+                    self.fail(error);
                     return true;
                 }
                 Verdict::Wait => {

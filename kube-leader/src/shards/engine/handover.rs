@@ -45,7 +45,7 @@ impl Engine {
         info!(shard = index, %reason, "lost shard");
         t.keeper.lose(reason);
         self.apply(index, Event::Lost, now);
-        self.dirty = true;
+        self.replan();
         self.finish_term(index, now);
         self.publish();
     }

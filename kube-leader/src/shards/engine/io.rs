@@ -1,6 +1,13 @@
 //! The engine's I/O edge: the API, the calls in flight and the writes waiting for a free one,
 //! the wake-ups, the process-wide pause, and the channels to the user (the shards handed out,
 //! the set held) and from the `Shard`s' guards (their work stopped).
+//!
+//! The edge also knows which keys (a shard, the membership Lease) have a call in flight
+//! ([`busy`](Io::busy)): a key is busy from the [`push`](Io::push) of its call until its reply
+//! is handed out by [`input`](Io::input), before the engine handles it, whatever the engine then
+//! does with it (a stale answer is ignored, but its call is over all the same). The engine
+//! sends at most one call per key at a time: it asks `busy` before sending one, or sends the
+//! next while handling the previous one's reply.
 
 use std::{collections::BTreeSet, future::Future};
 
@@ -26,7 +33,10 @@ use crate::shards::{
 pub(super) struct Io {
     /// The set's Leases.
     pub(super) api: Api<Lease>,
-    calls: FuturesUnordered<BoxFuture<'static, Reply>>,
+    /// The calls in flight, each with the key it is for.
+    calls: FuturesUnordered<BoxFuture<'static, (Key, Reply)>>,
+    /// The keys of the calls in flight.
+    busy: BTreeSet<Key>,
     /// Writes waiting for a free call: (class, deadline, key). Renewals (class 0) by deadline
     /// first, then releases (1).
     queue: BTreeSet<(u8, Instant, Key)>,
@@ -63,6 +73,7 @@ impl Io {
         Self {
             api,
             calls: FuturesUnordered::new(),
+            busy: BTreeSet::new(),
             queue: BTreeSet::new(),
             throttle,
             timers: Timers::default(),
@@ -73,10 +84,14 @@ impl Io {
         }
     }
 
-    /// The next answer or end of work (never ends: the edge keeps a sender of its own).
+    /// The next answer or end of work (never ends: the edge keeps a sender of its own). The
+    /// key of an answer is idle from now on.
     pub(super) async fn input(&mut self) -> Input {
         tokio::select! {
-            Some(reply) = self.calls.next(), if !self.calls.is_empty() => Input::Reply(reply),
+            Some((key, reply)) = self.calls.next(), if !self.calls.is_empty() => {
+                self.busy.remove(&key);
+                Input::Reply(reply)
+            }
             Some((index, gen)) = self.done_rx.recv() => Input::Done(index, gen),
             else => std::future::pending().await,
         }
@@ -87,9 +102,16 @@ impl Io {
         self.calls.len()
     }
 
-    /// Starts an API call; its answer comes back through [`input`](Self::input).
-    pub(super) fn push(&mut self, fut: impl Future<Output = Reply> + Send + 'static) {
-        self.calls.push(fut.boxed());
+    /// Whether a call for `key` is in flight (its reply not handed out yet).
+    pub(super) fn busy(&self, key: Key) -> bool {
+        self.busy.contains(&key)
+    }
+
+    /// Starts an API call for `key`; its answer comes back through [`input`](Self::input), and
+    /// `key` is [`busy`](Self::busy) until then.
+    pub(super) fn push(&mut self, key: Key, fut: impl Future<Output = Reply> + Send + 'static) {
+        self.busy.insert(key);
+        self.calls.push(fut.map(move |reply| (key, reply)).boxed());
     }
 
     /// Queues a renewal of `key`, whose renew deadline is `deadline`.

@@ -80,12 +80,12 @@ impl Engine {
 
     /// Recomputes the fair share; hands over the surplus and takes free shards up to it.
     pub(super) fn rebalance(&mut self, now: Instant) {
-        self.dirty = false;
-        if !self.campaign.campaigning() || self.fatal.is_some() {
+        self.replanning();
+        if !self.campaign.campaigning() || self.failed() {
             return;
         }
         let count_unsure = self.judge_counts(now);
-        if self.fatal.is_some() {
+        if self.failed() {
             return;
         }
         let quota = self.fair_share(now);
@@ -118,10 +118,11 @@ impl Engine {
 
     /// The shards held and active, and those held or being acquired (a lost term's shard
     /// with a call in flight may be being taken again).
-    fn holding(&self) -> (Vec<u32>, Vec<u32>) {
+    pub(super) fn holding(&self) -> (Vec<u32>, Vec<u32>) {
         let grace = self.set.stop_grace();
         let mut active = Vec::new();
         let mut holding = Vec::new();
+        let busy = |i: u32| self.io.busy(Key::Shard(i));
         for (i, slot) in self.slots.iter().enumerate() {
             let i = i as u32;
             match &slot.term {
@@ -129,8 +130,8 @@ impl Engine {
                     active.push(i);
                     holding.push(i);
                 }
-                Some(t) if slot.busy && t.orphaned_from(grace).is_some() => holding.push(i),
-                None if slot.busy => holding.push(i),
+                Some(t) if busy(i) && t.orphaned_from(grace).is_some() => holding.push(i),
+                None if busy(i) => holding.push(i),
                 _ => {}
             }
         }
@@ -146,7 +147,7 @@ impl Engine {
         let mut soonest: Option<Instant> = None;
         for i in 0..self.set.count {
             let slot = &self.slots[i as usize];
-            if slot.busy {
+            if self.io.busy(Key::Shard(i)) {
                 continue;
             }
             match slot.term.as_ref().map(|t| t.orphaned_from(grace)) {
@@ -199,7 +200,7 @@ impl Engine {
         for index in plan {
             if self.io.in_flight() >= self.set.cfg.max_in_flight {
                 // Renewals first; the rest when calls come back.
-                self.dirty = true;
+                self.replan();
                 break;
             }
             let d = self.decision(index, now);

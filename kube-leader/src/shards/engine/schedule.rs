@@ -19,7 +19,7 @@ impl Engine {
     /// A timer fired.
     pub(super) fn on_timer(&mut self, key: Key, now: Instant) {
         match key {
-            Key::Rebalance => self.dirty = true,
+            Key::Rebalance => self.replan(),
             Key::Member => self.member_due(now),
             Key::Shard(index) => self.shard_due(index, now),
         }
@@ -31,7 +31,7 @@ impl Engine {
         let renew = self.set.renew_deadline();
         let slot = &self.slots[index as usize];
         let Some(t) = slot.term.as_ref() else {
-            self.dirty = true;
+            self.replan();
             return;
         };
         if !t.live() {
@@ -57,7 +57,7 @@ impl Engine {
                 return;
             }
         }
-        if slot.busy || now < t.term.next_renewal() {
+        if self.io.busy(Key::Shard(index)) || now < t.term.next_renewal() {
             return;
         }
         // Urgent, and sent whatever the pause, from half the renew deadline on.
@@ -73,7 +73,7 @@ impl Engine {
 
     /// The membership Lease's timer: its renewal is queued.
     fn member_due(&mut self, now: Instant) {
-        if self.member.busy || !self.campaign.campaigning() {
+        if self.io.busy(Key::Member) || !self.campaign.campaigning() {
             return;
         }
         let due = self.member.next.unwrap_or(now);

@@ -18,14 +18,39 @@
 //! | `Releasing` | `Released` (answered, or failed) | `Gone` |
 //! | `Gone`, work stopped, no call in flight | `Finish` | no term |
 //!
+//! Besides the terms and the campaign, the engine's own state is written here only, by the
+//! small methods below that the other parts call:
+//! - [`hold_off`](Engine::hold_off) / [`lift_hold_off`](Engine::lift_hold_off): when shard
+//!   `index` may be tried again after a lost race or an error (`Slot::not_before`);
+//! - [`replan`](Engine::replan) / [`replan_wanted`](Engine::replan_wanted) /
+//!   [`replanning`](Engine::replanning): whether something changed that may change the plan
+//!   (`Engine::dirty`);
+//! - [`fail`](Engine::fail) / [`outcome`](Engine::outcome): the error that ends the campaign
+//!   (`Engine::fatal`; the first one is kept);
+//! - [`relist_started`](Engine::relist_started), [`relist_item`](Engine::relist_item),
+//!   [`relist_done`](Engine::relist_done): a relist of the set in progress (`Engine::relist`);
+//! - [`new_gen`](Engine::new_gen): the generation of a new term (`Engine::next_gen`).
+//!
+//! What is not here is either knowledge folded from the watch and the answers (the Leases
+//! seen, the other candidates: [`watching`](super::watching)), fixed ([`setup`](super::setup)),
+//! or the I/O edge's ([`io`](super::io): which keys have a call in flight, the queue, the
+//! timers).
+//!
 //! [`Active`]: State::Active
 
 use std::time::Duration;
 
 use tokio::{sync::oneshot, time::Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+
 use super::Engine;
-use crate::{leadership::KeeperHandle, lease::term::Term, shards::scheduler::Phased};
+use crate::{
+    error::{Error, Result},
+    leadership::KeeperHandle,
+    lease::term::Term,
+    shards::scheduler::{Key, Phased},
+};
 
 /// Where a held term of a shard is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,11 +227,12 @@ impl Engine {
     /// Applies `event` at `now` to the term of shard `index`, by the table; `false` (nothing
     /// changed) if there is no term or the table has no such row.
     pub(super) fn apply(&mut self, index: u32, event: Event, now: Instant) -> bool {
+        let busy = self.io.busy(Key::Shard(index));
         let slot = &mut self.slots[index as usize];
         let Some(t) = slot.term.as_mut() else {
             return false;
         };
-        if event == Event::Finish && slot.busy {
+        if event == Event::Finish && busy {
             // A call on the shard is in flight: the term ends when it returns.
             return false;
         }
@@ -226,7 +252,7 @@ impl Engine {
                     let _ = tx.send(());
                 }
                 slot.term = None;
-                self.dirty = true;
+                self.replan();
             }
         }
         true
@@ -241,6 +267,71 @@ impl Engine {
             }
             None => false,
         }
+    }
+
+    /// The generation of a term about to begin: one more than the last (never reused, so an
+    /// answer or end of work of an earlier term of the shard is told apart).
+    pub(super) fn new_gen(&mut self) -> u64 {
+        self.next_gen += 1;
+        self.next_gen
+    }
+
+    /// Shard `index` is not tried again before `until` (a race lost, an error).
+    pub(super) fn hold_off(&mut self, index: u32, until: Instant) {
+        self.slots[index as usize].not_before = Some(until);
+    }
+
+    /// Shard `index` may be tried again at once (its holder changed, its Lease is gone).
+    pub(super) fn lift_hold_off(&mut self, index: u32) {
+        self.slots[index as usize].not_before = None;
+    }
+
+    /// Something changed that may change the plan: rebalance before the next wait.
+    pub(super) fn replan(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Whether something changed since the last rebalance.
+    pub(super) fn replan_wanted(&self) -> bool {
+        self.dirty
+    }
+
+    /// A rebalance begins: what changed until now is taken into account.
+    pub(super) fn replanning(&mut self) {
+        self.dirty = false;
+    }
+
+    /// An error ends the campaign (every shard is handed back); the first one is kept.
+    pub(super) fn fail(&mut self, error: Error) {
+        self.fatal.get_or_insert(error);
+    }
+
+    /// Whether an error ended the campaign.
+    pub(super) fn failed(&self) -> bool {
+        self.fatal.is_some()
+    }
+
+    /// What the campaign ends with, once everything is handed back: the error that ended it.
+    pub(super) fn outcome(&mut self) -> Result<()> {
+        match self.fatal.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A (re)list of the set begins: what was listed before is forgotten.
+    pub(super) fn relist_started(&mut self) {
+        self.relist = Some(Vec::new());
+    }
+
+    /// A Lease listed by the (re)list.
+    pub(super) fn relist_item(&mut self, lease: Lease) {
+        self.relist.get_or_insert_with(Vec::new).push(lease);
+    }
+
+    /// The (re)list is complete: what it listed.
+    pub(super) fn relist_done(&mut self) -> Vec<Lease> {
+        self.relist.take().unwrap_or_default()
     }
 }
 

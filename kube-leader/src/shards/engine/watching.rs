@@ -24,8 +24,8 @@ impl Engine {
     /// Folds a watch event into what is known.
     pub(super) fn on_watch(&mut self, ev: watcher::Event<Lease>, now: Instant) {
         match ev {
-            watcher::Event::Init => self.relist = Some(Vec::new()),
-            watcher::Event::InitApply(l) => self.relist.get_or_insert_with(Vec::new).push(l),
+            watcher::Event::Init => self.relist_started(),
+            watcher::Event::InitApply(l) => self.relist_item(l),
             watcher::Event::InitDone => self.relisted(now),
             watcher::Event::Apply(l) => self.absorb(l, now),
             watcher::Event::Delete(l) => self.deleted(&l, now),
@@ -34,7 +34,7 @@ impl Engine {
 
     /// A (re)list is complete: folds in what was listed and forgets what was not.
     fn relisted(&mut self, now: Instant) {
-        let listed = self.relist.take().unwrap_or_default();
+        let listed = self.relist_done();
         let names: BTreeSet<String> = listed.iter().filter_map(|l| l.metadata.name.clone()).collect();
         for l in listed {
             self.absorb(l, now);
@@ -56,7 +56,7 @@ impl Engine {
         if self.campaign == Campaign::Listing {
             self.first_synced(now);
         }
-        self.dirty = true;
+        self.replan();
     }
 
     /// The first list is complete: schedules the first acquisitions and membership write.
@@ -89,7 +89,7 @@ impl Engine {
             Some(Role::Member) => {
                 self.members.remove(&name);
                 self.foreign.remove(&name);
-                self.dirty = true;
+                self.replan();
             }
             None => {}
         }
@@ -121,7 +121,7 @@ impl Engine {
                 self.note_count(&name, &lease, now);
                 self.members.insert(name, next);
                 if changed_holder || revived {
-                    self.dirty = true;
+                    self.replan();
                 }
             }
             None => {}
@@ -169,8 +169,9 @@ impl Engine {
         slot.absent_since = None;
         slot.seen = true;
         if holder_changed {
-            slot.not_before = None;
-            self.dirty = true;
+            // Another holder (or none): whatever held this candidate off is over.
+            self.lift_hold_off(index);
+            self.replan();
         }
         if let Some(reason) = lost {
             self.lose(index, reason, now);
@@ -191,9 +192,9 @@ impl Engine {
             slot.deleted = last;
             slot.absent_since = None;
         }
-        slot.not_before = None;
-        self.dirty = true;
-        if slot.term.as_ref().is_some_and(|t| t.live()) {
+        self.lift_hold_off(index);
+        self.replan();
+        if self.slots[index as usize].term.as_ref().is_some_and(|t| t.live()) {
             self.lose(index, LossReason::LockDeleted, now);
         }
     }

@@ -18,6 +18,7 @@ use crate::{
         record::{now_micro, set_fencing_token, set_writer, LeaseRecord},
         term::Step,
     },
+    shards::scheduler::Key,
 };
 
 // === impl Engine ===
@@ -25,7 +26,7 @@ use crate::{
 impl Engine {
     /// Creates or renews the membership Lease.
     pub(super) fn write_member(&mut self) {
-        if self.member.busy || self.stopping() {
+        if self.io.busy(Key::Member) || self.stopping() {
             return;
         }
         let record = LeaseRecord {
@@ -42,7 +43,6 @@ impl Engine {
             name: self.member.name.clone(),
             ..self.set.op("update")
         };
-        self.member.busy = true;
         let sent = Instant::now();
         match self.member.lease.clone() {
             Some(mut lease) => {
@@ -55,7 +55,7 @@ impl Engine {
                 record.write_to(lease.spec.get_or_insert_with(LeaseSpec::default), secs);
                 self.set.label(&mut lease, "member");
                 let name = op.name.clone();
-                self.io.push(async move {
+                self.io.push(Key::Member, async move {
                     let result = call(
                         op.op(),
                         timeout,
@@ -69,7 +69,7 @@ impl Engine {
                 let mut lease = self.set.new_lease(&self.member.name, &record, "member");
                 self.set.label(&mut lease, "member");
                 let op = OwnedOp { verb: "create", ..op };
-                self.io.push(async move {
+                self.io.push(Key::Member, async move {
                     let result = call(op.op(), timeout, api.create(&PostParams::default(), &lease)).await;
                     Reply::Member { sent, result }
                 });
@@ -79,13 +79,12 @@ impl Engine {
 
     /// Sends the write queued for shard `index`: a renewal, or the release.
     pub(super) fn write_shard(&mut self, index: u32, now: Instant) {
-        let slot = &self.slots[index as usize];
-        if slot.busy {
+        if self.io.busy(Key::Shard(index)) {
             // A renewal or read is in flight: a renewal comes again from its timer, a release
             // is queued again when the call returns (see `on_reply`).
             return;
         }
-        match slot.term.as_ref().map(|t| t.state()) {
+        match self.slots[index as usize].term.as_ref().map(|t| t.state()) {
             Some(State::Active | State::Leaving { .. }) => self.send_renewal(index, now),
             Some(State::Releasing) => self.send_release(index),
             Some(State::Gone) | None => {}
@@ -98,8 +97,7 @@ impl Engine {
         let timeout_cap = self.set.cfg.api_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
-        let slot = &mut self.slots[index as usize];
-        let Some(t) = slot.term.as_mut() else {
+        let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
         let Step::Renew {
@@ -113,14 +111,13 @@ impl Engine {
             .min(deadline.saturating_duration_since(now))
             .max(Duration::from_millis(1));
         let gen = t.gen;
-        slot.busy = true;
         let op = OwnedOp {
             verb: "update",
             namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
         let sent = Instant::now();
-        self.io.push(async move {
+        self.io.push(Key::Shard(index), async move {
             let result = call(
                 op.op(),
                 timeout,
@@ -141,19 +138,17 @@ impl Engine {
         let timeout_cap = self.set.cfg.api_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
-        let slot = &mut self.slots[index as usize];
-        let Some(t) = slot.term.as_mut() else {
+        let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
         let lease = t.term.release_write(None);
         let gen = t.gen;
-        slot.busy = true;
         let op = OwnedOp {
             verb: "update",
             namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
-        self.io.push(async move {
+        self.io.push(Key::Shard(index), async move {
             let result = call(
                 op.op(),
                 timeout_cap,
@@ -176,9 +171,8 @@ impl Engine {
         );
         let sent = Instant::now();
         let fut = self.acquire_call(index, &decision, &mut record);
-        self.slots[index as usize].busy = true;
         debug!(shard = index, ?decision, "acquiring shard");
-        self.io.push(async move {
+        self.io.push(Key::Shard(index), async move {
             let result = fut.await;
             Reply::Acquired {
                 index,
@@ -248,8 +242,7 @@ impl Engine {
             namespace: self.set.namespace.clone(),
             name: name.clone(),
         };
-        self.slots[index as usize].busy = true;
-        self.io.push(async move {
+        self.io.push(Key::Shard(index), async move {
             let result = call(op.op(), timeout.max(Duration::from_millis(1)), api.get_opt(&name)).await;
             Reply::Read { index, result }
         });
@@ -264,8 +257,7 @@ impl Engine {
             ..self.set.op("get")
         };
         let timeout = self.set.cfg.api_timeout();
-        self.member.busy = true;
-        self.io.push(async move {
+        self.io.push(Key::Member, async move {
             let result = call(op.op(), timeout, api.get_opt(&name)).await;
             Reply::MemberRead { result }
         });

@@ -3,17 +3,22 @@
 
 use std::{convert::Infallible, time::Duration};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use futures::FutureExt;
+use k8s_openapi::api::coordination::v1::LeaseSpec;
 use tokio::sync::{mpsc, watch};
 
 use super::*;
 use crate::{
+    api::Failure,
     leadership::LossReason,
-    lease::record::{set_writer, LeaseRecord},
+    lease::{
+        decide::Decision,
+        record::{set_writer, LeaseRecord},
+    },
     shards::{
         assignments::{Shard, ShardSet},
         config::ShardsConfig,
-        engine::Spec,
+        engine::{answers::Reply, io::Input, Spec},
     },
 };
 
@@ -164,8 +169,16 @@ async fn the_campaign_lists_then_campaigns_and_stops_for_good() {
 /// An engine of candidate "me" for 2 shards whose calls are never made (nothing polls them),
 /// and the receiver of its shards.
 fn engine() -> (Engine, mpsc::UnboundedReceiver<Shard>) {
-    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-        Ok::<http::Response<kube::client::Body>, Infallible>(http::Response::new(kube::client::Body::empty()))
+    engine_answering(200, "")
+}
+
+/// An engine of candidate "me" for 2 shards whose every call, if polled, is answered `status`
+/// with `body`, and the receiver of its shards.
+fn engine_answering(status: u16, body: &'static str) -> (Engine, mpsc::UnboundedReceiver<Shard>) {
+    let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+        let mut response = http::Response::new(kube::client::Body::from(body.as_bytes().to_vec()));
+        *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        Ok::<http::Response<kube::client::Body>, Infallible>(response)
     });
     let spec = Spec {
         client: kube::Client::new(service, "ns"),
@@ -278,4 +291,168 @@ async fn a_watched_other_holder_while_leaving_ends_the_term() {
         t.orphaned_from(Duration::from_secs(5)),
         Some(now + Duration::from_secs(5))
     );
+}
+
+/// A 409 Conflict, as the API server writes it.
+const CONFLICT: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"conflict","reason":"Conflict","code":409}"#;
+
+/// The next reply handed out by `e`'s edge (the end of a term's work is not expected).
+async fn reply(e: &mut Engine) -> Reply {
+    match e.io.input().await {
+        Input::Reply(reply) => reply,
+        Input::Done(index, gen) => panic!("unexpected end of work ({index}, {gen})"),
+    }
+}
+
+/// A key is busy from the push of its call until its reply is handed out, before the engine
+/// handles it, even when the engine then ignores it (an earlier term's renewal).
+#[tokio::test(start_paused = true)]
+async fn a_key_is_busy_until_its_reply_is_handed_out_even_a_stale_one() {
+    let (mut e, _rx) = engine();
+    let _work = acquire(&mut e, 0);
+    let gen = e.slots[0].term.as_ref().unwrap().gen;
+    let key = Key::Shard(0);
+    assert!(!e.io.busy(key));
+    let (answer, answered) = oneshot::channel::<()>();
+    e.io.push(key, async move {
+        let _ = answered.await;
+        Reply::Renewed {
+            index: 0,
+            gen: gen - 1,
+            sent: Instant::now(),
+            result: Err(Failure::Conflict),
+        }
+    });
+    assert!(e.io.busy(key), "pushed");
+    assert!(!e.io.busy(Key::Shard(1)) && !e.io.busy(Key::Member));
+    assert!(e.io.input().now_or_never().is_none(), "not answered yet");
+    assert!(e.io.busy(key), "still in flight");
+    answer.send(()).unwrap();
+    let stale = reply(&mut e).await;
+    assert!(!e.io.busy(key), "handed out");
+    assert_eq!(e.io.in_flight(), 0);
+    e.on_reply(stale, Instant::now());
+    assert!(!e.io.busy(key));
+    assert_eq!(
+        state(&e, 0),
+        Some(State::Active),
+        "an earlier term's answer is ignored"
+    );
+}
+
+/// A lost term whose work stopped ends only once the call on its shard returns.
+#[tokio::test(start_paused = true)]
+async fn a_term_ends_when_the_call_on_its_shard_returns() {
+    let (mut e, _rx) = engine();
+    let _work = acquire(&mut e, 1);
+    let gen = e.slots[1].term.as_ref().unwrap().gen;
+    let now = Instant::now();
+    e.io.push(Key::Shard(1), async {
+        Reply::Read {
+            index: 1,
+            result: Err(Failure::Conflict),
+        }
+    });
+    e.lose(1, LossReason::LockDeleted, now);
+    e.on_done(1, gen, now);
+    assert_eq!(
+        state(&e, 1),
+        Some(State::Gone),
+        "a call on the shard is in flight"
+    );
+    assert!(!e.apply(1, Event::Finish, now));
+    let (active, holding) = e.holding();
+    assert!(active.is_empty() && holding.is_empty(), "done: it guards nothing");
+    assert!(!e.free(now).contains(&1), "busy: not taken again meanwhile");
+    let read = reply(&mut e).await;
+    assert!(!e.io.busy(Key::Shard(1)));
+    e.on_reply(read, now);
+    assert_eq!(state(&e, 1), None, "the call returned: the term is over");
+}
+
+/// An acquisition keeps its shard busy (held, not free); a lost race for a shard that exists
+/// is read again at once (busy again) and held off for a retry period.
+#[tokio::test(start_paused = true)]
+async fn an_acquisition_keeps_its_shard_busy_and_a_lost_race_reads_it_again() {
+    let (mut e, _rx) = engine_answering(409, CONFLICT);
+    let now = Instant::now();
+    e.acquire(0, Decision::Create);
+    assert!(e.io.busy(Key::Shard(0)));
+    assert_eq!(e.holding(), (vec![], vec![0]), "being acquired");
+    assert!(!e.free(now).contains(&0));
+    let acquired = reply(&mut e).await;
+    assert!(!e.io.busy(Key::Shard(0)));
+    e.on_reply(acquired, Instant::now());
+    assert!(e.io.busy(Key::Shard(0)), "read again");
+    let retry = e.set.cfg.lease.retry_period;
+    assert_eq!(e.slots[0].not_before, Some(Instant::now() + retry));
+    assert!(e.replan_wanted());
+    let read = reply(&mut e).await;
+    assert!(!e.io.busy(Key::Shard(0)));
+    e.on_reply(read, Instant::now());
+    assert!(!e.io.busy(Key::Shard(0)) && e.io.in_flight() == 0);
+    assert!(!e.free(Instant::now()).contains(&0), "held off");
+    assert!(e.free(Instant::now() + retry).contains(&0));
+}
+
+/// The membership Lease's create, its conflict's re-read: the key is busy through both, and
+/// no second write goes out meanwhile.
+#[tokio::test(start_paused = true)]
+async fn the_membership_lease_is_busy_through_its_write_and_read() {
+    let (mut e, _rx) = engine_answering(409, CONFLICT);
+    e.write_member();
+    assert!(e.io.busy(Key::Member) && e.io.in_flight() == 1);
+    e.write_member();
+    assert_eq!(e.io.in_flight(), 1, "one call at a time");
+    let written = reply(&mut e).await;
+    assert!(!e.io.busy(Key::Member));
+    e.on_reply(written, Instant::now());
+    assert!(e.io.busy(Key::Member), "a conflict is read again");
+    let read = reply(&mut e).await;
+    e.on_reply(read, Instant::now());
+    assert!(!e.io.busy(Key::Member) && e.io.in_flight() == 0);
+    assert!(!e.failed());
+}
+
+/// The engine's own state, written by the table's methods.
+#[tokio::test(start_paused = true)]
+async fn the_engine_state_is_written_by_the_table() {
+    let (mut e, _rx) = engine();
+    let now = Instant::now();
+    // A hold-off keeps a free shard from being taken until it passes or is lifted.
+    e.campaign_to(Campaign::From(now));
+    assert!(e.free(now).contains(&0));
+    e.hold_off(0, now + Duration::from_secs(2));
+    assert!(!e.free(now).contains(&0));
+    assert!(e.free(now + Duration::from_secs(2)).contains(&0));
+    e.lift_hold_off(0);
+    assert!(e.free(now).contains(&0));
+    // Replanning: wanted until a rebalance begins.
+    e.replanning();
+    assert!(!e.replan_wanted());
+    e.replan();
+    assert!(e.replan_wanted());
+    e.rebalance(now);
+    assert!(!e.replan_wanted());
+    // The first error is kept, and the campaign ends with it.
+    assert!(!e.failed());
+    e.fail(crate::error::invalid("first", "x"));
+    e.fail(crate::error::invalid("second", "x"));
+    assert!(e.failed());
+    assert!(matches!(
+        e.outcome(),
+        Err(Error::InvalidConfig { field: "first", .. })
+    ));
+    assert!(e.outcome().is_ok(), "told once");
+    // A relist: what was listed before an `Init` is forgotten.
+    e.relist_item(shard_lease(0, "1", "a", "x"));
+    e.relist_started();
+    e.relist_item(shard_lease(1, "2", "a", "x"));
+    let listed = e.relist_done();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].metadata.name.as_deref(), Some("set-1"));
+    assert!(e.relist_done().is_empty(), "taken");
+    // Generations are never reused.
+    let a = e.new_gen();
+    assert!(e.new_gen() > a);
 }
