@@ -18,7 +18,7 @@ use crate::{
         record::LeaseRecord,
         term::Step,
     },
-    shards::scheduler::{Key, Renewal},
+    shards::scheduler::Key,
 };
 
 /// An answer from the API server.
@@ -178,7 +178,7 @@ impl Engine {
                 debug!(error = ?e, "reading the membership Lease failed");
             }
         }
-        self.member.next = Some(now);
+        self.member_due_at(now);
         self.io.wake_at(now, Key::Member);
     }
 
@@ -189,16 +189,11 @@ impl Engine {
             Ok(lease) => {
                 self.io.throttle.succeeded();
                 self.member.lease = Some(lease);
-                let renewal = self
-                    .member
-                    .renewal
-                    .get_or_insert_with(|| Renewal::new(&self.set.phases, self.set.count, sent));
-                renewal.succeeded(&self.set.phases, sent);
-                self.member.next = Some(renewal.next);
+                self.member_renewed(sent);
             }
             Err(Failure::NotFound) => {
                 self.member.lease = None;
-                self.member.next = Some(now);
+                self.member_due_at(now);
             }
             Err(Failure::Conflict) => {
                 // Written meanwhile (a write that timed out but landed, an edit): read
@@ -214,7 +209,7 @@ impl Engine {
             Err(e) => {
                 self.overloaded(&e, now);
                 debug!(error = ?e, "membership renewal failed; retrying");
-                self.member.next = Some(now + jittered(retry / 2));
+                self.member_due_at(now + jittered(retry / 2));
             }
         }
         if let Some(next) = self.member.next {

@@ -29,7 +29,9 @@
 //!   (`Engine::fatal`; the first one is kept);
 //! - [`relist_started`](Engine::relist_started), [`relist_item`](Engine::relist_item),
 //!   [`relist_done`](Engine::relist_done): a relist of the set in progress (`Engine::relist`);
-//! - [`new_gen`](Engine::new_gen): the generation of a new term (`Engine::next_gen`).
+//! - [`new_gen`](Engine::new_gen): the generation of a new term (`Engine::next_gen`);
+//! - [`member_due_at`](Engine::member_due_at) / [`member_renewed`](Engine::member_renewed):
+//!   when the membership Lease is written next (`Member::next`, `Member::renewal`).
 //!
 //! What is not here is either knowledge folded from the watch and the answers (the Leases
 //! seen, the other candidates: [`watching`](super::watching)), fixed ([`setup`](super::setup)),
@@ -49,7 +51,7 @@ use crate::{
     error::{Error, Result},
     leadership::KeeperHandle,
     lease::term::Term,
-    shards::scheduler::{Key, Phased},
+    shards::scheduler::{Key, Phased, Renewal},
 };
 
 /// Where a held term of a shard is.
@@ -274,6 +276,25 @@ impl Engine {
     pub(super) fn new_gen(&mut self) -> u64 {
         self.next_gen += 1;
         self.next_gen
+    }
+
+    /// The membership Lease's next write is due at `at` (after a read, its loss, or a failed
+    /// write).
+    pub(super) fn member_due_at(&mut self, at: Instant) {
+        self.member.next = Some(at);
+    }
+
+    /// The membership Lease's write sent at `sent` succeeded: the next one is due at its phase
+    /// of the renewal period; returns when.
+    pub(super) fn member_renewed(&mut self, sent: Instant) -> Instant {
+        let (phases, count) = (&self.set.phases, self.set.count);
+        let renewal = self
+            .member
+            .renewal
+            .get_or_insert_with(|| Renewal::new(phases, count, sent));
+        renewal.succeeded(phases, sent);
+        self.member.next = Some(renewal.next);
+        renewal.next
     }
 
     /// Shard `index` is not tried again before `until` (a race lost, an error).
