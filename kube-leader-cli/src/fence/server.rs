@@ -258,7 +258,7 @@ async fn validate(
     let target = lock_target(rule, labelled.and_then(|o| o.metadata.labels.as_ref()));
     // The lock for the messages, also when the object names no shard.
     let lock_name = match (&target, rule.guard()) {
-        (Ok(t), _) => format!("{}/{}", t.namespace, t.name),
+        (Ok(t), _) => t.lock.to_string(),
         (Err(_), Some(Guard::Shards(s))) => format!("a shard of set {}/{}", s.namespace, s.set),
         (Err(_), Some(Guard::Lock(l))) => format!("{}/{}", l.namespace, l.name),
         (Err(_), None) => "no lock".to_string(),
@@ -357,8 +357,7 @@ fn log_check(
 /// The lock an object is guarded by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockTarget {
-    pub(crate) namespace: String,
-    pub(crate) name: String,
+    pub(crate) lock: LockRef,
     pub(crate) strategy: Strategy,
 }
 
@@ -370,8 +369,10 @@ fn lock_target(
     match rule.guard() {
         None => Err(format!("rule {:?} names no lock", rule.name)),
         Some(Guard::Lock(l)) => Ok(LockTarget {
-            namespace: l.namespace.clone(),
-            name: l.name.clone(),
+            lock: LockRef {
+                namespace: l.namespace.clone(),
+                name: l.name.clone(),
+            },
             strategy: l.strategy,
         }),
         Some(Guard::Shards(s)) => {
@@ -385,8 +386,10 @@ fn lock_target(
                 .parse()
                 .map_err(|_| format!("its label {}={index:?} is not a shard index", s.label))?;
             Ok(LockTarget {
-                namespace: s.namespace.clone(),
-                name: format!("{}-{index}", s.set),
+                lock: LockRef {
+                    namespace: s.namespace.clone(),
+                    name: format!("{}-{index}", s.set),
+                },
                 strategy: Strategy::Lease,
             })
         }
@@ -397,12 +400,8 @@ fn lock_target(
 /// state and the `resourceVersion` read (empty when it does not exist); `Err` is the refusal's
 /// reason.
 async fn read_lock(client: &Client, target: &LockTarget) -> Result<(LockState, String), String> {
-    let lock = format!("{}/{}", target.namespace, target.name);
-    let lock_ref = LockRef {
-        namespace: target.namespace.clone(),
-        name: target.name.clone(),
-    };
-    match fence::read_lock(client, target.strategy, &lock_ref, LOCK_READ_TIMEOUT).await {
+    let lock = &target.lock;
+    match fence::read_lock(client, target.strategy, lock, LOCK_READ_TIMEOUT).await {
         Ok(state) => Ok(state),
         Err(LockReadError::Malformed(e)) => Err(format!("lock {lock}: {e}")),
         Err(LockReadError::Forbidden { resource }) => {
@@ -410,7 +409,7 @@ async fn read_lock(client: &Client, target: &LockTarget) -> Result<(LockState, S
             Err(format!(
                 "the fence cannot read lock {lock}: missing permission get {resource} {} in \
                  namespace {} for the fence's own user (see deploy/fence/rbac.yaml)",
-                target.name, target.namespace
+                lock.name, lock.namespace
             ))
         }
         Err(LockReadError::TimedOut(t)) => Err(format!("the fence could not read lock {lock} within {t:?}")),
@@ -481,7 +480,10 @@ rules:
         let rule = &config.rules[0];
         let labels = [("example.com/shard".to_string(), "3".to_string())].into();
         let t = lock_target(rule, Some(&labels)).unwrap();
-        assert_eq!((t.namespace.as_str(), t.name.as_str()), ("app", "work-3"));
+        assert_eq!(
+            (t.lock.namespace.as_str(), t.lock.name.as_str()),
+            ("app", "work-3")
+        );
         let e = lock_target(rule, None).unwrap_err();
         assert!(e.contains("no label example.com/shard"), "{e}");
         let labels = [("example.com/shard".to_string(), "x".to_string())].into();

@@ -317,31 +317,21 @@ impl ForLife {
     /// [`Error::NoNamespace`] outside a cluster; an invalid lock name.
     pub fn lock(&self) -> Result<LockRef> {
         let env = self.environment_in_force();
-        let path = env
-            .service_account_namespace_file
-            .as_ref()
-            .map_or_else(|| "(none)".to_string(), |p| p.display().to_string());
         let (namespace, _) =
-            discover_namespace(self.config.namespace.as_deref(), &env).ok_or(Error::NoNamespace { path })?;
+            discover_namespace(self.config.namespace.as_deref(), &env).ok_or_else(|| Error::NoNamespace {
+                path: namespace_file(&env),
+            })?;
         LockRef::new(namespace, self.name.clone())
     }
 
     /// This candidate's identity: the name of its Pod (set, else `POD_NAME`).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for `pod_name` when there is none.
+    /// [`Error::NoPodName`] when there is none, as [`become_leader`](Self::become_leader).
     pub fn resolved_identity(&self) -> Result<String> {
-        let env = self.environment_in_force();
-        self.config
-            .pod_name
-            .clone()
-            .or(env.pod_name)
-            .map(|n| n.trim().to_string())
+        self.pod_name_in(&self.environment_in_force())
             .filter(|n| !n.is_empty())
-            .ok_or_else(|| Error::InvalidConfig {
-                field: "pod_name",
-                reason: "no Pod name: set it, or POD_NAME from the Downward API".into(),
-            })
+            .ok_or(Error::NoPodName)
     }
 
     /// The environment namespace and Pod name come from (see [`environment`](Self::environment)).
@@ -350,6 +340,15 @@ impl ForLife {
             .environment
             .clone()
             .unwrap_or_else(Environment::from_process)
+    }
+
+    /// This candidate's Pod name, trimmed: set, else from `env`.
+    fn pod_name_in(&self, env: &Environment) -> Option<String> {
+        self.config
+            .pod_name
+            .clone()
+            .or_else(|| env.pod_name.clone())
+            .map(|n| n.trim().to_string())
     }
 
     /// The options in force.
@@ -386,17 +385,8 @@ impl ForLife {
     pub async fn become_leader(&self, shutdown: &CancellationToken) -> Result<Leadership> {
         self.config.validate()?;
         lock::validate_name(&self.name)?;
-        let env = self
-            .config
-            .environment
-            .clone()
-            .unwrap_or_else(Environment::from_process);
-        let pod_name = self
-            .config
-            .pod_name
-            .clone()
-            .or_else(|| env.pod_name.clone())
-            .map(|n| n.trim().to_string());
+        let env = self.environment_in_force();
+        let pod_name = self.pod_name_in(&env);
         let found = discover_namespace(self.config.namespace.as_deref(), &env);
         if self.config.election == crate::election::Election::Disabled {
             let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
@@ -440,10 +430,7 @@ impl ForLife {
     }
 
     fn skip_or_fail(&self, env: &Environment, pod_name: Option<String>) -> Result<Leadership> {
-        let path = env
-            .service_account_namespace_file
-            .as_ref()
-            .map_or_else(|| "(none)".to_string(), |p| p.display().to_string());
+        let path = namespace_file(env);
         match self.config.outside_cluster {
             OutsideCluster::Fail => Err(Error::NoNamespace { path }),
             OutsideCluster::Skip => {
@@ -503,6 +490,13 @@ impl ForLife {
         let registry = registry.map(|r| (r, hold));
         Ok(self.lead(election.lock, election.me, won, own_pod, registry, shutdown))
     }
+}
+
+/// The service-account namespace file `env` names, for messages (`(none)`).
+fn namespace_file(env: &Environment) -> String {
+    env.service_account_namespace_file
+        .as_ref()
+        .map_or_else(|| "(none)".to_string(), |p| p.display().to_string())
 }
 
 /// The namespace, from the explicit option, `POD_NAMESPACE` or the service-account file.
