@@ -36,7 +36,7 @@ use super::{
     assignments::{Shard, ShardSet},
     config::ShardsConfig,
     names::{member_lease_name, SHARDS_LABEL},
-    scheduler::{Phases, Renewal, Throttle},
+    scheduler::{Phased, Phases, Throttle},
 };
 use crate::{
     api::{call, classify_watch, Failure, Op},
@@ -122,7 +122,10 @@ struct Slot {
 struct Member {
     name: String,
     lease: Option<Lease>,
-    renewal: Option<Renewal>,
+    /// The pace of its renewals, from its first successful write on.
+    renewal: Option<Phased>,
+    /// When its last successful write was sent (its renewals are queued by the deadline after).
+    last_sent: Option<Instant>,
     /// Retry the write not before this.
     next: Option<Instant>,
 }

@@ -106,69 +106,10 @@ impl Throttle {
     }
 }
 
-/// The renewal state of the membership Lease (a held shard's is its term's, paced by [`Phased`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Renewal {
-    slot: u32,
-    /// When the last successful renewal (or the acquisition) was sent.
-    pub(crate) last_sent: Instant,
-    /// When to renew next.
-    pub(crate) next: Instant,
-    backoff: Backoff,
-}
-
-impl Renewal {
-    /// A Lease acquired by a write sent at `sent`.
-    pub(crate) fn new(phases: &Phases, slot: u32, sent: Instant) -> Self {
-        Self {
-            slot,
-            last_sent: sent,
-            next: phases.next_after(slot, sent),
-            backoff: Backoff::new(phases.retry / 4, phases.retry),
-        }
-    }
-
-    /// When this Lease stops being held unless renewed: the fail-stop rule.
-    pub(crate) fn deadline(&self, renew_deadline: Duration) -> Instant {
-        self.last_sent + renew_deadline
-    }
-
-    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
-    #[cfg(test)]
-    /// From when on a renewal is sent even while the API server asked to wait: half the renew
-    /// deadline after the last success.
-    pub(crate) fn urgent_from(&self, renew_deadline: Duration) -> Instant {
-        self.last_sent + renew_deadline / 2
-    }
-
-    /// A renewal sent at `sent` succeeded.
-    pub(crate) fn succeeded(&mut self, phases: &Phases, sent: Instant) {
-        self.last_sent = sent;
-        self.next = phases.next_after(self.slot, sent);
-        self.backoff.reset();
-    }
-
-    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
-    #[cfg(test)]
-    /// A renewal failed at `now`: retry after a backoff, but leave at least `last_try` before the
-    /// renew deadline for one more attempt.
-    pub(crate) fn failed(&mut self, now: Instant, renew_deadline: Duration, last_try: Duration) {
-        let delay = self.backoff.next_delay();
-        self.next = retry_at(now, delay, self.deadline(renew_deadline), last_try);
-    }
-
-    // Held shards keep these rules through `Phased` and `hold_back`; the tests walk them here.
-    #[cfg(test)]
-    /// When to send the renewal that is due at `now`: `None` now, or the later instant to wait
-    /// for while the API server asked to pause (never later than [`Renewal::urgent_from`]).
-    pub(crate) fn hold_back(
-        &self,
-        now: Instant,
-        throttle: &Throttle,
-        renew_deadline: Duration,
-    ) -> Option<Instant> {
-        hold_back(now, throttle, self.urgent_from(renew_deadline))
-    }
+/// From when on a renewal is sent even while the API server asked to wait: half the renew
+/// deadline after the last success (`last_sent`).
+pub(crate) fn urgent_from(last_sent: Instant, renew_deadline: Duration) -> Instant {
+    last_sent + renew_deadline / 2
 }
 
 /// When to send a renewal that is due at `now` and urgent from `urgent`: `None` now, or the
@@ -185,9 +126,9 @@ fn retry_at(now: Instant, delay: Duration, deadline: Instant, last_try: Duration
     (now + delay).min(latest).max(now)
 }
 
-/// The pace of a held shard's renewals for its [`Term`](crate::lease::term::Term): at the
-/// shard's phase of every retry period, and after a failure with a backoff that leaves one
-/// last attempt before the renew deadline (as [`Renewal`]'s).
+/// The pace of a Lease's renewals: a held shard's, for its [`Term`](crate::lease::term::Term),
+/// and the membership Lease's. At the Lease's phase of every retry period, and after a failure
+/// with a backoff that leaves one last attempt before the renew deadline.
 #[derive(Debug, Clone)]
 pub(crate) struct Phased {
     phases: Phases,

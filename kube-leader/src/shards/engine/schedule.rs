@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     lease::term::Step,
-    shards::scheduler::{hold_back, Key},
+    shards::scheduler::{hold_back, urgent_from, Key},
 };
 
 // === impl Engine ===
@@ -61,7 +61,7 @@ impl Engine {
             return;
         }
         // Urgent, and sent whatever the pause, from half the renew deadline on.
-        let urgent = t.term.last_sent() + renew / 2;
+        let urgent = urgent_from(t.term.last_sent(), renew);
         match hold_back(now, &self.io.throttle, urgent) {
             Some(later) => self.io.wake_at(later, Key::Shard(index)),
             None => {
@@ -83,9 +83,8 @@ impl Engine {
         }
         let deadline = self
             .member
-            .renewal
-            .as_ref()
-            .map_or(now, |r| r.deadline(self.set.renew_deadline()));
+            .last_sent
+            .map_or(now, |sent| sent + self.set.renew_deadline());
         self.io.queue_renewal(deadline, Key::Member);
     }
 

@@ -31,7 +31,8 @@
 //!   [`relist_done`](Engine::relist_done): a relist of the set in progress (`Engine::relist`);
 //! - [`new_gen`](Engine::new_gen): the generation of a new term (`Engine::next_gen`);
 //! - [`member_due_at`](Engine::member_due_at) / [`member_renewed`](Engine::member_renewed):
-//!   when the membership Lease is written next (`Member::next`, `Member::renewal`).
+//!   when the membership Lease is written next (`Member::next`, `Member::renewal`,
+//!   `Member::last_sent`).
 //!
 //! What is not here is either knowledge folded from the watch and the answers (the Leases
 //! seen, the other candidates: [`watching`](super::watching)), fixed ([`setup`](super::setup)),
@@ -50,8 +51,8 @@ use super::Engine;
 use crate::{
     error::{Error, Result},
     leadership::KeeperHandle,
-    lease::term::Term,
-    shards::scheduler::{Key, Phased, Renewal},
+    lease::term::{Pace, Term},
+    shards::scheduler::{Key, Phased},
 };
 
 /// Where a held term of a shard is.
@@ -288,13 +289,15 @@ impl Engine {
     /// of the renewal period; returns when.
     pub(super) fn member_renewed(&mut self, sent: Instant) -> Instant {
         let (phases, count) = (&self.set.phases, self.set.count);
+        // Its failures are retried by `member_due_at`: no last attempt to keep.
         let renewal = self
             .member
             .renewal
-            .get_or_insert_with(|| Renewal::new(phases, count, sent));
-        renewal.succeeded(phases, sent);
-        self.member.next = Some(renewal.next);
-        renewal.next
+            .get_or_insert_with(|| Phased::new(phases, count, sent, Duration::ZERO));
+        renewal.succeeded(sent);
+        self.member.last_sent = Some(sent);
+        self.member.next = Some(renewal.next());
+        renewal.next()
     }
 
     /// Shard `index` is not tried again before `until` (a race lost, an error).

@@ -6,6 +6,8 @@ use super::*;
 
 const RETRY: Duration = Duration::from_secs(2);
 const RENEW: Duration = Duration::from_secs(10);
+/// The time a held shard keeps for one last renewal before its deadline.
+const LAST_TRY: Duration = Duration::from_secs(1);
 
 fn phases(slots: u32) -> Phases {
     Phases {
@@ -15,25 +17,64 @@ fn phases(slots: u32) -> Phases {
     }
 }
 
+/// A held shard's renewals as the engine drives them: the pace its term has ([`Phased`]), the
+/// last renewal sent (the term's), and the urgency and pause rules ([`urgent_from`],
+/// [`hold_back`]) that `engine/schedule.rs` applies.
+struct Held {
+    pace: Phased,
+    last_sent: Instant,
+}
+
+impl Held {
+    fn new(p: &Phases, slot: u32, sent: Instant, last_try: Duration) -> Self {
+        Self {
+            pace: Phased::new(p, slot, sent, last_try),
+            last_sent: sent,
+        }
+    }
+
+    fn next(&self) -> Instant {
+        self.pace.next()
+    }
+
+    fn deadline(&self) -> Instant {
+        self.last_sent + RENEW
+    }
+
+    fn succeeded(&mut self, sent: Instant) {
+        self.last_sent = sent;
+        self.pace.succeeded(sent);
+    }
+
+    fn failed(&mut self, now: Instant) {
+        let deadline = self.deadline();
+        self.pace.failed(now, deadline);
+    }
+
+    fn hold_back(&self, now: Instant, throttle: &Throttle) -> Option<Instant> {
+        hold_back(now, throttle, urgent_from(self.last_sent, RENEW))
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn renewals_of_a_thousand_shards_are_spread_evenly() {
     let p = phases(1000);
     // All acquired at once, a little after the epoch.
     tokio::time::advance(Duration::from_millis(3)).await;
     let t0 = Instant::now();
-    let mut r: Vec<Renewal> = (0..1000).map(|i| Renewal::new(&p, i, t0)).collect();
+    let mut r: Vec<Held> = (0..1000).map(|i| Held::new(&p, i, t0, LAST_TRY)).collect();
     let mut per_bucket: BTreeMap<u128, usize> = BTreeMap::new();
     // Renew each when due, with instant success, for 5 periods.
     for _ in 0..5 {
         for x in &mut r {
-            let at = x.next;
+            let at = x.next();
             assert!(at - x.last_sent >= RETRY / 8, "too early");
             assert!(at - x.last_sent <= RETRY * 9 / 8, "too late");
             if at >= t0 + RETRY {
                 let bucket = (at - (t0 + RETRY)).as_millis() / 100;
                 *per_bucket.entry(bucket).or_default() += 1;
             }
-            x.succeeded(&p, at);
+            x.succeeded(at);
         }
     }
     // After the first period every 100 ms of every period carries 50 renewals: 500/s.
@@ -46,15 +87,15 @@ async fn renewals_of_a_thousand_shards_are_spread_evenly() {
 #[tokio::test(start_paused = true)]
 async fn steady_renewals_come_exactly_one_retry_period_apart() {
     let p = phases(10);
-    let mut r = Renewal::new(&p, 3, Instant::now());
-    let first = r.next;
-    r.succeeded(&p, first);
-    assert_eq!(r.next - first, RETRY);
+    let mut r = Held::new(&p, 3, Instant::now(), LAST_TRY);
+    let first = r.next();
+    r.succeeded(first);
+    assert_eq!(r.next() - first, RETRY);
     // A late success (the API server was slow) keeps the phase.
-    let late = r.next + Duration::from_millis(700);
-    r.succeeded(&p, late);
+    let late = r.next() + Duration::from_millis(700);
+    r.succeeded(late);
     assert_eq!(
-        (r.next - p.epoch).as_nanos() % RETRY.as_nanos(),
+        (r.next() - p.epoch).as_nanos() % RETRY.as_nanos(),
         p.offset(3).as_nanos()
     );
 }
@@ -63,37 +104,37 @@ async fn steady_renewals_come_exactly_one_retry_period_apart() {
 async fn retries_back_off_but_leave_a_last_attempt_before_the_deadline() {
     let p = phases(1);
     let t0 = Instant::now();
-    let mut r = Renewal::new(&p, 0, t0);
-    let last_try = Duration::from_secs(1);
-    let mut now = r.next;
+    let last_try = LAST_TRY;
+    let mut r = Held::new(&p, 0, t0, last_try);
+    let mut now = r.next();
     let mut delays = Vec::new();
-    while now < r.deadline(RENEW) - last_try {
-        r.failed(now, RENEW, last_try);
-        assert!(r.next >= now);
-        assert!(r.next <= r.deadline(RENEW) - last_try);
-        delays.push(r.next - now);
-        now = r.next;
+    while now < r.deadline() - last_try {
+        r.failed(now);
+        assert!(r.next() >= now);
+        assert!(r.next() <= r.deadline() - last_try);
+        delays.push(r.next() - now);
+        now = r.next();
     }
     // 0.5 s, 1 s, 2 s, 2 s, ... (less up to 20% jitter), then cut at the deadline.
     assert!(delays[0] <= RETRY / 4 && delays[0] >= RETRY / 5, "{delays:?}");
     assert!(delays.iter().all(|d| *d <= RETRY), "{delays:?}");
-    assert_eq!(now, r.deadline(RENEW) - last_try);
+    assert_eq!(now, r.deadline() - last_try);
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_pause_is_honoured_until_a_renewal_becomes_urgent() {
     let p = phases(1);
     let t0 = Instant::now();
-    let r = Renewal::new(&p, 0, t0);
+    let r = Held::new(&p, 0, t0, LAST_TRY);
     let mut th = Throttle::new(Duration::from_millis(500), Duration::from_secs(15));
-    assert_eq!(r.hold_back(t0, &th, RENEW), None);
+    assert_eq!(r.hold_back(t0, &th), None);
     th.overloaded(t0, Some(Duration::from_secs(1)));
-    assert_eq!(r.hold_back(t0, &th, RENEW), Some(t0 + Duration::from_secs(1)));
+    assert_eq!(r.hold_back(t0, &th), Some(t0 + Duration::from_secs(1)));
     // A long Retry-After: waited only until the renewal is urgent (half the deadline).
     th.overloaded(t0, Some(Duration::from_secs(60)));
-    assert_eq!(r.hold_back(t0, &th, RENEW), Some(t0 + RENEW / 2));
+    assert_eq!(r.hold_back(t0, &th), Some(t0 + RENEW / 2));
     tokio::time::advance(RENEW / 2).await;
-    assert_eq!(r.hold_back(Instant::now(), &th, RENEW), None);
+    assert_eq!(r.hold_back(Instant::now(), &th), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -135,9 +176,8 @@ async fn timers_come_due_in_order_once_each() {
 /// 10 s / 2 s, at most 16 calls in flight, each taking 10 ms, against an API server whose
 /// capacity drops for a while.
 struct Overload {
-    p: Phases,
     t0: Instant,
-    r: Vec<Renewal>,
+    r: Vec<Held>,
     th: Throttle,
     timers: Timers,
     /// In flight: (answer at, shard, sent at).
@@ -159,14 +199,15 @@ impl Overload {
     fn new() -> Self {
         let p = phases(Self::SHARDS);
         let t0 = Instant::now();
-        let r: Vec<Renewal> = (0..Self::SHARDS).map(|i| Renewal::new(&p, i, t0)).collect();
+        let r: Vec<Held> = (0..Self::SHARDS)
+            .map(|i| Held::new(&p, i, t0, LAST_TRY))
+            .collect();
         let th = Throttle::new(RETRY / 4, Duration::from_secs(15));
         let mut timers = Timers::default();
         for (i, x) in r.iter().enumerate() {
-            timers.at(x.next, Key::Shard(i as u32));
+            timers.at(x.next(), Key::Shard(i as u32));
         }
         Self {
-            p,
             t0,
             r,
             th,
@@ -193,7 +234,6 @@ impl Overload {
     /// The answers due by `now`.
     fn answer(&mut self, now: Instant) {
         let Self {
-            p,
             t0,
             r,
             th,
@@ -222,13 +262,13 @@ impl Overload {
                     *ok_after += 1;
                 }
                 th.succeeded();
-                x.succeeded(p, sent);
+                x.succeeded(sent);
             } else {
                 *refused += 1;
                 th.overloaded(now, Some(Duration::from_secs(1)));
-                x.failed(now, RENEW, Duration::from_secs(1));
+                x.failed(now);
             }
-            timers.at(x.next, Key::Shard(i));
+            timers.at(x.next(), Key::Shard(i));
             false
         });
     }
@@ -238,15 +278,15 @@ impl Overload {
         for k in self.timers.due(now) {
             let Key::Shard(i) = k else { continue };
             let x = &self.r[i as usize];
-            if now >= x.deadline(RENEW) {
+            if now >= x.deadline() {
                 self.lost += 1;
                 continue;
             }
-            if x.next > now {
-                self.timers.at(x.next, k);
+            if x.next() > now {
+                self.timers.at(x.next(), k);
                 continue;
             }
-            match x.hold_back(now, &self.th, RENEW) {
+            match x.hold_back(now, &self.th) {
                 Some(later) => self.timers.at(later, k),
                 None => self.waiting.push(i),
             }
@@ -296,7 +336,7 @@ async fn an_overloaded_api_server_costs_no_shard() {
     } = sim;
     assert_eq!(lost, 0, "shards lost by their renew deadline");
     for x in &r {
-        assert!(end < x.deadline(RENEW), "a shard is past its deadline");
+        assert!(end < x.deadline(), "a shard is past its deadline");
     }
     // The last 10 s: 5 periods of 1,000 renewals.
     let ideal = 5 * SHARDS as usize;
