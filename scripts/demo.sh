@@ -2,7 +2,8 @@
 # The main job: watch a leader election happen with the `kube-leader` command.
 #
 # On a fresh machine it sets up what is missing (the control-plane binaries, cached by
-# ./scripts/testenv-assets.sh; the sidecar build of kube-leader), then:
+# ./scripts/testenv-assets.sh; the static kube-leader binary of scripts/static.sh, or the
+# sidecar build where musl-gcc is missing), then:
 #   1. starts a local control plane (etcd, kube-apiserver, kube-controller-manager) on free
 #      127.0.0.1 ports, in a temporary directory;
 #   2. leader for life: three `kube-leader run` candidates (Pod objects stand for them), shows
@@ -12,8 +13,13 @@
 #   4. stops every process it started, also on Ctrl-C or error.
 #
 # Where the machine can run a real kubelet node, the demo runs there instead
-# (scripts/demo-node.sh: three real Pods of deploy/deployment.yaml, `kubectl delete pod` on the
-# leader); KUBE_LEADER_DEMO_NODE=0 skips that.
+# (scripts/demo-node.sh: `kubectl apply -k deploy/for-life` and `-k deploy/lease`, three real
+# Pods each with kube-leader's own image and the app image, `kubectl delete pod` on the leader);
+# KUBE_LEADER_DEMO_NODE=0 skips that.
+#
+# Every takeover is printed on a line of its own, which the test command checks:
+#   takeover (STRATEGY, WHERE): N ms from EVENT to NEXT's COMMAND
+# Any failed step prints what failed and why, and the demo exits non-zero.
 #
 # Options (environment): KUBE_LEADER_DEMO_KEEP=1 keeps the temporary directory with all logs.
 set -euo pipefail
@@ -63,16 +69,26 @@ step "setting up (control-plane binaries, sidecar build)"
 ASSETS=$(./scripts/testenv-assets.sh)
 command -v openssl >/dev/null || die "openssl is missing (apt-get install openssl)"
 command -v python3 >/dev/null || die "python3 is missing (apt-get install python3)"
-cargo build --profile sidecar --quiet -p kube-leader-cli
-BIN="$PWD/target/sidecar/kube-leader"
-say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; control plane from $ASSETS"
+# What the project ships: the static binary (its image is FROM scratch); the sidecar build where
+# this machine cannot build it.
+if command -v musl-gcc >/dev/null; then
+  BIN=$(./scripts/static.sh amd64) || die "scripts/static.sh amd64 failed (see above)"
+else
+  say "musl-gcc is missing (scripts/node-deps.sh installs it as root): the glibc sidecar build instead"
+  cargo build --profile sidecar --quiet -p kube-leader-cli
+  BIN="$PWD/target/sidecar/kube-leader"
+fi
+K8S_VERSION=$("$ASSETS/kube-apiserver" --version | awk '{print $2}')
+say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; Kubernetes $K8S_VERSION from $ASSETS"
 
 # --- on a real node, where the machine allows it -----------------------------------------------
-# Three real Pods of deploy/deployment.yaml on a kubelet node (scripts/demo-node.sh); where the
+# Three real Pods of deploy/ per strategy on a kubelet node (scripts/demo-node.sh); where the
 # machine cannot run one (it says why), the demo below with Pod objects that never run.
 if [ "${KUBE_LEADER_DEMO_NODE:-1}" = 1 ]; then
   node_code=0
-  KUBE_LEADER_BIN="$BIN" ./scripts/demo-node.sh || node_code=$?
+  node_bin=()
+  file -L "$BIN" | grep -q 'statically linked\|static-pie linked' && node_bin=(KUBE_LEADER_BIN="$BIN")
+  env "${node_bin[@]}" ./scripts/demo-node.sh || node_code=$?
   [ "$node_code" = 3 ] || exit "$node_code"
   say "so: the demo with Pod objects that never run (no kubelet)"
 fi
@@ -109,12 +125,21 @@ start etcd "$ASSETS/etcd" --name=default --data-dir="$WORK/etcd" \
 PIDS+=("$LAST_PID")
 wait_for 30 etcd sh -c "curl -sf http://127.0.0.1:$ETCD_PORT/health | grep -q '\"health\":\"true\"'"
 
-openssl genrsa -out "$WORK/sa.key" 2048 2>/dev/null
-openssl rsa -in "$WORK/sa.key" -pubout -out "$WORK/sa.pub" 2>/dev/null
-TOKEN=$(openssl rand -hex 16)
+ssl() { # ARGS...: openssl, its messages kept unless it fails
+  openssl "$@" 2>"$WORK/openssl.log" || die "openssl $1 failed: $(cat "$WORK/openssl.log")"
+}
+ssl genrsa -out "$WORK/sa.key" 2048
+ssl rsa -in "$WORK/sa.key" -pubout -out "$WORK/sa.pub"
+TOKEN=$(ssl rand -hex 16)
+# Flags that only some releases take: 1.20 still has an insecure port, to be turned off, and a
+# controller manager port; 1.24 and later refuse both flags.
+LEGACY_APISERVER=() LEGACY_KCM=()
+case "$K8S_VERSION" in
+  v1.1[0-9].* | v1.2[0-3].*) LEGACY_APISERVER=(--insecure-port=0) LEGACY_KCM=(--port=0) ;;
+esac
 echo "$TOKEN,admin,1,\"system:masters\"" >"$WORK/tokens.csv"
 start kube-apiserver "$ASSETS/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --secure-port="$API_PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --insecure-port=0 \
+  --secure-port="$API_PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 "${LEGACY_APISERVER[@]}" \
   --cert-dir="$WORK/certs" --token-auth-file="$WORK/tokens.csv" \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$WORK/sa.pub" \
   --service-account-signing-key-file="$WORK/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
@@ -141,7 +166,7 @@ wait_for 60 kube-apiserver sh -c "curl -skf -H 'Authorization: Bearer $TOKEN' ht
 wait_for 30 "the default namespace" "${KUBECTL[@]}" get namespace default
 start kube-controller-manager "$ASSETS/kube-controller-manager" --kubeconfig="$KUBECONFIG" \
   --controllers=garbagecollector,namespace --leader-elect=false --bind-address=127.0.0.1 \
-  --secure-port=0 --port=0
+  --secure-port=0 "${LEGACY_KCM[@]}"
 PIDS+=("$LAST_PID")
 "${KUBECTL[@]}" create namespace demo >/dev/null
 say "ready in $(( ($(now_ms) - t0) )) ms: https://127.0.0.1:$API_PORT, namespace demo (no kubelet: Pods never run)"
@@ -175,7 +200,7 @@ nth_leader() { # STRATEGY N
   STARTED_MS=$(( started_ns / 1000000 ))
 }
 show_status() { # STRATEGY
-  "$BIN" status --lock "demo-$1" --strategy "$1" 2>/dev/null | sed 's/^/     /'
+  "$BIN" status --lock "demo-$1" --strategy "$1" | sed 's/^/     /'
 }
 followers_idle() { # STRATEGY: how many of the COMMANDs ever started run now
   local n=0 m=0 pid
@@ -207,6 +232,7 @@ kill -KILL "${CANDIDATE_PID[for-life-$LEADER]}"
 old=$LEADER
 nth_leader for-life 2
 say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the kill (fencing token $TOKEN):"
+say "takeover (for-life, Pod objects): $(( STARTED_MS - t_kill )) ms from the leader's kill to $LEADER's COMMAND"
 say "the garbage collector deleted $old's lock with its Pod, a waiting candidate saw it at once"
 sleep 0.5
 followers_idle for-life
@@ -223,10 +249,12 @@ t_kill=$(now_ms)
 kill -KILL "${CANDIDATE_PID[lease-$LEADER]}"
 nth_leader lease 2
 say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the crash (fencing token $TOKEN)"
+say "takeover (lease crash, Pod objects): $(( STARTED_MS - t_kill )) ms from the leader's kill to $LEADER's COMMAND"
 say "graceful stop: SIGTERM $LEADER's kube-leader (COMMAND stops, then the lease is released)"
 t_kill=$(now_ms)
 kill -TERM "${CANDIDATE_PID[lease-$LEADER]}"
 nth_leader lease 3
 say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the SIGTERM (fencing token $TOKEN)"
+say "takeover (lease, Pod objects): $(( STARTED_MS - t_kill )) ms from the leader's SIGTERM to $LEADER's COMMAND"
 sleep 0.5
 followers_idle lease

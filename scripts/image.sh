@@ -13,6 +13,11 @@
 #       An image that knows nothing of kube-leader, the stand-in for a user's program in the
 #       real-node tests of deploy/patterns: busybox, and /usr/local/bin/app, a shell loop that
 #       prints "app: started as $POD_NAME" and "app: stopping as $POD_NAME" on SIGTERM.
+#   scripts/image.sh busybox [--no-load]
+#       The stand-in for the public app image that deploy/base names, busybox:1.36 (its full
+#       reference docker.io/library/busybox:1.36): no registry here, so this machine's
+#       busybox-static (Debian's, 1.35) with a link per applet, user 65532. The demo and the
+#       real-node test of deploy/ as shipped load it under that name.
 #   scripts/image.sh copy-from [--binary FILE] [--no-load]
 #       deploy/patterns/copy-from/Dockerfile built with buildah: the app image above with
 #       kube-leader copied in (`COPY --from=` the kube-leader image).
@@ -47,7 +52,7 @@ die() { log "error: $*"; exit 1; }
 
 KIND=kube-leader
 case "${1:-}" in
-  kube-leader|app|copy-from|pause|node-test|go-candidate) KIND=$1; shift ;;
+  kube-leader|app|busybox|copy-from|pause|node-test|go-candidate) KIND=$1; shift ;;
 esac
 BINARY=""
 LOAD=1
@@ -123,17 +128,18 @@ add_kube_leader() { # FILE
 }
 
 # --- the archive ----------------------------------------------------------------------------
-# write_archive NAME TAG-PREFIX CONFIG-JSON: the layer from the rootfs, then the archive.
-# The tag is TAG-PREFIX, with "-<12 hex of the layer digest>" appended if TAG-PREFIX ends in "-".
+# write_archive NAME TAG-PREFIX CONFIG-JSON [REF]: the layer from the rootfs, then the archive.
+# The tag is TAG-PREFIX, with "-<12 hex of the layer digest>" appended if TAG-PREFIX ends in "-";
+# REF, if given, is the image's whole reference instead of localhost/NAME:TAG.
 write_archive() {
-  local name=$1 tag=$2 config=$3
+  local name=$1 tag=$2 config=$3 ref_override=${4:-}
   # Reproducible layer: sorted, owned by root, fixed times; same content, same digest.
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu \
     -C "$ROOTFS" -cf "$WORK/layer.tar" .
   local diff_id
   diff_id=$(sha256sum "$WORK/layer.tar" | cut -d' ' -f1)
   case "$tag" in *-|"") tag="$tag${diff_id:0:12}" ;; esac
-  local ref="localhost/$name:$tag"
+  local ref="${ref_override:-localhost/$name:$tag}"
   local archive="$IMAGES/$name-${diff_id:0:12}.tar"
   if [ ! -s "$archive" ]; then
     mkdir -p "$WORK/archive/$diff_id"
@@ -234,6 +240,11 @@ case "$KIND" in
     add_busybox
     install -m 0755 scripts/images/app.sh "$ROOTFS/usr/local/bin/app"
     write_archive kube-leader-test-app "" "{$USER_CONFIG,\"Entrypoint\":[\"/usr/local/bin/app\"]}"
+    ;;
+  busybox)
+    add_base
+    add_busybox
+    write_archive busybox 1.36 "{$USER_CONFIG,\"Cmd\":[\"sh\"]}" docker.io/library/busybox:1.36
     ;;
   copy-from)
     [ "$ARCH" = amd64 ] || die "copy-from builds for amd64 only (the app image is this machine's busybox)"

@@ -133,6 +133,26 @@ step "benchmark harness, CI mode (a few rounds, so it cannot rot; figures in tar
 KUBE_LEADER_CLI="${KUBE_LEADER_STATIC_AMD64:-}" \
   cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
 
+step "the main job: ./scripts/demo.sh (README), end to end"
+# The demo as a user runs it; it fails the run if it fails, and if it shows no takeover or one
+# whose figure does not parse: on a real node both strategies after `kubectl delete pod`, else
+# the three takeovers of its Pod-object demo.
+demo_log="$RUN_TMP/demo.log"
+./scripts/demo.sh 2>&1 | tee "$demo_log"
+if grep -q '^   no real node on this machine' "$demo_log"; then
+  want=("for-life, Pod objects" "lease crash, Pod objects" "lease, Pod objects")
+else
+  want=("for-life, real node" "lease, real node")
+fi
+for w in "${want[@]}"; do
+  line=$(grep -F "   takeover ($w): " "$demo_log" || true)
+  if ! [[ "$line" =~ ^\ \ \ takeover\ \(.*\):\ ([0-9]+)\ ms\ from ]]; then
+    echo "the demo showed no takeover ($w) with a figure in ms; it printed: ${line:-nothing}" >&2
+    exit 1
+  fi
+  echo "demo takeover ($w): ${BASH_REMATCH[1]} ms"
+done
+
 step "no control-plane process or node left behind"
 sleep 1
 left=$(pgrep -af "$RUN_TMP" || true)

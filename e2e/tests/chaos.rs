@@ -297,13 +297,15 @@ impl Kind {
         )
     }
 
-    /// Leader for life: faults whose lock is deleted by someone else than the living leader (an
-    /// administrator, or the garbage collector after its Pod was deleted): the leader learns it
-    /// from its watch while a successor may create the lock at once (see [`Deposition`]). An
-    /// eviction is not one of them: the leader's own Pod turned terminal, it must stop COMMAND
-    /// and delete the lock itself, and no successor may lead before (0 overlap, asserted).
+    /// Leader for life: faults whose lock the garbage collector deletes after the leader's Pod
+    /// was deleted, with no kubelet to stop its process: the leader learns it from its watch
+    /// while a successor may lead (see [`Deposition`]). Neither an eviction (the leader's own
+    /// Pod turned terminal: it stops COMMAND and deletes the lock itself) nor `lock-delete` (a
+    /// lock deleted under a live leader: the successor waits for the leader's word that its
+    /// work stopped, Safety IV) is one of them: no successor may lead before (0 overlap,
+    /// asserted).
     fn deletes_under_a_live_leader(self) -> bool {
-        matches!(self, Kind::LockDelete | Kind::PodDelete | Kind::Recreate)
+        matches!(self, Kind::PodDelete | Kind::Recreate)
     }
 }
 

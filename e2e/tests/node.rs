@@ -1124,6 +1124,11 @@ impl Deployed {
 /// lock, the Downward API's identity and namespace, client-go's default timings (the same as
 /// kube-leader's), stated.
 fn for_client_go(deployment: &mut Value) {
+    // The candidate is its own program: deploy/base's initContainer, which installs kube-leader,
+    // has nothing to do.
+    if let Some(spec) = deployment["spec"]["template"]["spec"].as_object_mut() {
+        spec.remove("initContainers");
+    }
     let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
     container["command"] = json!(["/usr/local/bin/kube-leader-go-candidate"]);
     container["args"] = json!([

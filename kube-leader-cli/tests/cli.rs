@@ -44,6 +44,9 @@ const WAIT: Duration = Duration::from_secs(60);
 
 mod support;
 
+#[path = "cli/deleted_lock.rs"]
+mod deleted_lock;
+
 use support::wait_for;
 
 fn scratch_dir(name: &str) -> PathBuf {

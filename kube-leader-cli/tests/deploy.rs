@@ -432,6 +432,7 @@ async fn kubectl_apply_k_deploy_is_restricted_with_limits_and_a_pdb() {
     // `kubectl apply -k deploy/` is leader for life, as `kube-leader run` defaults, written out.
     for variant in ["", "for-life"] {
         let d = check_variant(cp, variant, "kube-leader-for-life").await;
+        installs_kube_leader(&d, "busybox:1.36");
         let a = args(&d);
         assert_eq!(
             &a[..5],
@@ -612,6 +613,11 @@ async fn kubectl_apply_k_the_copy_from_pattern() {
         spec.containers[0].command.as_deref(),
         Some(&["kube-leader".to_owned()][..])
     );
+    assert!(spec.init_containers.is_none(), "no initContainer");
+    let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &v.name).collect();
+    assert_eq!(volumes, ["tmp"], "no emptyDir for the binary");
+    let mounts: Vec<_> = spec.containers[0].volume_mounts.iter().flatten().map(|m| &m.name).collect();
+    assert_eq!(mounts, ["tmp"]);
 }
 
 /// `deploy/patterns/init-container`: the user's image untouched; an initContainer of the
@@ -621,7 +627,21 @@ async fn kubectl_apply_k_the_init_container_pattern() {
     let cp = ControlPlane::shared();
     let d = check_variant(cp, "patterns/init-container", "kube-leader-lease").await;
     assert_eq!(&args(&d)[..3], ["run", "--strategy", "lease"]);
-    let spec = d.spec.unwrap().template.spec.unwrap();
+    installs_kube_leader(&d, "localhost/my-app:1.0.0");
+}
+
+/// `deploy/lease`: the shipped images, the public busybox and kube-leader's own.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_deploy_lease_uses_public_and_own_images() {
+    let cp = ControlPlane::shared();
+    let d = check_variant(cp, "lease", "kube-leader-lease").await;
+    installs_kube_leader(&d, "busybox:1.36");
+}
+
+/// The initContainer shape of deploy/base: the kube-leader image installs the binary into an
+/// emptyDir that the app container, of image `app_image`, runs it from.
+fn installs_kube_leader(d: &Deployment, app_image: &str) {
+    let spec = d.spec.clone().unwrap().template.spec.unwrap();
     let init = spec.init_containers.clone().unwrap_or_default();
     assert_eq!(init.len(), 1, "one initContainer");
     assert_eq!(init[0].image.as_deref(), Some("localhost/kube-leader:0.1.0"));
@@ -630,7 +650,7 @@ async fn kubectl_apply_k_the_init_container_pattern() {
         Some(&["install".to_owned(), "/kube-leader".to_owned()][..])
     );
     let app = &spec.containers[0];
-    assert_eq!(app.image.as_deref(), Some("localhost/my-app:1.0.0"));
+    assert_eq!(app.image.as_deref(), Some(app_image));
     assert_eq!(
         app.command.as_deref(),
         Some(&["/kube-leader/kube-leader".to_owned()][..])

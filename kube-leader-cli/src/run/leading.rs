@@ -132,10 +132,17 @@ impl Leading<'_> {
             // real node that takes seconds after `kubectl delete pod` (the kubelet stops every
             // container first). The leader usually sees its Pod's deletion before the kubelet's
             // SIGTERM reaches it, so this is the common path of a deletion, not the signal's.
-            let how = if matches!(
-                leadership.loss_reason(),
-                Some(kube_leader::LossReason::PodEnding { .. })
-            ) {
+            // Likewise a leader for life whose lock was deleted under it: now that COMMAND has
+            // stopped it says so (the library creates the lock again, marked released), and
+            // waiting candidates, which do not take over without that word, take over at once.
+            let says_stopped = self.status.strategy.keeps_lock_after_work()
+                && leadership.loss_reason() == Some(kube_leader::LossReason::LockDeleted);
+            let how = if says_stopped
+                || matches!(
+                    leadership.loss_reason(),
+                    Some(kube_leader::LossReason::PodEnding { .. })
+                )
+            {
                 StepDown::ReleaseOwnPodEnding
             } else {
                 StepDown::Keep

@@ -149,7 +149,12 @@ pub(crate) enum Proof {
     /// The leader's Pod is gone (or replaced) after its graceful deletion was seen: the kubelet
     /// deletes a Pod for good only once its containers have stopped.
     PodDeletionCompleted,
-    /// The leader marked the lock released: its work had stopped.
+    /// The leader marked the lock released: its work had stopped. A leader whose lock was
+    /// deleted under it (by anyone but itself, while its Pod lives) says the same once its work
+    /// has stopped: it creates its lock again, owned by its Pod, already marked released (the
+    /// keeper's `say_stopped`). Until then, or until one of the other proofs holds for its Pod
+    /// or its heartbeat, a waiting candidate does not create a new lock
+    /// ([`Waiting::LeaderMayRun`]).
     Released,
     /// The Pod's grace (plus [`KILL_MARGIN`]) has passed, by this candidate's clock, since it
     /// saw the Pod end (terminal, gone or replaced): the kubelet has killed its containers.
@@ -199,6 +204,8 @@ pub(crate) enum Waiting {
     LeaderMayRun { holder: String, how: String },
     /// The leader's Node is not `Ready`; the opt-in takeover waits for its grace.
     LeaderNodeNotReady { holder: String, node: String },
+    /// The lock was deleted while its leader's Pod lives: its work may still run.
+    LockDeletedUnderLeader { holder: String },
     /// The lock is being deleted.
     LockTerminating,
     /// The lock cannot be attributed to a leader Pod; never taken over.
@@ -226,6 +233,12 @@ impl fmt::Display for Waiting {
                 "the leader Pod {holder} {how}, but its containers may still run; waiting until its \
                  leader releases the lock, its Pod's deletion completes, its liveness heartbeat lapses \
                  (if its lock has one), or its grace period has passed"
+            ),
+            Waiting::LockDeletedUnderLeader { holder } => write!(
+                f,
+                "the lock of {holder} was deleted while its Pod runs, and its work may still run; \
+                 waiting until it says its work stopped (it creates its lock again marked released), \
+                 its Pod ends, or its liveness heartbeat lapses (if its lock had one)"
             ),
             Waiting::LockTerminating => f.write_str("the lock is being deleted"),
             Waiting::Successor { holder, preferred } => write!(
@@ -382,14 +395,33 @@ fn decide_without_lock(i: &Inputs<'_>) -> Decision {
                 recheck_at: None,
             };
         }
-        // A live leader whose lock an admin deleted: it learns so from its lock watch.
-        LeaderPod::Present(pod) if pod.uid == fate.owner.uid => return Decision::Create,
+        // A live leader whose lock was deleted under it (an admin, a prune, a cleanup script):
+        // it learns so from its lock watch, but its work stops only later (COMMAND's grace, the
+        // user's code noticing the loss). Wait for its own word, or for its heartbeat to lapse.
+        LeaderPod::Present(pod) if pod.uid == fate.owner.uid => return deleted_under_leader(i, fate, holder),
         _ => "is gone".to_string(),
     };
     let vanished = !matches!(i.leader_pod, LeaderPod::Present(p) if p.uid == fate.owner.uid);
     match proof(i, Some(fate), vanished) {
         Ok(_) => Decision::Create,
         Err(recheck_at) => may_run(holder, &how, recheck_at),
+    }
+}
+
+/// With no lock, and the last owner's Pod alive: its lock was deleted under it. Nothing of its
+/// end proves its work stopped, so create only on [`Proof::LivenessLapsed`] (its lock carried a
+/// heartbeat: the leader stops its work by its last heartbeat's send plus its liveness);
+/// otherwise wait for its word ([`Proof::Released`]: once its work stopped, it creates its lock
+/// again marked released, which [`decide`] takes over) or for its Pod to end with a proof.
+/// A leader that never says so (an older kube-leader, operator-sdk's `leader.Become`, which
+/// never notices the deletion) is never assumed stopped: it may still be running its work.
+fn deleted_under_leader(i: &Inputs<'_>, fate: &Fate, holder: String) -> Decision {
+    match fate.liveness_deadline() {
+        Some(lapsed) if i.now >= lapsed => Decision::Create,
+        lapsed => Decision::Wait {
+            why: Waiting::LockDeletedUnderLeader { holder },
+            recheck_at: lapsed,
+        },
     }
 }
 

@@ -16,7 +16,7 @@ use super::{
     api::{cm_op, pod_op, uid_precondition},
     config::INITIAL_BACKOFF,
     heartbeat::{check_lock, Beat},
-    record::{LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
+    record::{lock_config_map, LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
 };
 use crate::{
     api::{call, Failure},
@@ -134,6 +134,9 @@ impl Keeper {
 
     /// The handle was dropped or released; `watched`: the lock as its watch shows it.
     async fn step_down(&self, handle: &KeeperHandle, watched: Option<ConfigMap>) -> Result<()> {
+        if handle.reason() == Some(LossReason::LockDeleted) {
+            return self.say_stopped().await;
+        }
         if handle.release_requested() {
             // The loss first: once the lock is deleted a successor may start at once.
             handle.lose(LossReason::Released);
@@ -256,6 +259,68 @@ impl Keeper {
                     let delay = backoff.next_delay();
                     debug!(error = %e, ?delay, "releasing the lock failed; retrying");
                     tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// The lock was deleted under this term by someone else (an admin, a prune, a cleanup
+    /// script) while this Pod lives, and the work has now stopped (the handle was released or
+    /// dropped). Waiting candidates do not take over until this leader says so (or its Pod ends
+    /// with a proof, or its heartbeat lapses): say it by creating the lock again, owned by this
+    /// Pod and already marked released, naming the successor as a release does. They take it
+    /// over on that mark ([`Proof::Released`](super::decide::Proof::Released)). A lock that
+    /// exists by now is somebody else's (a candidate that never saw this term): nothing to say.
+    async fn say_stopped(&self) -> Result<()> {
+        let successor = self.successor().await;
+        let now = Timestamp::now();
+        let mut cm = lock_config_map(&self.lock, &self.me, now);
+        let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(RELEASED_ANNOTATION.to_string(), now.to_string());
+        if let Some(successor) = successor.as_deref() {
+            annotations.insert(
+                PREFERRED_HOLDER_ANNOTATION.to_string(),
+                preferred_value(now, successor),
+            );
+        }
+        let (started, mut failures) = (Instant::now(), 0);
+        let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
+        let fail = "the lock had been deleted under this leader; could not say that its work \
+            stopped (waiting candidates take over once this Pod ends)";
+        loop {
+            let create = self.configmaps.create(&PostParams::default(), &cm);
+            match call(cm_op(&self.lock, "create"), self.api_timeout, create).await {
+                Ok(_) => {
+                    let successor = successor.as_deref().unwrap_or("(none)");
+                    info!(%successor, "the lock had been deleted under this leader; its work has \
+                        stopped: created the lock again, marked released, for the waiting candidates");
+                    return Ok(());
+                }
+                Err(Failure::Conflict) => {
+                    info!("the lock had been deleted under this leader, and another candidate \
+                        created it since; nothing to release");
+                    return Ok(());
+                }
+                Err(Failure::NotFound) => {
+                    info!("the lock's namespace is gone; nothing to release");
+                    return Ok(());
+                }
+                Err(Failure::Transient(e)) if failures < 2 => {
+                    failures += 1;
+                    let delay = backoff.next_delay();
+                    debug!(error = %e, ?delay, "creating the released lock failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(Failure::Transient(e)) => {
+                    warn!(error = %e, "{fail}");
+                    return Err(Error::Unreachable {
+                        elapsed: started.elapsed(),
+                        source: e,
+                    });
+                }
+                Err(Failure::Fatal(e)) => {
+                    warn!(error = %e, "{fail}");
+                    return Err(e);
                 }
             }
         }

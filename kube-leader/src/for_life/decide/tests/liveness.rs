@@ -215,3 +215,24 @@ fn a_lock_this_candidate_deleted_on_the_proof_is_created_at_once() {
     let d = at(None, &LeaderPod::Absent, &mut fate, lapsed_at(t0));
     assert_eq!(d, Decision::Create);
 }
+
+#[test]
+fn a_lock_deleted_under_a_live_beating_leader_is_taken_once_its_heartbeat_lapsed() {
+    // The leader stops its work by its last heartbeat's send plus its liveness: counted from
+    // when the lock was seen gone (a heartbeat sent just before may not have been seen).
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    at(Some(&beating("t1")), &running(), &mut fate, t0);
+    let gone = t0 + Duration::from_secs(1);
+    let d = at(None, &running(), &mut fate, gone);
+    assert_eq!(
+        d,
+        Decision::Wait {
+            why: Waiting::LockDeletedUnderLeader {
+                holder: "leader".into()
+            },
+            recheck_at: Some(lapsed_at(gone)),
+        }
+    );
+    assert_eq!(at(None, &running(), &mut fate, lapsed_at(gone)), Decision::Create);
+}

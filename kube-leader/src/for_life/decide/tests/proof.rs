@@ -207,7 +207,7 @@ fn with_no_lock_an_unproven_end_of_the_last_leader_is_waited_for() {
 }
 
 #[test]
-fn with_no_lock_a_proven_or_live_last_leader_lets_the_lock_be_created() {
+fn with_no_lock_a_proven_last_leader_lets_the_lock_be_created() {
     let t0 = Instant::now();
     // Released by its leader (the lock was marked before it was deleted).
     let mut fate = seen_running();
@@ -221,11 +221,6 @@ fn with_no_lock_a_proven_or_live_last_leader_lets_the_lock_be_created() {
         run_at(None, &LeaderPod::Absent, &mut fate, SEED, t0),
         Decision::Create
     );
-    // A live leader whose lock an admin deleted: taken at once, as before (the old leader
-    // learns of it from its lock watch).
-    let mut fate = seen_running();
-    let running = pod("leader-1", "Running", None);
-    assert_eq!(run_at(None, &running, &mut fate, SEED, t0), Decision::Create);
     // No leader seen at all.
     assert_eq!(run(None, &LeaderPod::Unknown, SEED), Decision::Create);
 }
@@ -305,4 +300,64 @@ fn with_no_lock_a_dead_last_leader_pod_is_deleted_by_policy() {
     assert_eq!(dead(None, &pod("leader-1", "Running", None), SEED), None);
     let l = lock(Ok(leader()));
     assert_eq!(dead(Some(&l), &evicted, SEED), None, "DeleteLock carries it");
+}
+
+#[test]
+fn a_lock_deleted_under_a_live_leader_is_not_taken_without_its_word() {
+    // An admin (a prune, a cleanup script) deleted the lock while its leader's Pod runs: its work
+    // may still run, and without a heartbeat nothing bounds it. Wait, however long, with no
+    // recheck: only news (its released lock, its Pod's end) moves the decision.
+    let mut fate = seen_running();
+    let t0 = Instant::now();
+    let running = pod("leader-1", "Running", None);
+    for later in [0, 60, 3600] {
+        let d = run_at(None, &running, &mut fate, SEED, t0 + Duration::from_secs(later));
+        assert_eq!(
+            d,
+            Decision::Wait {
+                why: Waiting::LockDeletedUnderLeader {
+                    holder: "leader".into()
+                },
+                recheck_at: None,
+            },
+            "{later} s after"
+        );
+    }
+    // Its word: once its work stopped it creates its lock again, marked released.
+    let mut tombstone = lock(Ok(leader()));
+    tombstone.uid = "lock-2".into();
+    tombstone.released = true;
+    let d = run_at(Some(&tombstone), &running, &mut fate, SEED, t0);
+    assert!(
+        matches!(
+            d,
+            Decision::DeleteLock {
+                proof: Proof::Released,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    // Its Pod deleted gracefully, then gone: the kubelet stopped its containers.
+    let mut fate = seen_running();
+    let mut deleting = running.clone();
+    if let LeaderPod::Present(p) = &mut deleting {
+        p.deleting = true;
+        p.graceful_deletion = true;
+    }
+    let d = run_at(None, &deleting, &mut fate, SEED, t0);
+    assert!(matches!(d, Decision::Wait { .. }), "{d:?}");
+    assert_eq!(
+        run_at(None, &LeaderPod::Absent, &mut fate, SEED, t0),
+        Decision::Create
+    );
+}
+
+#[test]
+fn the_wait_for_a_live_leader_says_why() {
+    let w = Waiting::LockDeletedUnderLeader {
+        holder: "leader".into(),
+    };
+    let text = w.to_string();
+    assert!(text.contains("leader") && text.contains("released"), "{text}");
 }

@@ -1,0 +1,148 @@
+//! Safety IV: a lock deleted under a live leader whose COMMAND is slow to stop. The next
+//! COMMAND must not start before the old one has ended, whoever deleted the lock (an admin, a
+//! prune, a cleanup script) and whatever the lock (a leader-for-life ConfigMap, a Lease).
+
+use super::*;
+
+/// How long the leader's COMMAND takes to stop after SIGTERM (a program that flushes its work).
+const SLOW_STOP: &str = "sleep 3";
+
+/// `COMMAND` that records its start, and on SIGTERM sleeps, records its end and exits.
+fn slow_work(dir: &Path, id: &str) -> Vec<String> {
+    let d = dir.display();
+    let on_term = format!("{SLOW_STOP}; date +%s%N > {d}/{id}.stopped; exit 0");
+    let mut script = work_script(dir, id, &on_term);
+    let body = script.pop().expect("the script");
+    script.push(format!("date +%s%N > {d}/{id}.started; {body}"));
+    script
+}
+
+fn ns_at(dir: &Path, file: &str) -> Option<u128> {
+    fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+}
+
+/// Until `follower` leads (or `until` passes), checks that the leader's COMMAND is never alive
+/// while the follower's runs; returns whether the follower led.
+fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> bool {
+    let old = leader.command_pid().expect("the leader's COMMAND started");
+    let start = Instant::now();
+    while start.elapsed() < until {
+        if follower.leading() {
+            assert!(
+                !alive(old),
+                "two COMMANDs ran together: {} started while {}'s COMMAND (pid {old}) still ran",
+                follower.id,
+                leader.id
+            );
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Both COMMANDs' times: the follower's start is after the leader's end.
+fn started_after_stop(dir: &Path, leader: &str, follower: &str) {
+    let stopped = ns_at(dir, &format!("{leader}.stopped")).expect("the old COMMAND recorded its end");
+    let started = ns_at(dir, &format!("{follower}.started")).expect("the new COMMAND recorded its start");
+    assert!(
+        started >= stopped,
+        "{follower}'s COMMAND started {} ms before {leader}'s ended",
+        (stopped - started) / 1_000_000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("deleted-for-life");
+    for pod in ["dl1", "dl2"] {
+        create_pod(&client, ns.name(), pod).await.unwrap();
+    }
+    let flags = ["--lock", "dl", "--namespace", ns.name(), "--grace", "10s"];
+    let spawn = |pod: &str| {
+        let work = slow_work(&dir, pod);
+        Candidate::spawn_with(cp.kubeconfig_path(), &dir, pod, &flags, &work, &[("POD_NAME", pod)])
+    };
+    let mut leader = spawn("dl1");
+    wait_for("dl1 leads", WAIT, || leader.leading().then_some(()));
+    let follower = spawn("dl2");
+    wait_for("dl2 follows", WAIT, || {
+        follower.log_text().contains("leader is dl1").then_some(())
+    });
+
+    // An admin deletes the lock: dl1 loses and stops its COMMAND (3 s); dl2 waits for its word.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    cms.delete("dl", &DeleteParams::default()).await.unwrap();
+    assert!(
+        never_together(&leader, &follower, WAIT),
+        "dl2 never took over after dl1 stopped; dl1's log:\n{}\ndl2's log:\n{}",
+        leader.log_text(),
+        follower.log_text()
+    );
+    started_after_stop(&dir, "dl1", "dl2");
+    assert_eq!(leader.wait_exit(WAIT).code(), Some(124), "{}", leader.log_text());
+    assert!(
+        leader.log_text().contains("created the lock again, marked released"),
+        "{}",
+        leader.log_text()
+    );
+    let lock = cms.get("dl").await.unwrap();
+    assert_eq!(lock.metadata.owner_references.unwrap()[0].name, "dl2");
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_deleted_under_a_live_leader_waits_for_its_command_to_stop() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let dir = scratch_dir("deleted-lease");
+    let mut flags = lease_flags("dll", ns.name());
+    flags.extend(["--grace", "1s"]);
+    // A slow COMMAND beyond the grace is killed at the grace: its end is the kill.
+    let spawn = |id: &str| Candidate::spawn(cp, &dir, id, &flags, &slow_work(&dir, id));
+    let mut leader = spawn("ll1");
+    wait_for("ll1 leads", WAIT, || leader.leading().then_some(()));
+    let follower = spawn("ll2");
+    std::thread::sleep(Duration::from_millis(500));
+    let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
+    leases.delete("dll", &DeleteParams::default()).await.unwrap();
+    assert!(never_together(&leader, &follower, WAIT), "ll2 never took over");
+    leader.wait_exit(WAIT);
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn for_life_namespace_deleted_under_a_live_leader_starts_no_second_command() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("deleted-namespace");
+    for pod in ["dn1", "dn2"] {
+        create_pod(&client, ns.name(), pod).await.unwrap();
+    }
+    let flags = ["--lock", "dn", "--namespace", ns.name(), "--grace", "10s"];
+    let spawn = |pod: &str| {
+        let work = slow_work(&dir, pod);
+        Candidate::spawn_with(cp.kubeconfig_path(), &dir, pod, &flags, &work, &[("POD_NAME", pod)])
+    };
+    let leader = spawn("dn1");
+    wait_for("dn1 leads", WAIT, || leader.leading().then_some(()));
+    let follower = spawn("dn2");
+    wait_for("dn2 follows", WAIT, || {
+        follower.log_text().contains("leader is dn1").then_some(())
+    });
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    namespaces
+        .delete(ns.name(), &DeleteParams::default())
+        .await
+        .unwrap();
+    // Whatever the namespace controller deletes first (the lock, the Pods), dn2 never runs
+    // COMMAND while dn1's does; in a terminating namespace it may never lead at all.
+    if never_together(&leader, &follower, Duration::from_secs(15)) {
+        started_after_stop(&dir, "dn1", "dn2");
+    }
+    let _ = fs::remove_dir_all(dir);
+}
