@@ -26,7 +26,7 @@ import os, re, sys
 
 UNIT = r"(?:ms|s|MiB|KiB|GiB|requests?(?:/min|/s)?|req(?:uests)?/(?:min|s))"
 NUM = r"\d[\d.,]*\d|\d"
-FIGURE = re.compile(r"(?<![\w.])((?:%s)(?:\s*(?:–|-|/|,)\s*(?:%s))*)\s*%s(?![\w/])" % (NUM, NUM, UNIT))
+FIGURE = re.compile(r"(?<![\w.])((?:%s)(?:[ \t]*(?:–|-|/|,)[ \t]*(?:%s))*)[ \t]*%s(?![\w/])" % (NUM, NUM, UNIT))
 CITATION = re.compile(
     r"\(\s*(\d{4}-\d{2}-\d{2}),\s*Kubernetes\s+(\d+\.\d+\.\d+),\s*([^;()]+?);\s*(bench/results/[^\s;()]+\.md)\s*\)"
 )
