@@ -20,6 +20,12 @@
 # kubelet node and print each figure on a line `node: figure LABEL NAME MS`; this script only
 # collects those lines. Where the machine cannot run a node, the tests print why and there are no
 # figures. Needs what ./scripts/test.sh installs (it is not run here).
+#
+# The figures are also written, as the benchmark (bench/) writes its own, to a Markdown file under
+# bench/results/: node-DATE-k8s-VERSION.md (node-DATE-HHMM-k8s-VERSION.md when that exists, or
+# $KUBE_LEADER_NODE_BENCH_OUT), headed by the date, the Kubernetes version (`kube-apiserver
+# --version` of $KUBEBUILDER_ASSETS), the clients, the machine, the commit and the load average.
+# Cite that file beside the figures (README.md, "Figures"; scripts/check-figures.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,11 +38,25 @@ KUBE_LEADER_GO_CANDIDATE="${KUBE_LEADER_GO_CANDIDATE:-$(./scripts/go-candidate.s
 export KUBEBUILDER_ASSETS KUBE_LEADER_GO_CANDIDATE
 cargo build --quiet -p kube-leader-cli
 
+# The report's header, as bench/src/report.rs writes it.
+DAY=$(date -u '+%F')
+STARTED=$(date -u '+%F %H:%M UTC')
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+K8S=$("$KUBEBUILDER_ASSETS/kube-apiserver" --version 2>/dev/null | sed -n 's/^Kubernetes v//p')
+K8S=${K8S:-unknown}
+MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+MACHINE="${MODEL:-unknown CPU}, $(nproc) cores, $(awk '/^MemTotal:/ { printf "%.0f", $2 / 1048576 }' /proc/meminfo) GiB, Linux $(uname -r)"
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain 2>/dev/null)" ] || COMMIT="$COMMIT (with uncommitted changes)"
+OUT=${KUBE_LEADER_NODE_BENCH_OUT:-bench/results/node-$DAY-k8s-$K8S.md}
+[ -n "${KUBE_LEADER_NODE_BENCH_OUT:-}" ] || [ ! -e "$OUT" ] || OUT="bench/results/node-$DAY-$(date -u '+%H%M')-k8s-$K8S.md"
+BODY=$(mktemp)
+
 LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+trap 'rm -f "$LOG" "$BODY"' EXIT
 failed=0
 for run in $(seq 1 "$RUNS"); do
-  echo "run $run of $RUNS: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%F %T') UTC" >&2
+  echo "run $run of $RUNS: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%F %T') UTC" | tee -a "$BODY" >&2
   cargo test --quiet -p kube-leader-e2e --test node -- --nocapture 2>&1 | tee -a "$LOG" \
     | grep -E '^(node: |kube-leader-testenv: SKIPPED|test result|test .* FAILED|thread .* panicked|assertion|  left| right)' >&2 || true
   [ "${PIPESTATUS[0]}" = 0 ] || { failed=1; echo "run $run: the node tests failed (figures kept)" >&2; }
@@ -49,14 +69,14 @@ grep -E '^node: (count [a-z-]+ rollout_transitions|figure [a-z-]+ rollout_gap) '
   $2 == "figure" { g[$3] = g[$3] " " $5; if ($5 + 0 > gmax[$3]) gmax[$3] = $5 + 0 }
   END {
     if (length(n) == 0) exit
-    print "\nrollouts: transitions per rollout, longest leaderless gap (ms) per rollout\n" > "/dev/stderr"
-    for (s in n) printf "%-9s %d rollouts, %d with exactly 1 transition; transitions:%s; gaps:%s (max %d)\n", s, n[s], one[s], t[s], g[s], gmax[s] > "/dev/stderr"
-  }' || true
+    print "\nrollouts: transitions per rollout, longest leaderless gap (ms) per rollout\n"
+    for (s in n) printf "- %s: %d rollouts, %d with exactly 1 transition; transitions:%s; gaps:%s (max %d)\n", s, n[s], one[s], t[s], g[s], gmax[s]
+  }' | tee -a "$BODY" >&2 || true
 
 ROUNDS_LOG=$(mktemp)
-trap 'rm -f "$LOG" "$ROUNDS_LOG"' EXIT
+trap 'rm -f "$LOG" "$BODY" "$ROUNDS_LOG"' EXIT
 if [ "$ROUNDS" -gt 0 ]; then
-  echo "delete rounds: $ROUNDS per strategy, one strategy at a time; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  echo "delete rounds: $ROUNDS per strategy, one strategy at a time; load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$BODY" >&2
   KUBE_LEADER_NODE_DELETE_ROUNDS=$ROUNDS cargo test --quiet -p kube-leader-e2e --test node \
     delete_pod_rounds -- --nocapture --test-threads 1 2>&1 | tee "$ROUNDS_LOG" \
     | grep -E '^(node: .*delete round|kube-leader-testenv: SKIPPED|test result)' >&2 || true
@@ -90,11 +110,31 @@ if [ "$ROUNDS" -gt 0 ]; then
         k = names[i]
         printf "| %s | %s | %s | %s |\n", t[k], cell("for-life " k), cell("lease " k), cell("client-go " k)
       }
-    }'
+    }' | tee -a "$BODY"
+  { echo "load average after the delete rounds: $(cut -d' ' -f1-3 /proc/loadavg)"; echo
+    echo "Raw delete-round lines (\`node: figure STRATEGY NAME MS\`):"; echo; echo '```'
+    grep '^node: figure [a-z-]* delete_round_' "$ROUNDS_LOG" || true; echo '```'; } >>"$BODY"
 fi
 
+# Writes the report: the header, then what was collected in $BODY.
+write_report() {
+  mkdir -p "$(dirname "$OUT")"
+  {
+    echo "## kube-leader real-node figures (scripts/node-bench.sh $RUNS $ROUNDS)"
+    echo
+    echo "$STARTED · Kubernetes $K8S (single kubelet node, e2e/tests/node.rs) · $MACHINE · commit $COMMIT · load average at start $LOAD_START, at the end $(cut -d' ' -f1-3 /proc/loadavg) · kube-leader run: its default client, the library's \`http2\` feature · client-go 1.20's leaderelection (tools/go-candidate), Lease 15 s / 10 s / 2 s · KUBE_LEADER_NODE_ROLLOUTS=${KUBE_LEADER_NODE_ROLLOUTS:-1} KUBE_LEADER_NODE_SUCCESSOR=${KUBE_LEADER_NODE_SUCCESSOR:-youngest}"
+    [ "$failed" = 0 ] || { echo; echo "Some node tests failed in this run (figures kept)."; }
+    echo
+    cat "$BODY"
+  } >"$OUT"
+  echo "==> wrote $OUT" >&2
+}
+
 if [ -z "$FIGURES" ]; then
-  [ "$RUNS" = 0 ] && exit "$failed"
+  if [ "$RUNS" = 0 ]; then
+    [ ! -s "$BODY" ] || write_report
+    exit "$failed"
+  fi
   echo "no figures: the node tests did not run (see above)" >&2
   exit 1
 fi
@@ -126,5 +166,7 @@ awk -v runs="$RUNS" '
       printf "| %s | %s | %s | %s |\n", title[n], range("for-life " n), range("lease " n), range("client-go " n)
     }
   }
-' <<<"$FIGURES"
+' <<<"$FIGURES" | { echo; cat; } | tee -a "$BODY"
+{ echo; echo "Raw figure lines of the $RUNS run(s) (\`node: figure STRATEGY NAME MS\`):"; echo; echo '```'; echo "$FIGURES"; echo '```'; } >>"$BODY"
+write_report
 exit "$failed"
