@@ -69,6 +69,9 @@ RUN_TMP="$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-test.XXXXXX")"
 export TMPDIR="$RUN_TMP"
 trap 'rm -rf "$RUN_TMP"' EXIT
 
+step "figures: README and docs/ cite results files that hold them"
+./scripts/check-figures.sh README.md docs/node.md
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -463,3 +463,61 @@ async fn a_signalled_command_acknowledges_before_its_shards_move() {
     assert_no_overlap(&dir, &["a", "b"], &BTreeMap::new());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// COMMAND as [`plain_script`], but slow to stop: 0.8 s after SIGTERM (within the 1 s grace),
+/// as a program that flushes its work.
+fn slow_script() -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        r#"echo "start $(date +%s%N) $KUBE_LEADER_SHARD_SET $$" >> "$LOG_FILE"
+trap 'sleep 0.8; echo "exit $(date +%s%N) TERM" >> "$LOG_FILE"; exit 0' TERM
+while true; do sleep 0.05; done"#
+            .into(),
+    ]
+}
+
+/// Safety IV for shards: an admin deletes a shard's Lease under its live holder, whose COMMAND
+/// takes 0.8 s to stop. The other replica takes the shard only once the deleted holder's lease
+/// (as last seen renewed) has run out, by which time the holder's COMMAND has given it up
+/// (renew deadline + grace): no shard is worked by two COMMANDs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_lease_deleted_under_its_holder_is_never_worked_twice() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
+    let dir = scratch("deleted");
+    let grace = ["--grace", "1s"];
+    let mut a = start(cp, ns.name(), &dir, "a", &grace, &slow_script());
+    kube_leader_e2e::wait_for("a's COMMAND to work all 4 shards", SOON, || async {
+        (current(&dir, "a")? == [0, 1, 2, 3]).then_some(())
+    })
+    .await;
+    let mut b = start(cp, ns.name(), &dir, "b", &grace, &slow_script());
+    kube_leader_e2e::wait_for("2 shards each", SOON, || async {
+        (current(&dir, "a")?.len() == 2 && current(&dir, "b")?.len() == 2).then_some(())
+    })
+    .await;
+    let shard = current(&dir, "a").unwrap()[0];
+    let deleted = now_ns();
+    leases
+        .delete(&format!("side-{shard}"), &Default::default())
+        .await
+        .unwrap();
+    // Somebody works the shard again, in a COMMAND started after the deletion (a takes it back,
+    // or b takes it).
+    kube_leader_e2e::wait_for("the deleted shard to be worked again", SOON, || async {
+        ["a", "b"]
+            .iter()
+            .flat_map(|id| incarnations(&dir, id))
+            .any(|i| i.start > deleted && i.end.is_none() && i.shards.contains(&shard))
+            .then_some(())
+    })
+    .await;
+    assert_no_overlap(&dir, &["a", "b"], &BTreeMap::new());
+    for child in [&mut b, &mut a] {
+        assert_eq!(stop(child).await.code(), Some(0));
+    }
+    assert_no_overlap(&dir, &["a", "b"], &BTreeMap::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}
