@@ -15,6 +15,12 @@
 # A paragraph or table may cite several files; each figure must then be in one of them.
 # Text in backticks and in code blocks is not a figure (settings: `15 s / 10 s / 2 s`).
 #
+# A pasted results block (a bench report copied as printed) may instead be cited once, for its
+# whole section, by a paragraph that starts with "Every figure in this section:" followed by its
+# citations. They then cover every paragraph and table from that paragraph to the next heading
+# of the same or a higher level (subsections included), in addition to a block's own citations;
+# each figure's numbers must still be in one of the files cited for it.
+#
 # Fails (exit 1), naming file, line and figure, when: a paragraph or table has a figure and no
 # citation; a cited file is missing; a cited file does not name the citation's date and
 # Kubernetes version; a number of a figure is in none of the cited files.
@@ -67,6 +73,22 @@ def numbers(fig):
 def holds(content, n):
     return re.search(r"(?<![\d.])%s(?![\d])" % re.escape(n), content) is not None
 
+SECTION = "Every figure in this section:"
+HEADING = re.compile(r"^(#{1,6})[ \t]", re.M)
+
+def sections(text, bl):
+    """(start, end, para_start, para_end) of each section cited by a SECTION paragraph."""
+    heads = [(m.start(), len(m.group(1))) for m in HEADING.finditer(text)]
+    res = []
+    for (a, b, table) in bl:
+        if table or not text[a:b].lstrip().startswith(SECTION):
+            continue
+        before = [lv for (off, lv) in heads if off < a]
+        level = before[-1] if before else 0
+        end = min([off for (off, lv) in heads if off > a and lv <= level] or [len(text)])
+        res.append((a, end, a, b))
+    return res
+
 errors = []
 cache = {}
 for path in sys.argv[1:]:
@@ -74,10 +96,12 @@ for path in sys.argv[1:]:
     text = blank_code(raw)
     line_of = lambda off: raw.count("\n", 0, off) + 1
     bl = blocks(text)
+    secs = sections(text, bl)
     for i, (a, b, table) in enumerate(bl):
         cited_in = [(a, b)]
         if table and i > 0 and not bl[i - 1][2]:
             cited_in.append(bl[i - 1][:2])
+        cited_in += [(pa, pb) for (sa, se, pa, pb) in secs if sa <= a < se and (pa, pb) != (a, b)]
         cites = [(x + m.start(), m) for (x, y) in cited_in for m in CITATION.finditer(raw[x:y])]
         scan = text[a:b]
         for m in CITATION.finditer(raw[a:b]):  # a citation's own numbers are not figures
