@@ -287,8 +287,9 @@ impl Keeper {
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.backoff_cap);
         let fail = "the lock had been deleted under this leader; could not say that its work \
             stopped (waiting candidates take over once this Pod ends)";
+        let params = PostParams::default();
         loop {
-            let create = self.configmaps.create(&PostParams::default(), &cm);
+            let create = self.configmaps.create(&params, &cm);
             match call(cm_op(&self.lock, "create"), self.api_timeout, create).await {
                 Ok(_) => {
                     let successor = successor.as_deref().unwrap_or("(none)");
