@@ -120,12 +120,15 @@ async fn main() -> anyhow::Result<()> {
         () = drained => warn!(drain = ?DRAIN, "the controller did not stop in time; its reconciles are cancelled"),
     }
 
-    // 3. The work has stopped: now it is safe to step down.
-    match leadership.loss_reason() {
+    // 3. The work has stopped: now it is safe to step down. Deleting the lock lets the next
+    // leader start at once, rather than when this Pod is gone (dropping the handle instead
+    // keeps the lock until then, the seed's way). After a loss, the release is this leader's
+    // word that its work stopped: a candidate waiting on a lock deleted under this leader
+    // takes over only on it (or once this Pod has ended).
+    let reason = leadership.loss_reason();
+    leadership.release().await?;
+    match reason {
         Some(LossReason::Cancelled) | None => {
-            // Deleting the lock lets the next leader start at once, rather than when this Pod
-            // is gone. Dropping the handle instead keeps the lock until then (the seed's way).
-            leadership.release().await?;
             info!("shut down");
             Ok(())
         }

@@ -540,8 +540,20 @@ async fn a_lock_deleted_or_replaced_by_an_admin_ends_leadership() {
     eprintln!("lock deletion -> loss token: {:?}", deleted.elapsed());
     assert_eq!(a.loss_reason(), Some(LossReason::LockDeleted));
     assert!(!a.is_leader());
+    // Safety IV: a's work may still run (until the user's code has stopped it), so b waits for
+    // a's word; before, b led at once beside it.
+    let b = [b];
+    assert_still_waiting(&b, "a lock deleted under a live leader").await;
+    let [b] = b;
+    let released = Instant::now();
+    a.release().await.unwrap();
     let (b, won, _) = first_leader(vec![b]).await;
-    eprintln!("lock deletion -> new leader: {:?}", won - deleted);
+    eprintln!(
+        "lock deletion -> loss; the old leader's release -> new leader: {:?}",
+        won - released
+    );
+    let lock = lock_object(&admin, ns, "lock").await.expect("b's lock");
+    assert_eq!(lock.owner_references()[0].name, "b");
 
     // Replaced in place: somebody rewrites the owner.
     let a_uid = uid_of_pod(&admin, ns, "a").await;
@@ -561,7 +573,6 @@ async fn a_lock_deleted_or_replaced_by_an_admin_ends_leadership() {
             holder: Some("a".into())
         }
     );
-    drop(a);
     cancel.cancel();
 }
 
@@ -1062,13 +1073,16 @@ async fn failover_times_over_twelve_rounds() {
             .await
             .unwrap();
 
-        // The lock is deleted (an admin): b takes over.
+        // The lock is deleted (an admin): the leader stops its work and releases (the sidecar
+        // does so once COMMAND has stopped), and b, which waits for that word, takes over.
         let waiting = spawn(candidate(&admin, ns, &lock, &b), &b, &cancel);
         tokio::time::sleep(Duration::from_millis(700)).await;
         let t0 = Instant::now();
+        let releasing = release_on_loss(leader);
         configmaps.delete(&lock, &DeleteParams::default()).await.unwrap();
         let (second, won, _) = first_leader(vec![waiting]).await;
         by_lock.push(won - t0);
+        releasing.await.unwrap();
 
         // The leader's Pod is deleted (gracefully: it is bound to a Node): the leader steps
         // down and releases, as the sidecar does once COMMAND has stopped; c takes over.
@@ -1084,7 +1098,7 @@ async fn failover_times_over_twelve_rounds() {
         by_pod.push(won - t0);
         releasing.await.unwrap();
         delete_pod_now(&admin, ns, &b).await;
-        drop((leader, third));
+        drop(third);
     }
     let summary = |name: &str, v: &mut Vec<Duration>| {
         v.sort();

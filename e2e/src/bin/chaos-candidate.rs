@@ -177,15 +177,13 @@ async fn for_life(args: &[String]) -> Result<u8> {
         leadership.lost_token(),
     )
     .await;
-    let code = if shutdown.is_cancelled() {
-        // Asked to stop: step down, so that another candidate takes over at once.
-        if let Err(e) = leadership.release().await {
-            emit(json!({"event": "error", "identity": pod, "message": format!("release: {e}")}));
-        }
-        0
-    } else {
-        124
-    };
+    // The work has stopped (asked to stop, or lost): step down, so that another candidate takes
+    // over at once. After a loss the release is this leader's word that its work stopped, which
+    // a candidate waiting on a lock deleted under it needs (leader for life, Safety IV).
+    let code = if shutdown.is_cancelled() { 0 } else { 124 };
+    if let Err(e) = leadership.release().await {
+        emit(json!({"event": "error", "identity": pod, "message": format!("release: {e}")}));
+    }
     emit(json!({"event": "exit", "identity": pod}));
     Ok(code)
 }
