@@ -79,7 +79,7 @@ else
   BIN="$PWD/target/sidecar/kube-leader"
 fi
 K8S_VERSION=$("$ASSETS/kube-apiserver" --version | awk '{print $2}')
-say "kube-leader $("$BIN" --version | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; Kubernetes $K8S_VERSION from $ASSETS"
+say "kube-leader $("$BIN" --version | head -n 1 | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; Kubernetes $K8S_VERSION from $ASSETS"
 
 # --- on a real node, where the machine allows it -----------------------------------------------
 # Three real Pods of deploy/ per strategy on a kubelet node (scripts/demo-node.sh); where the
@@ -199,8 +199,9 @@ nth_leader() { # STRATEGY N
   read -r started_ns LEADER TOKEN _ < <(sed -n "${2}p" "$file")
   STARTED_MS=$(( started_ns / 1000000 ))
 }
-show_status() { # STRATEGY
-  "$BIN" status --lock "demo-$1" --strategy "$1" | sed 's/^/     /'
+show_status() { # STRATEGY (RUST_LOG=error: the demo's kubeconfig skips TLS verification, which
+  # kube-leader would warn about on every call; errors still show)
+  RUST_LOG=error "$BIN" status --lock "demo-$1" --strategy "$1" | sed 's/^/     /'
 }
 followers_idle() { # STRATEGY: how many of the COMMANDs ever started run now
   local n=0 m=0 pid
@@ -233,7 +234,9 @@ old=$LEADER
 nth_leader for-life 2
 say "$LEADER took over $(( STARTED_MS - t_kill )) ms after the kill (fencing token $TOKEN):"
 say "takeover (for-life, Pod objects): $(( STARTED_MS - t_kill )) ms from the leader's kill to $LEADER's COMMAND"
-say "the garbage collector deleted $old's lock with its Pod, a waiting candidate saw it at once"
+say "the garbage collector deleted $old's lock with its Pod. With no kubelet, nothing but the"
+say "lock's liveness heartbeat proves that the killed leader's COMMAND is gone: $LEADER waited"
+say "for it to lapse (--liveness 5s, the default, + --grace 1s + a 2 s kill margin)"
 sleep 0.5
 followers_idle for-life
 
