@@ -30,9 +30,14 @@ fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> 
         if follower.leading() {
             assert!(
                 !alive(old),
-                "two COMMANDs ran together: {} started while {}'s COMMAND (pid {old}) still ran",
+                "two COMMANDs ran together: {} started while {}'s COMMAND (pid {old}) still ran\n\
+                 {}'s log:\n{}\n{}'s log:\n{}",
                 follower.id,
-                leader.id
+                leader.id,
+                leader.id,
+                leader.log_text(),
+                follower.id,
+                follower.log_text()
             );
             return true;
         }
@@ -41,8 +46,9 @@ fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> 
     false
 }
 
-/// Both COMMANDs' times: the follower's start is after the leader's end.
-fn started_after_stop(dir: &Path, leader: &str, follower: &str) {
+/// Both COMMANDs' times: the follower's start is after the leader's end. Prints the wait the
+/// safe rule costs, from `deleted` (ns since the epoch, when the lock was deleted).
+fn started_after_stop(dir: &Path, leader: &str, follower: &str, deleted: u128) {
     let stopped = ns_at(dir, &format!("{leader}.stopped")).expect("the old COMMAND recorded its end");
     let started = ns_at(dir, &format!("{follower}.started")).expect("the new COMMAND recorded its start");
     assert!(
@@ -50,6 +56,17 @@ fn started_after_stop(dir: &Path, leader: &str, follower: &str) {
         "{follower}'s COMMAND started {} ms before {leader}'s ended",
         (stopped - started) / 1_000_000
     );
+    let ms = |ns: u128| ns as f64 / 1e6;
+    eprintln!(
+        "safety IV: lock deleted -> old COMMAND ended {:.1} ms -> next COMMAND started {:.1} ms after that ({:.1} ms after the deletion)",
+        ms(stopped.saturating_sub(deleted)),
+        ms(started - stopped),
+        ms(started.saturating_sub(deleted))
+    );
+}
+
+fn epoch_now() -> u128 {
+    epoch_ns(SystemTime::now())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -75,6 +92,7 @@ async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop
 
     // An admin deletes the lock: dl1 loses and stops its COMMAND (3 s); dl2 waits for its word.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let deleted = epoch_now();
     cms.delete("dl", &DeleteParams::default()).await.unwrap();
     assert!(
         never_together(&leader, &follower, WAIT),
@@ -82,7 +100,7 @@ async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop
         leader.log_text(),
         follower.log_text()
     );
-    started_after_stop(&dir, "dl1", "dl2");
+    started_after_stop(&dir, "dl1", "dl2", deleted);
     assert_eq!(leader.wait_exit(WAIT).code(), Some(124), "{}", leader.log_text());
     assert!(
         leader.log_text().contains("created the lock again, marked released"),
@@ -135,6 +153,7 @@ async fn for_life_namespace_deleted_under_a_live_leader_starts_no_second_command
         follower.log_text().contains("leader is dn1").then_some(())
     });
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let deleted = epoch_now();
     namespaces
         .delete(ns.name(), &DeleteParams::default())
         .await
@@ -142,7 +161,7 @@ async fn for_life_namespace_deleted_under_a_live_leader_starts_no_second_command
     // Whatever the namespace controller deletes first (the lock, the Pods), dn2 never runs
     // COMMAND while dn1's does; in a terminating namespace it may never lead at all.
     if never_together(&leader, &follower, Duration::from_secs(15)) {
-        started_after_stop(&dir, "dn1", "dn2");
+        started_after_stop(&dir, "dn1", "dn2", deleted);
     }
     let _ = fs::remove_dir_all(dir);
 }

@@ -387,7 +387,14 @@ fn decide_without_lock(i: &Inputs<'_>) -> Decision {
     let holder = fate.owner.name.clone();
     let how = match i.leader_pod {
         _ if fate.owner.name == i.me.name => "is gone (a former Pod of this name)".to_string(),
-        LeaderPod::Unknown => return Decision::Create,
+        // Its Pod not seen yet (the lock went before the Pod's watch said anything): whether it
+        // lives decides, so look first.
+        LeaderPod::Unknown => {
+            return Decision::Wait {
+                why: Waiting::LeaderPodUnknown { holder },
+                recheck_at: None,
+            };
+        }
         LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.is_terminal() => terminated(pod),
         LeaderPod::Present(pod) if pod.uid == fate.owner.uid && pod.deleting => {
             return Decision::Wait {

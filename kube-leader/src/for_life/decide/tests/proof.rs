@@ -323,6 +323,19 @@ fn a_lock_deleted_under_a_live_leader_is_not_taken_without_its_word() {
             "{later} s after"
         );
     }
+    // Its Pod not seen yet when the lock went: look before deciding.
+    let mut unseen = seen_running();
+    let d = run_at(None, &LeaderPod::Unknown, &mut unseen, SEED, t0);
+    assert!(
+        matches!(
+            d,
+            Decision::Wait {
+                why: Waiting::LeaderPodUnknown { .. },
+                ..
+            }
+        ),
+        "{d:?}"
+    );
     // Its word: once its work stopped it creates its lock again, marked released.
     let mut tombstone = lock(Ok(leader()));
     tombstone.uid = "lock-2".into();
