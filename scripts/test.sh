@@ -70,7 +70,7 @@ export TMPDIR="$RUN_TMP"
 trap 'rm -rf "$RUN_TMP"' EXIT
 
 step "figures: README and docs/ cite results files that hold them"
-./scripts/check-figures.sh README.md docs/node.md docs/benchmarks.md docs/safety.md docs/fence.md docs/development.md
+./scripts/check-figures.sh README.md docs/*.md
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
