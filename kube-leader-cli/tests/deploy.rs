@@ -616,7 +616,12 @@ async fn kubectl_apply_k_the_copy_from_pattern() {
     assert!(spec.init_containers.is_none(), "no initContainer");
     let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &v.name).collect();
     assert_eq!(volumes, ["tmp"], "no emptyDir for the binary");
-    let mounts: Vec<_> = spec.containers[0].volume_mounts.iter().flatten().map(|m| &m.name).collect();
+    let mounts: Vec<_> = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| &m.name)
+        .collect();
     assert_eq!(mounts, ["tmp"]);
 }
 

@@ -141,8 +141,7 @@ impl Leading<'_> {
                 || matches!(
                     leadership.loss_reason(),
                     Some(kube_leader::LossReason::PodEnding { .. })
-                )
-            {
+                ) {
                 StepDown::ReleaseOwnPodEnding
             } else {
                 StepDown::Keep

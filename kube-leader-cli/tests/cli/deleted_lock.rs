@@ -81,13 +81,25 @@ async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop
     let flags = ["--lock", "dl", "--namespace", ns.name(), "--grace", "10s"];
     let spawn = |pod: &str| {
         let work = slow_work(&dir, pod);
-        Candidate::spawn_with(cp.kubeconfig_path(), &dir, pod, &flags, &work, &[("POD_NAME", pod)])
+        Candidate::spawn_with(
+            cp.kubeconfig_path(),
+            &dir,
+            pod,
+            &flags,
+            &work,
+            &[("POD_NAME", pod)],
+        )
     };
     let mut leader = spawn("dl1");
     wait_for("dl1 leads", WAIT, || leader.leading().then_some(()));
     let follower = spawn("dl2");
-    wait_for("dl2 follows", WAIT, || {
-        follower.log_text().contains("leader is dl1").then_some(())
+    // Its campaign has seen dl1's lock (not only its status server): a candidate that never
+    // saw the lock knows nothing of its leader (docs/library.md, Safety IV).
+    wait_for("dl2 waits on dl1", WAIT, || {
+        follower
+            .log_text()
+            .contains(r#""reason":"dl1 leads""#)
+            .then_some(())
     });
 
     // An admin deletes the lock: dl1 loses and stops its COMMAND (3 s); dl2 waits for its word.
@@ -103,7 +115,9 @@ async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop
     started_after_stop(&dir, "dl1", "dl2", deleted);
     assert_eq!(leader.wait_exit(WAIT).code(), Some(124), "{}", leader.log_text());
     assert!(
-        leader.log_text().contains("created the lock again, marked released"),
+        leader
+            .log_text()
+            .contains("created the lock again, marked released"),
         "{}",
         leader.log_text()
     );
@@ -144,13 +158,23 @@ async fn for_life_namespace_deleted_under_a_live_leader_starts_no_second_command
     let flags = ["--lock", "dn", "--namespace", ns.name(), "--grace", "10s"];
     let spawn = |pod: &str| {
         let work = slow_work(&dir, pod);
-        Candidate::spawn_with(cp.kubeconfig_path(), &dir, pod, &flags, &work, &[("POD_NAME", pod)])
+        Candidate::spawn_with(
+            cp.kubeconfig_path(),
+            &dir,
+            pod,
+            &flags,
+            &work,
+            &[("POD_NAME", pod)],
+        )
     };
     let leader = spawn("dn1");
     wait_for("dn1 leads", WAIT, || leader.leading().then_some(()));
     let follower = spawn("dn2");
-    wait_for("dn2 follows", WAIT, || {
-        follower.log_text().contains("leader is dn1").then_some(())
+    wait_for("dn2 waits on dn1", WAIT, || {
+        follower
+            .log_text()
+            .contains(r#""reason":"dn1 leads""#)
+            .then_some(())
     });
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
     let deleted = epoch_now();

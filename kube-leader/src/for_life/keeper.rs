@@ -298,8 +298,10 @@ impl Keeper {
                     return Ok(());
                 }
                 Err(Failure::Conflict) => {
-                    info!("the lock had been deleted under this leader, and another candidate \
-                        created it since; nothing to release");
+                    info!(
+                        "the lock had been deleted under this leader, and another candidate \
+                        created it since; nothing to release"
+                    );
                     return Ok(());
                 }
                 Err(Failure::NotFound) => {
