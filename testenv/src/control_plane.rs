@@ -405,15 +405,17 @@ impl ControlPlane {
 
     async fn boot_controller_manager(&mut self) -> Result<()> {
         let dir = self.component_dir("kube-controller-manager")?;
-        let args: Vec<OsString> = vec![
+        let mut args: Vec<OsString> = vec![
             flag("--kubeconfig", self.kubeconfig_path()),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             // No serving at all: readiness is proven by the garbage collector working.
             "--secure-port=0".into(),
-            "--port=0".into(),
         ];
-        let mut args = args;
+        if !self.assets.version()?.at_least(1, 24) {
+            // The insecure port (on by default before 1.24, which removed the flag).
+            args.push("--port=0".into());
+        }
         match &self.node {
             None => args.push("--controllers=garbagecollector,namespace".into()),
             Some(node) => args.extend([

@@ -39,7 +39,7 @@ mod node;
 mod process;
 mod proxy;
 
-pub use assets::{Assets, BINARIES, KUBERNETES_VERSION};
+pub use assets::{Assets, KubeVersion, BINARIES, KUBERNETES_VERSION};
 pub use audit::AuditEvent;
 pub use control_plane::{ControlPlane, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};
