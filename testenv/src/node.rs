@@ -96,8 +96,9 @@ struct Runtime {
     /// Where the shim and runc are: first on containerd's `PATH` (it starts the shim from there).
     bin_dir: Option<PathBuf>,
     cni_bin_dir: PathBuf,
-    /// containerd 2.x reads configuration version 3 (other plugin names).
-    containerd_v2: bool,
+    /// containerd's release: 2.x reads configuration version 3 (other plugin names) and, from
+    /// 2.4, version 4 (the same for what is set here; 3 works with a migration warning).
+    containerd_version: KubeVersion,
 }
 
 // === impl Runtime ===
@@ -155,7 +156,7 @@ impl Runtime {
             runc: find("runc").expect("checked"),
             bin_dir: in_assets.then(|| assets.dir().to_owned()),
             cni_bin_dir,
-            containerd_v2: version.major >= 2,
+            containerd_version: version,
             containerd,
         })
     }
@@ -380,10 +381,10 @@ impl Node {
         };
         write(
             &config,
-            if self.runtime.containerd_v2 {
-                settings.config_v3()
-            } else {
-                settings.config_v2()
+            match self.runtime.containerd_version {
+                v if v.at_least(2, 4) => settings.config_v3().replacen("version = 3", "version = 4", 1),
+                v if v.major >= 2 => settings.config_v3(),
+                _ => settings.config_v2(),
             },
         )?;
         // containerd starts `containerd-shim-runc-v2` from its PATH, and the shim runc: the
