@@ -416,13 +416,21 @@ impl ControlPlane {
             // The insecure port (on by default before 1.24, which removed the flag).
             args.push("--port=0".into());
         }
+        let version = self.assets.version()?;
         match &self.node {
             None => args.push("--controllers=garbagecollector,namespace".into()),
             Some(node) => args.extend([
                 // What a Deployment of real Pods needs: ServiceAccounts and their tokens, the
                 // Deployment and ReplicaSet controllers, the garbage collector, namespace
-                // deletion, Pod GC, and node lifecycle (NotReady, taints).
-                "--controllers=serviceaccount-token,serviceaccount,garbagecollector,namespace,deployment,replicaset,podgc,nodelifecycle".into(),
+                // deletion, Pod GC, and node lifecycle (NotReady, taints). From 1.21 on, Pods'
+                // service-account volumes are projected (bound tokens) and take `ca.crt` from
+                // each namespace's ConfigMap `kube-root-ca.crt`, which root-ca-cert-publisher
+                // writes.
+                format!(
+                    "--controllers=serviceaccount-token,serviceaccount,garbagecollector,namespace,deployment,replicaset,podgc,nodelifecycle{}",
+                    if version.at_least(1, 21) { ",root-ca-cert-publisher" } else { "" }
+                )
+                .into(),
                 flag("--root-ca-file", &node.ca_cert),
                 flag(
                     "--service-account-private-key-file",
