@@ -382,8 +382,8 @@ impl Node {
         write(
             &config,
             match self.runtime.containerd_version {
-                v if v.at_least(2, 4) => settings.config_v3().replacen("version = 3", "version = 4", 1),
-                v if v.major >= 2 => settings.config_v3(),
+                v if v.at_least(2, 4) => settings.config_v3_or_4(4),
+                v if v.major >= 2 => settings.config_v3_or_4(3),
                 _ => settings.config_v2(),
             },
         )?;
@@ -915,9 +915,32 @@ disabled_plugins = [
     /// Configuration version 3, for containerd 2.x: the CRI plugin is split into
     /// `io.containerd.cri.v1.images` (the pinned sandbox image), `io.containerd.cri.v1.runtime`
     /// (runc, CNI, the OOM score rule) and `io.containerd.grpc.v1.cri` (the streaming server).
-    fn config_v3(&self) -> String {
+    /// Version 4 (containerd 2.4) moves the `[grpc]` and `[ttrpc]` sections into the plugins
+    /// `io.containerd.server.v1.grpc` and `io.containerd.server.v1.ttrpc`.
+    fn config_v3_or_4(&self, version: u32) -> String {
+        let servers = if version >= 4 {
+            format!(
+                r#"[plugins."io.containerd.server.v1.grpc"]
+  address = "{socket}"
+
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "{socket}.ttrpc"
+"#,
+                socket = self.socket.display()
+            )
+        } else {
+            format!(
+                r#"[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+"#,
+                socket = self.socket.display()
+            )
+        };
         format!(
-            r#"version = 3
+            r#"version = {version}
 root = "{root}"
 state = "{state}"
 # Noise only on this machine (btrfs, zfs and devmapper are not even built in).
@@ -925,12 +948,7 @@ disabled_plugins = [
   "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
+{servers}
 [plugins."io.containerd.internal.v1.opt"]
   path = "{opt}"
 
@@ -961,7 +979,6 @@ disabled_plugins = [
 "#,
             root = self.root.display(),
             state = self.state.display(),
-            socket = self.socket.display(),
             opt = self.opt.display(),
             pause_image = self.pause_image,
             runc = self.runc.display(),
