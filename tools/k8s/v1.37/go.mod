@@ -1,5 +1,5 @@
 // Kubernetes v1.37.2 and the etcd it is built and tested with, pinned with go.sum.
-// Built by scripts/k8s-assets.sh 1.37.2; nothing imports this module.
+// Written by tools/k8s/pin.sh 1.37.2; built by scripts/k8s-assets.sh 1.37.2; nothing imports it.
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with
 // ./staging/... in its own go.mod, which does not apply to a dependent module: every one
 // is replaced here with its published v0.37.2 (the list is k8s.io/kubernetes's replace block).
