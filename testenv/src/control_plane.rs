@@ -30,7 +30,7 @@ use crate::{
     error::report,
     namespace::{random_suffix, TestNamespace},
     process::{Janitor, Process},
-    Assets, Error, Result,
+    Assets, Error, KubeVersion, Result,
 };
 
 /// How many restricted users (`user-1` .. `user-40`) every control plane has.
@@ -689,6 +689,14 @@ impl ControlPlane {
     /// The API server's URL, `https://127.0.0.1:<port>` (self-signed certificate).
     pub fn apiserver_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// The Kubernetes release of the binaries (see [`Assets::version`]), for what differs
+    /// between releases: for example the PodDisruptionBudget is `policy/v1beta1` only before 1.21.
+    pub fn kubernetes_version(&self) -> KubeVersion {
+        self.assets
+            .version()
+            .expect("the version was read when the control plane started")
     }
 
     /// The API server's port on 127.0.0.1. It stays the same across restarts.
