@@ -214,9 +214,11 @@ impl Node {
     }
 
     /// Why this machine cannot run a node, or `None` if it can: it needs root, cgroup v1,
-    /// `kubelet` and `kube-scheduler` beside the control-plane binaries, containerd, runc, ctr,
-    /// the `loopback` CNI plugin, gcc, busybox (static) and an IPv4 address that is not
-    /// loopback. `KUBE_LEADER_NODE=off` turns the node off on purpose.
+    /// `kubelet` and `kube-scheduler` beside the control-plane binaries, containerd, its runc
+    /// shim, runc, ctr and the `loopback` CNI plugin (all in the assets directory, as
+    /// `./scripts/k8s-assets.sh` builds them, or all on the machine, as
+    /// `./scripts/node-deps.sh` installs them), gcc, busybox (static) and an IPv4 address that
+    /// is not loopback. `KUBE_LEADER_NODE=off` turns the node off on purpose.
     pub fn unavailable(assets: &Assets) -> Option<String> {
         if std::env::var("KUBE_LEADER_NODE").is_ok_and(|v| v == "off") {
             return Some("KUBE_LEADER_NODE=off".into());
