@@ -258,7 +258,8 @@ case "$KIND" in
       -f deploy/patterns/copy-from/Dockerfile deploy/patterns/copy-from
     ;;
   pause)
-    PAUSE_C="$CACHE/build/1.20.2/build/pause/linux/pause.c"
+    # scripts/k8s-assets.sh puts the release's pause.c into its assets directory; the node passes it.
+    PAUSE_C="${KUBE_LEADER_PAUSE_C:-$CACHE/build/1.20.2/build/pause/linux/pause.c}"
     [ -f "$PAUSE_C" ] || die "$PAUSE_C is missing: run scripts/testenv-assets.sh (it unpacks the Kubernetes source)"
     gcc -static -O2 -DVERSION=kube-leader -o "$ROOTFS/pause" "$PAUSE_C"
     strip "$ROOTFS/pause"

@@ -27,7 +27,13 @@ if [ "$free_gb" -lt "$need_gb" ]; then
 fi
 
 step "control-plane binaries"
-KUBEBUILDER_ASSETS="$(./scripts/testenv-assets.sh)"
+# KUBE_LEADER_KUBERNETES=1.37.2 (a release pinned under tools/k8s/) runs everything against
+# that release, built by scripts/k8s-assets.sh; the default is Debian's 1.20.2.
+if [ -n "${KUBE_LEADER_KUBERNETES:-}" ]; then
+  KUBEBUILDER_ASSETS="$(./scripts/k8s-assets.sh "$KUBE_LEADER_KUBERNETES")"
+else
+  KUBEBUILDER_ASSETS="$(./scripts/testenv-assets.sh)"
+fi
 export KUBEBUILDER_ASSETS
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 

@@ -1202,7 +1202,7 @@ fn for_the_node(
 }
 
 /// The objects that `kubectl apply -k <kustomization>` applies in `namespace`, as JSON; the
-/// PodDisruptionBudget as `policy/v1beta1`, as `deploy/base/pdb.yaml` says for 1.20.
+/// PodDisruptionBudget as `policy/v1beta1` before 1.21, as `deploy/base/pdb.yaml` says for 1.20.
 fn manifest(env: &NodeEnv, namespace: &str, kustomization: &str) -> Vec<Value> {
     let path = env.repo.join(kustomization);
     let kubectl = |args: &[&str], stdin: &str| {
@@ -1214,7 +1214,11 @@ fn manifest(env: &NodeEnv, namespace: &str, kustomization: &str) -> Vec<Value> {
             .unwrap_or_else(|e| panic!("{e}"))
     };
     let yaml = kubectl(&["kustomize", &path.to_string_lossy()], "");
-    let yaml = yaml.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    let yaml = if env.node.control_plane().kubernetes_version().at_least(1, 21) {
+        yaml
+    } else {
+        yaml.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")
+    };
     let out = kubectl(&["create", "--dry-run=client", "-o", "json", "-f", "-"], &yaml);
     // One JSON document per object (or a List).
     serde_json::Deserializer::from_str(&out)

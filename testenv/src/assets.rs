@@ -1,14 +1,19 @@
 //! Finding the control-plane binaries (the envtest `KUBEBUILDER_ASSETS` convention).
 
 use std::{
+    collections::HashMap,
     ffi::OsString,
+    fmt,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
+    process::Command,
+    sync::{Mutex, OnceLock},
 };
 
 use crate::{Error, Result};
 
-/// The Kubernetes version whose binaries `./scripts/testenv-assets.sh` builds and caches.
+/// The Kubernetes version whose binaries `./scripts/testenv-assets.sh` builds and caches (the
+/// default; `./scripts/k8s-assets.sh VERSION` builds current releases, see [`KubeVersion`]).
 pub const KUBERNETES_VERSION: &str = "1.20.2";
 
 /// The binaries a complete assets directory holds.
@@ -85,6 +90,94 @@ impl Assets {
     /// The path of one binary, for example `assets.binary("kubectl")`.
     pub fn binary(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// The Kubernetes release of these binaries, from `kube-apiserver --version` (run once per
+    /// directory and process). The components' flags depend on it.
+    ///
+    /// A binary that reports no release (`v0.0.0-master+$Format:%H$`) is taken for 1.20.2:
+    /// Debian's source tarball, which `./scripts/testenv-assets.sh` builds, has no git metadata
+    /// to stamp a version from, while `./scripts/k8s-assets.sh` stamps its builds.
+    pub fn version(&self) -> Result<KubeVersion> {
+        static VERSIONS: OnceLock<Mutex<HashMap<PathBuf, KubeVersion>>> = OnceLock::new();
+        let versions = VERSIONS.get_or_init(Mutex::default);
+        if let Some(version) = versions.lock().unwrap_or_else(|p| p.into_inner()).get(&self.dir) {
+            return Ok(*version);
+        }
+        let binary = self.binary("kube-apiserver");
+        let output = Command::new(&binary)
+            .arg("--version")
+            .output()
+            .map_err(|e| Error::io("run", &binary, e))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let version = match KubeVersion::parse(&text) {
+            Some(v) if v.major == 0 => KubeVersion::V1_20_2,
+            Some(v) if output.status.success() => v,
+            _ => {
+                return Err(Error::Command {
+                    command: format!("{} --version", binary.display()),
+                    status: output.status,
+                    stderr: format!(
+                        "no Kubernetes version in its output: {:?} {:?}",
+                        text.trim(),
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    ),
+                })
+            }
+        };
+        versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.dir.clone(), version);
+        Ok(version)
+    }
+}
+
+/// A Kubernetes release, for the flags and settings that differ between releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KubeVersion {
+    /// 1.
+    pub major: u32,
+    /// 20 in 1.20.2.
+    pub minor: u32,
+    /// 2 in 1.20.2.
+    pub patch: u32,
+}
+
+// === impl KubeVersion ===
+
+impl KubeVersion {
+    /// The release that `./scripts/testenv-assets.sh` builds.
+    pub const V1_20_2: KubeVersion = KubeVersion {
+        major: 1,
+        minor: 20,
+        patch: 2,
+    };
+
+    /// The first `vMAJOR.MINOR.PATCH` (or `MAJOR.MINOR.PATCH`) in `text`, for example in
+    /// `Kubernetes v1.37.2`; pre-release and build suffixes are ignored.
+    pub fn parse(text: &str) -> Option<Self> {
+        text.split_whitespace().find_map(|word| {
+            let word = word.strip_prefix('v').unwrap_or(word);
+            let mut parts = word.splitn(3, '.');
+            let major = parts.next()?.parse().ok()?;
+            let minor = parts.next()?.parse().ok()?;
+            let rest = parts.next()?;
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            let patch = rest[..digits].parse().ok()?;
+            Some(Self { major, minor, patch })
+        })
+    }
+
+    /// Whether this release is `major.minor` or later.
+    pub fn at_least(self, major: u32, minor: u32) -> bool {
+        (self.major, self.minor) >= (major, minor)
+    }
+}
+
+impl fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
     }
 }
 
@@ -188,6 +281,25 @@ mod tests {
         let found = Assets::locate(None, Some("".into()), Some(home.path().into())).unwrap();
 
         assert_eq!(found.dir(), dir);
+    }
+
+    #[test]
+    fn versions_parse_from_the_version_output() {
+        let v = |major, minor, patch| KubeVersion { major, minor, patch };
+        assert_eq!(KubeVersion::parse("Kubernetes v1.37.2\n"), Some(v(1, 37, 2)));
+        assert_eq!(KubeVersion::parse("Kubernetes v1.20.2-dirty"), Some(v(1, 20, 2)));
+        assert_eq!(
+            KubeVersion::parse("Kubernetes v0.0.0-master+$Format:%H$"),
+            Some(v(0, 0, 0))
+        );
+        assert_eq!(
+            KubeVersion::parse("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1"),
+            Some(v(1, 6, 20))
+        );
+        assert_eq!(KubeVersion::parse("Kubernetes"), None);
+        assert!(v(1, 37, 2).at_least(1, 24) && v(1, 24, 0).at_least(1, 24));
+        assert!(!KubeVersion::V1_20_2.at_least(1, 24));
+        assert_eq!(v(1, 37, 2).to_string(), "1.37.2");
     }
 
     #[test]

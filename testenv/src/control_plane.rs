@@ -30,7 +30,7 @@ use crate::{
     error::report,
     namespace::{random_suffix, TestNamespace},
     process::{Janitor, Process},
-    Assets, Error, Result,
+    Assets, Error, KubeVersion, Result,
 };
 
 /// How many restricted users (`user-1` .. `user-40`) every control plane has.
@@ -405,22 +405,32 @@ impl ControlPlane {
 
     async fn boot_controller_manager(&mut self) -> Result<()> {
         let dir = self.component_dir("kube-controller-manager")?;
-        let args: Vec<OsString> = vec![
+        let mut args: Vec<OsString> = vec![
             flag("--kubeconfig", self.kubeconfig_path()),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
             // No serving at all: readiness is proven by the garbage collector working.
             "--secure-port=0".into(),
-            "--port=0".into(),
         ];
-        let mut args = args;
+        if !self.assets.version()?.at_least(1, 24) {
+            // The insecure port (on by default before 1.24, which removed the flag).
+            args.push("--port=0".into());
+        }
+        let version = self.assets.version()?;
         match &self.node {
             None => args.push("--controllers=garbagecollector,namespace".into()),
             Some(node) => args.extend([
                 // What a Deployment of real Pods needs: ServiceAccounts and their tokens, the
                 // Deployment and ReplicaSet controllers, the garbage collector, namespace
-                // deletion, Pod GC, and node lifecycle (NotReady, taints).
-                "--controllers=serviceaccount-token,serviceaccount,garbagecollector,namespace,deployment,replicaset,podgc,nodelifecycle".into(),
+                // deletion, Pod GC, and node lifecycle (NotReady, taints). From 1.21 on, Pods'
+                // service-account volumes are projected (bound tokens) and take `ca.crt` from
+                // each namespace's ConfigMap `kube-root-ca.crt`, which root-ca-cert-publisher
+                // writes.
+                format!(
+                    "--controllers=serviceaccount-token,serviceaccount,garbagecollector,namespace,deployment,replicaset,podgc,nodelifecycle{}",
+                    if version.at_least(1, 21) { ",root-ca-cert-publisher" } else { "" }
+                )
+                .into(),
                 flag("--root-ca-file", &node.ca_cert),
                 flag(
                     "--service-account-private-key-file",
@@ -679,6 +689,14 @@ impl ControlPlane {
     /// The API server's URL, `https://127.0.0.1:<port>` (self-signed certificate).
     pub fn apiserver_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// The Kubernetes release of the binaries (see [`Assets::version`]), for what differs
+    /// between releases: for example the PodDisruptionBudget is `policy/v1beta1` only before 1.21.
+    pub fn kubernetes_version(&self) -> KubeVersion {
+        self.assets
+            .version()
+            .expect("the version was read when the control plane started")
     }
 
     /// The API server's port on 127.0.0.1. It stays the same across restarts.

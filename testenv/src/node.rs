@@ -25,7 +25,7 @@ use crate::{
     control_plane::{flag, free_ports, write},
     error::report,
     process::Process,
-    Assets, ControlPlane, Error, Result,
+    Assets, ControlPlane, Error, KubeVersion, Result,
 };
 
 /// Where the state of nodes lives: containerd's root, state and socket, the kubelet's root dir.
@@ -78,9 +78,88 @@ pub struct Node {
     log_dir: PathBuf,
     socket: PathBuf,
     kubelet_args: Vec<OsString>,
+    runtime: Runtime,
+    version: KubeVersion,
     processes: Mutex<NodeProcesses>,
     janitor: Mutex<Option<NodeJanitor>>,
     started_in: Duration,
+}
+
+/// The container runtime's parts: those in the assets directory (`./scripts/k8s-assets.sh`
+/// builds containerd 2.x, its shim, `ctr`, runc and `cni/loopback` there), else the machine's
+/// (Debian's packages, `./scripts/node-deps.sh`).
+#[derive(Clone, Debug)]
+struct Runtime {
+    containerd: PathBuf,
+    ctr: PathBuf,
+    runc: PathBuf,
+    /// Where the shim and runc are: first on containerd's `PATH` (it starts the shim from there).
+    bin_dir: Option<PathBuf>,
+    cni_bin_dir: PathBuf,
+    /// containerd's release: 2.x reads configuration version 3 (other plugin names) and, from
+    /// 2.4, version 4 (the same for what is set here; 3 works with a migration warning).
+    containerd_version: KubeVersion,
+}
+
+// === impl Runtime ===
+
+impl Runtime {
+    /// Finds the parts, or says in one line which are missing.
+    fn find(assets: &Assets) -> Result<Self, String> {
+        let in_assets = assets.binary("containerd").is_file();
+        let find = |name: &str| -> Option<PathBuf> {
+            if in_assets {
+                Some(assets.binary(name)).filter(|p| p.is_file())
+            } else {
+                which(name)
+            }
+        };
+        let hint = if in_assets {
+            "(run ./scripts/k8s-assets.sh)"
+        } else {
+            "(run ./scripts/node-deps.sh)"
+        };
+        let cni_bin_dir = if in_assets {
+            assets.binary("cni")
+        } else {
+            PathBuf::from("/usr/lib/cni")
+        };
+        let missing: Vec<String> = ["containerd", "containerd-shim-runc-v2", "runc", "ctr"]
+            .iter()
+            .filter(|b| find(b).is_none())
+            .map(|b| format!("{b} {hint}"))
+            .chain(
+                Some(cni_bin_dir.join("loopback"))
+                    .filter(|p| !p.is_file())
+                    .map(|p| format!("{} {hint}", p.display())),
+            )
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!("missing {}", missing.join(", ")));
+        }
+        let containerd = find("containerd").expect("checked");
+        let version = Command::new(&containerd)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("{} --version: {e}", containerd.display()))?;
+        // `containerd github.com/containerd/containerd/v2 v2.4.2 ...`, Debian's
+        // `containerd github.com/containerd/containerd 1.6.20~ds1 ...`.
+        let version = KubeVersion::parse(&String::from_utf8_lossy(&version.stdout)).ok_or_else(|| {
+            format!(
+                "{} --version printed no version: {:?}",
+                containerd.display(),
+                String::from_utf8_lossy(&version.stdout).trim()
+            )
+        })?;
+        Ok(Self {
+            ctr: find("ctr").expect("checked"),
+            runc: find("runc").expect("checked"),
+            bin_dir: in_assets.then(|| assets.dir().to_owned()),
+            cni_bin_dir,
+            containerd_version: version,
+            containerd,
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -135,9 +214,11 @@ impl Node {
     }
 
     /// Why this machine cannot run a node, or `None` if it can: it needs root, cgroup v1,
-    /// `kubelet` and `kube-scheduler` beside the control-plane binaries, containerd, runc, ctr,
-    /// the `loopback` CNI plugin, gcc, busybox (static) and an IPv4 address that is not
-    /// loopback. `KUBE_LEADER_NODE=off` turns the node off on purpose.
+    /// `kubelet` and `kube-scheduler` beside the control-plane binaries, containerd, its runc
+    /// shim, runc, ctr and the `loopback` CNI plugin (all in the assets directory, as
+    /// `./scripts/k8s-assets.sh` builds them, or all on the machine, as
+    /// `./scripts/node-deps.sh` installs them), gcc, busybox (static) and an IPv4 address that
+    /// is not loopback. `KUBE_LEADER_NODE=off` turns the node off on purpose.
     pub fn unavailable(assets: &Assets) -> Option<String> {
         if std::env::var("KUBE_LEADER_NODE").is_ok_and(|v| v == "off") {
             return Some("KUBE_LEADER_NODE=off".into());
@@ -153,20 +234,13 @@ impl Node {
             .filter(|b| !assets.binary(b).is_file())
             .map(|b| format!("{} (run ./scripts/testenv-assets.sh)", assets.binary(b).display()))
             .chain(
-                [
-                    "containerd",
-                    "containerd-shim-runc-v2",
-                    "runc",
-                    "ctr",
-                    "gcc",
-                    "strip",
-                ]
-                .iter()
-                .filter(|b| which(b).is_none())
-                .map(|b| format!("{b} (run ./scripts/node-deps.sh)")),
+                ["gcc", "strip"]
+                    .iter()
+                    .filter(|b| which(b).is_none())
+                    .map(|b| format!("{b} (run ./scripts/node-deps.sh)")),
             )
             .chain(
-                ["/usr/lib/cni/loopback", "/bin/busybox", "/bin/dash"]
+                ["/bin/busybox", "/bin/dash"]
                     .iter()
                     .filter(|p| !Path::new(p).exists())
                     .map(|p| format!("{p} (run ./scripts/node-deps.sh)")),
@@ -174,6 +248,9 @@ impl Node {
             .collect();
         if !missing.is_empty() {
             return Some(format!("missing {}", missing.join(", ")));
+        }
+        if let Err(reason) = Runtime::find(assets) {
+            return Some(reason);
         }
         if let Err(e) = node_ip() {
             return Some(e);
@@ -187,7 +264,7 @@ impl Node {
                 .join("kube-leader/build")
                 .join(crate::KUBERNETES_VERSION)
                 .join("build/pause/linux/pause.c");
-            if !pause.is_file() {
+            if !pause.is_file() && !assets.binary("pause.c").is_file() {
                 return Some(format!(
                     "missing {} for the pause image (run ./scripts/testenv-assets.sh)",
                     pause.display()
@@ -237,7 +314,15 @@ impl Node {
             }
         }
 
-        let pause_image = run_image_script(&["pause"])?;
+        let runtime = Runtime::find(&assets).map_err(|reason| Error::NodeUnavailable { reason })?;
+        let version = assets.version()?;
+        // The release's own pause.c where the assets directory has one (./scripts/k8s-assets.sh).
+        let pause_c = assets.binary("pause.c");
+        let pause_image = if pause_c.is_file() {
+            run_image_script_with_env(&["pause"], &[("KUBE_LEADER_PAUSE_C", pause_c.as_os_str())])?
+        } else {
+            run_image_script(&["pause"])?
+        };
         let control_plane = ControlPlane::start_for_node(assets.clone(), NODE_NAME)?;
         let log_dir = control_plane.dir().join("node");
         std::fs::create_dir_all(&log_dir).map_err(|e| Error::io("create directory", &log_dir, e))?;
@@ -249,6 +334,8 @@ impl Node {
             socket,
             log_dir,
             kubelet_args: Vec::new(),
+            runtime,
+            version,
             processes: Mutex::default(),
             janitor: Mutex::new(Some(janitor)),
             started_in: Duration::ZERO,
@@ -284,59 +371,43 @@ impl Node {
             r#"{"cniVersion": "0.4.0", "name": "loopback", "plugins": [{"type": "loopback"}]}"#,
         )?;
         let config = containerd.join("config.toml");
+        let settings = ContainerdSettings {
+            root: containerd.join("root"),
+            state: containerd.join("state"),
+            socket: self.socket.clone(),
+            opt: containerd.join("opt"),
+            cni_bin_dir: self.runtime.cni_bin_dir.clone(),
+            cni_conf_dir: cni,
+            runc: self.runtime.runc.clone(),
+            pause_image: pause_image.to_owned(),
+        };
         write(
             &config,
-            format!(
-                r#"version = 2
-root = "{root}"
-state = "{state}"
-# Noise only on this machine.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
-]
-
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{containerd}/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause_image}"
-  # Required here: CAP_SYS_RESOURCE is not in the bounding set, and without this every sandbox
-  # fails with "can't get final child's PID from pipe: EOF".
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
-"#,
-                root = containerd.join("root").display(),
-                state = containerd.join("state").display(),
-                socket = self.socket.display(),
-                containerd = containerd.display(),
-                cni = cni.display(),
-            ),
+            match self.runtime.containerd_version {
+                v if v.at_least(2, 4) => settings.config_v3_or_4(4),
+                v if v.major >= 2 => settings.config_v3_or_4(3),
+                _ => settings.config_v2(),
+            },
         )?;
-        let process = Process::spawn(
+        // containerd starts `containerd-shim-runc-v2` from its PATH, and the shim runc: the
+        // assets directory's first.
+        let path = match &self.runtime.bin_dir {
+            Some(dir) => {
+                let mut dirs = vec![dir.clone()];
+                dirs.extend(std::env::split_paths(
+                    &std::env::var_os("PATH").unwrap_or_default(),
+                ));
+                std::env::join_paths(dirs)
+                    .map_err(|e| Error::io("join PATH with", dir, std::io::Error::other(e)))?
+            }
+            None => std::env::var_os("PATH").unwrap_or_default(),
+        };
+        let process = Process::spawn_with_env(
             "containerd",
-            &which("containerd").unwrap_or_else(|| "containerd".into()),
+            &self.runtime.containerd,
             &[flag("--config", &config)],
             &self.log_dir,
+            &[("PATH", path.as_os_str())],
         )?;
         self.processes().containerd = Some(process);
 
@@ -370,13 +441,16 @@ disabled_plugins = [
     }
 
     fn boot_scheduler(&mut self, assets: &Assets) -> Result<()> {
-        let args: Vec<OsString> = vec![
+        let mut args: Vec<OsString> = vec![
             flag("--kubeconfig", self.control_plane.kubeconfig_path()),
             "--leader-elect=false".into(),
             // No serving: readiness is proven by the probe Pod being scheduled.
-            "--port=0".into(),
             "--secure-port=0".into(),
         ];
+        if !self.version.at_least(1, 24) {
+            // The insecure port (on by default before 1.24, which removed the flag).
+            args.push("--port=0".into());
+        }
         let process = Process::spawn(
             "kube-scheduler",
             &assets.binary("kube-scheduler"),
@@ -464,25 +538,41 @@ evictionHard:
 evictionPressureTransitionPeriod: 5s
 containerLogMaxSize: 50Mi
 serializeImagePulls: false
-"#,
+{version_specific}"#,
                 ip = self.ip,
                 kubelet = kubelet.display(),
                 ca = support.ca_cert.display(),
+                version_specific = if self.version.at_least(1, 31) {
+                    // This machine has cgroup v1, which kubelets from 1.35 on refuse unless told
+                    // (the setting exists since 1.31).
+                    "failCgroupV1: false\n"
+                } else {
+                    ""
+                },
             ),
         )?;
         self.kubelet_args = vec![
             flag("--config", &config),
             flag("--kubeconfig", &kubeconfig),
-            "--container-runtime=remote".into(),
             format!("--container-runtime-endpoint=unix://{}", self.socket.display()).into(),
-            format!("--pod-infra-container-image={pause_image}").into(),
+        ];
+        if !self.version.at_least(1, 24) {
+            // Before 1.24 the kubelet defaulted to its built-in dockershim and managed the
+            // sandbox image itself; later releases refuse both flags (containerd's
+            // configuration pins the sandbox image instead).
+            self.kubelet_args.extend([
+                "--container-runtime=remote".into(),
+                format!("--pod-infra-container-image={pause_image}").into(),
+            ]);
+        }
+        self.kubelet_args.extend([
             format!("--hostname-override={}", self.name).into(),
             // The machine's own interface address: the kubelet refuses loopback.
             format!("--node-ip={}", self.ip).into(),
             flag("--root-dir", &kubelet),
             flag("--cert-dir", kubelet.join("pki")),
             "--v=1".into(),
-        ];
+        ]);
         Ok(())
     }
 
@@ -505,7 +595,7 @@ serializeImagePulls: false
                     &self.log_dir,
                     // Required: its built-in ECR credential provider otherwise asks the cloud's
                     // link-local metadata address at start.
-                    &[("AWS_EC2_METADATA_DISABLED", "true")],
+                    &[("AWS_EC2_METADATA_DISABLED", "true".as_ref())],
                 )?);
             }
         }
@@ -616,7 +706,7 @@ serializeImagePulls: false
     /// A `ctr` command for this node's containerd, in the kubelet's namespace `k8s.io`.
     #[must_use]
     pub fn ctr(&self) -> Command {
-        let mut command = Command::new("ctr");
+        let mut command = Command::new(&self.runtime.ctr);
         command
             .arg("--address")
             .arg(&self.socket)
@@ -756,6 +846,150 @@ impl NodeJanitor {
     }
 }
 
+/// What containerd's configuration file says, in either of its two versions.
+struct ContainerdSettings {
+    root: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    opt: PathBuf,
+    cni_bin_dir: PathBuf,
+    cni_conf_dir: PathBuf,
+    runc: PathBuf,
+    pause_image: String,
+}
+
+// === impl ContainerdSettings ===
+
+impl ContainerdSettings {
+    /// Configuration version 2, for containerd 1.x (Debian bookworm's 1.6).
+    fn config_v2(&self) -> String {
+        format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+# Noise only on this machine.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_image}"
+  # Required here: CAP_SYS_RESOURCE is not in the bounding set, and without this every sandbox
+  # fails with "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runc}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin_dir}"
+    conf_dir = "{cni_conf_dir}"
+"#,
+            root = self.root.display(),
+            state = self.state.display(),
+            socket = self.socket.display(),
+            opt = self.opt.display(),
+            pause_image = self.pause_image,
+            runc = self.runc.display(),
+            cni_bin_dir = self.cni_bin_dir.display(),
+            cni_conf_dir = self.cni_conf_dir.display(),
+        )
+    }
+
+    /// Configuration version 3, for containerd 2.x: the CRI plugin is split into
+    /// `io.containerd.cri.v1.images` (the pinned sandbox image), `io.containerd.cri.v1.runtime`
+    /// (runc, CNI, the OOM score rule) and `io.containerd.grpc.v1.cri` (the streaming server).
+    /// Version 4 (containerd 2.4) moves the `[grpc]` and `[ttrpc]` sections into the plugins
+    /// `io.containerd.server.v1.grpc` and `io.containerd.server.v1.ttrpc`.
+    fn config_v3_or_4(&self, version: u32) -> String {
+        let servers = if version >= 4 {
+            format!(
+                r#"[plugins."io.containerd.server.v1.grpc"]
+  address = "{socket}"
+
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "{socket}.ttrpc"
+"#,
+                socket = self.socket.display()
+            )
+        } else {
+            format!(
+                r#"[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+"#,
+                socket = self.socket.display()
+            )
+        };
+        format!(
+            r#"version = {version}
+root = "{root}"
+state = "{state}"
+# Noise only on this machine (btrfs, zfs and devmapper are not even built in).
+disabled_plugins = [
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+{servers}
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause_image}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Required here: CAP_SYS_RESOURCE is not in the bounding set, and without this every sandbox
+  # fails with "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runc}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni_bin_dir}"]
+    conf_dir = "{cni_conf_dir}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+            root = self.root.display(),
+            state = self.state.display(),
+            opt = self.opt.display(),
+            pause_image = self.pause_image,
+            runc = self.runc.display(),
+            cni_bin_dir = self.cni_bin_dir.display(),
+            cni_conf_dir = self.cni_conf_dir.display(),
+        )
+    }
+}
+
 // === helpers ===
 
 fn node_ready(node: &NodeObject) -> bool {
@@ -817,9 +1051,15 @@ fn image_script() -> PathBuf {
 
 /// Runs `scripts/image.sh ARGS --no-load`: the image's reference and its archive.
 fn run_image_script(args: &[&str]) -> Result<(String, PathBuf)> {
+    run_image_script_with_env(args, &[])
+}
+
+/// [`run_image_script`] with more environment variables.
+fn run_image_script_with_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<(String, PathBuf)> {
     let script = image_script();
     let mut command = Command::new(&script);
     command.args(args).arg("--no-load");
+    command.envs(env.iter().copied());
     let output = command.output().map_err(|e| Error::io("run", &script, e))?;
     if !output.status.success() {
         return Err(Error::Command {

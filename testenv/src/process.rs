@@ -81,7 +81,7 @@ impl Process {
         binary: &Path,
         args: &[OsString],
         dir: &Path,
-        env: &[(&str, &str)],
+        env: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Self> {
         let log = dir.join(format!("{component}.log"));
         let stdout = File::options()

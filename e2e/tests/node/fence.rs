@@ -258,9 +258,22 @@ impl Fenced {
         .unwrap();
     }
 
-    /// The writer's client: its ServiceAccount's token (the token controller's Secret).
+    /// The writer's client: its ServiceAccount's token (the token controller's Secret). From
+    /// 1.24 on no Secret is made for every ServiceAccount: one is asked for, which the token
+    /// controller fills in.
     async fn writer_client(&self, admin: &Client) -> Client {
         let secrets = Api::<Secret>::namespaced(admin.clone(), self.ns());
+        if self.cp().kubernetes_version().at_least(1, 24) {
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {
+                    "name": format!("{OPERATOR}-token"),
+                    "annotations": {"kubernetes.io/service-account.name": OPERATOR},
+                },
+                "type": "kubernetes.io/service-account-token",
+            }))
+            .unwrap();
+            secrets.create(&PostParams::default(), &secret).await.unwrap();
+        }
         let token = wait_for("the writer's token Secret", Duration::from_secs(60), || async {
             let list = secrets.list(&ListParams::default()).await.ok()?;
             list.items.into_iter().find_map(|s| {
