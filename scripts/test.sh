@@ -147,7 +147,9 @@ step "the main job: ./scripts/demo.sh (README), end to end"
 # whose figure does not parse: on a real node both strategies after `kubectl delete pod`, else
 # the three takeovers of its Pod-object demo.
 demo_log="$RUN_TMP/demo.log"
+demo_start=$(date +%s)
 ./scripts/demo.sh 2>&1 | tee "$demo_log"
+echo "the demo took $(( $(date +%s) - demo_start )) s"
 if grep -q '^   no real node on this machine' "$demo_log"; then
   want=("for-life, Pod objects" "lease crash, Pod objects" "lease, Pod objects")
 else
