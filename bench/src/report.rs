@@ -154,16 +154,18 @@ impl Results {
         if let Some(f) = &self.for_life {
             row(
                 s,
-                "library, leader for life: lock deleted → next leader's first act",
+                "library, leader for life: lock deleted → old leader released → next leader's first act \
+                 (waits for the old leader's word: not a speed figure)",
                 &f.lock_deleted,
                 "",
             );
         }
         row(
             s,
-            "sidecar, leader for life: lock deleted → next COMMAND",
+            "sidecar, leader for life: lock deleted → next COMMAND (waits for the old COMMAND to \
+             stop: not a speed figure)",
             &h.lock_deleted_to_start,
-            "p99 ≤ 30 ms",
+            "",
         );
         let _ = writeln!(s);
     }
@@ -255,7 +257,7 @@ impl Results {
             );
             row(
                 s,
-                "for-life: lock deleted → next leader",
+                "for-life: lock deleted → old leader released → next leader",
                 "kube-leader",
                 "—",
                 &f.lock_deleted,

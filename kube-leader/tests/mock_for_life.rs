@@ -188,10 +188,12 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
         .successor(kube_leader::Successor::Any)
 }
 
-/// A waiting candidate sends nothing while the lock is held, wakes on the watch event of its
-/// deletion and creates it at once; the deposed leader learns of the deletion from its watch.
+/// A waiting candidate sends nothing while the lock is held. The lock deleted under its live
+/// leader (an admin): the leader learns of it from its watch, and the waiting candidate waits for
+/// its word that its work stopped (Safety IV), however long; once the leader has released, the
+/// candidate takes over at once (it deletes the leader's released lock and creates its own).
 #[tokio::test(start_paused = true)]
-async fn a_deleted_lock_is_taken_at_once_and_its_leader_told() {
+async fn a_lock_deleted_under_its_leader_is_taken_once_the_leader_says_it_stopped() {
     let mock = Mock::default();
     mock.pod("a");
     mock.pod("b");
@@ -210,18 +212,27 @@ async fn a_deleted_lock_is_taken_at_once_and_its_leader_told() {
     };
     assert_eq!(requests_while_waiting, 0, "a waiting candidate only watches");
 
-    let deleted_at = Instant::now();
     mock.delete_lock();
+    assert_eq!(a.lost().await, LossReason::LockDeleted);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        !waiting.is_finished(),
+        "b waits for a's word while a's work may run"
+    );
+    assert_eq!(mock.lock_owner(), None);
+
+    let a_token = a.fencing_token();
+    let released_at = Instant::now();
+    a.release().await.unwrap();
     let b = waiting.await.unwrap().unwrap();
     assert!(
-        deleted_at.elapsed() < Duration::from_millis(50),
+        released_at.elapsed() < Duration::from_millis(50),
         "{:?}",
-        deleted_at.elapsed()
+        released_at.elapsed()
     );
     assert_eq!(mock.lock_owner().as_deref(), Some("b"));
-    assert_eq!(a.lost().await, LossReason::LockDeleted);
     assert!(b.is_leader());
-    assert!(b.fencing_token() > a.fencing_token());
+    assert!(b.fencing_token() > a_token);
 }
 
 /// A restarted leader (the same Pod, by UID) continues on its own lock without writing it.

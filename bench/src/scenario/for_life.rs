@@ -202,6 +202,12 @@ pub(crate) async fn run(b: &Bench, rounds: usize) -> anyhow::Result<ForLifeResul
     for round in 0..rounds {
         tokio::time::sleep(b.plan.settle).await;
         let (slot, pod, _, old) = leader;
+        // As a user's code does: once the loss is seen (its work stopped at once here), release.
+        // A lock deleted under a live leader is taken over only on that word (Safety IV).
+        let releasing = tokio::spawn(async move {
+            old.lost_token().cancelled().await;
+            old.release().await
+        });
         let t0 = mono_ns();
         config_maps.delete(LOCK, &DeleteParams::default()).await?;
         let next = c
@@ -227,7 +233,10 @@ pub(crate) async fn run(b: &Bench, rounds: usize) -> anyhow::Result<ForLifeResul
         if let Some(at) = c.loss_of(slot, t0).await {
             result.loss_seen.push(between(t0, at));
         }
-        drop(old);
+        releasing
+            .await
+            .context("the old leader's release task")?
+            .with_context(|| format!("round {round}: the old leader's release"))?;
         // The old leader's Pod lives: it campaigns again.
         c.campaign(slot, &pod);
         leader = next;
