@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# Prints the path of kube-leader-go-candidate, a client-go (v1.20.2) Lease leader-election
-# program built from tools/go-candidate/main.go, for interoperability tests and benchmarks.
+# Prints the path of kube-leader-go-candidate, a client-go Lease leader-election program
+# (tools/go-candidate: its own Go module, k8s.io/client-go v0.37.2 pinned with its go.sum),
+# for interoperability tests and benchmarks.
 #
-# The Go source is compiled in GOPATH mode inside the vendored Kubernetes source tree that
-# scripts/testenv-assets.sh unpacks (no network, no Go module proxy), and cached as
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/go-candidate/<sha256 of main.go>/kube-leader-go-candidate
+# Built in module mode, `go build -mod=readonly -trimpath`, static (CGO_ENABLED=0), with the
+# Go module and build caches that scripts/k8s-assets.sh uses (.../kube-leader/go/mod and
+# .../kube-leader/go/build), and cached as
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/go-candidate/<sha256>/kube-leader-go-candidate
+# where <sha256> is that of main.go, go.mod and go.sum together. -mod=readonly: the build
+# never changes the pins (a missing module is downloaded into the module cache once).
+#
+# Needs Go 1.26.8 or later (/usr/local/go/bin/go is used if `go` is not on PATH).
 #
 # Idempotent: with a cached binary it prints the path immediately. All progress goes to
 # stderr; stdout is only the binary's path.
 set -euo pipefail
 
-K8S_VERSION="1.20.2"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MAIN_GO="$REPO_ROOT/tools/go-candidate/main.go"
+SRC="$REPO_ROOT/tools/go-candidate"
 NAME="kube-leader-go-candidate"
 
 log() { printf 'go-candidate: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-[ -f "$MAIN_GO" ] || die "missing $MAIN_GO"
-SHA=$(sha256sum "$MAIN_GO" | cut -d' ' -f1)
+for f in main.go go.mod go.sum; do
+  [ -f "$SRC/$f" ] || die "missing $SRC/$f"
+done
+key() { cat "$SRC/main.go" "$SRC/go.mod" "$SRC/go.sum" | sha256sum | cut -d' ' -f1; }
+SHA=$(key)
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader"
 OUT_DIR="$CACHE_ROOT/go-candidate/$SHA"
 BIN="$OUT_DIR/$NAME"
@@ -30,48 +38,31 @@ if [ -x "$BIN" ]; then
   exit 0
 fi
 
-# The source tree. testenv-assets.sh unpacks it (and builds the control plane); it only does
-# so when it has to build, hence KUBEBUILDER_ASSETS is unset for the call. If the tree is
-# already unpacked, don't wait for a control-plane build that may be in progress.
-BUILD="$CACHE_ROOT/build/$K8S_VERSION"
-if [ ! -f "$BUILD/.unpacked" ]; then
-  log "preparing the Kubernetes $K8S_VERSION source tree via testenv-assets.sh"
-  env -u KUBEBUILDER_ASSETS "$REPO_ROOT/scripts/testenv-assets.sh" >/dev/null
-fi
-[ -f "$BUILD/.unpacked" ] && [ -d "$BUILD/vendor/k8s.io/client-go" ] \
-  || die "no unpacked Kubernetes source tree at $BUILD"
+GO="$(command -v go || true)"
+[ -n "$GO" ] || GO=/usr/local/go/bin/go
+[ -x "$GO" ] || die "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
+# The same caches as scripts/k8s-assets.sh: client-go and its dependencies are mostly there.
+export GOTOOLCHAIN=local GOMODCACHE="$CACHE_ROOT/go/mod" GOCACHE="$CACHE_ROOT/go/build"
+export GOFLAGS="-buildvcs=false" GO111MODULE=on CGO_ENABLED=0
 
-GO=$(command -v go || echo /usr/lib/go/bin/go)
-[ -x "$GO" ] || die "go not found"
-
-# One builder at a time (the package directory in the tree is shared).
-WORK="$CACHE_ROOT/go-candidate"
-mkdir -p "$WORK"
-exec 9>"$WORK/.lock"
+# One builder at a time (parallel test binaries or a second shell).
+mkdir -p "$CACHE_ROOT/go-candidate"
+exec 9>"$CACHE_ROOT/go-candidate/.lock"
 flock 9
 if [ -x "$BIN" ]; then
   printf '%s\n' "$BIN"
   exit 0
 fi
 
-mkdir -p "$BUILD/.go/src/k8s.io"
-[ -e "$BUILD/.go/src/k8s.io/kubernetes" ] || ln -s ../../.. "$BUILD/.go/src/k8s.io/kubernetes"
-PKG_DIR="$BUILD/cmd/$NAME"
-mkdir -p "$PKG_DIR"
-cp "$MAIN_GO" "$PKG_DIR/main.go.tmp"
-mv "$PKG_DIR/main.go.tmp" "$PKG_DIR/main.go"
-# The copy is what gets built; make sure it is what was hashed.
-[ "$(sha256sum "$PKG_DIR/main.go" | cut -d' ' -f1)" = "$SHA" ] || die "$MAIN_GO changed during the build; rerun"
-
-log "building $NAME (sha256 ${SHA:0:12}) with $("$GO" version)"
+log "building $NAME (sha256 ${SHA:0:12}, $(sed -n 's/^[[:space:]]*k8s.io\/client-go \(v[^ ]*\).*/client-go \1/p' "$SRC/go.mod")) with $("$GO" version)"
 start=$(date +%s)
-mkdir -p "$OUT_DIR" "$WORK/.home" "$WORK/.gocache"
+mkdir -p "$OUT_DIR"
 (
-  cd "$BUILD/.go/src/k8s.io/kubernetes"
-  export GOPATH="$BUILD/.go" GO111MODULE=off GOFLAGS= CGO_ENABLED=0 \
-    HOME="$WORK/.home" GOCACHE="$WORK/.gocache"
-  "$GO" build -trimpath -ldflags='-s -w' -o "$BIN.tmp" "k8s.io/kubernetes/cmd/$NAME"
+  cd "$SRC"
+  "$GO" build -mod=readonly -trimpath -ldflags='-s -w' -o "$BIN.tmp" .
 ) >&2 || die "go build failed"
+# What was built is what was hashed.
+[ "$(key)" = "$SHA" ] || { rm -f "$BIN.tmp"; die "$SRC changed during the build; rerun"; }
 mv "$BIN.tmp" "$BIN"
 log "built $BIN in $(( $(date +%s) - start ))s"
 printf '%s\n' "$BIN"

@@ -122,7 +122,7 @@ write_report() {
   {
     echo "## kube-leader real-node figures (scripts/node-bench.sh $RUNS $ROUNDS)"
     echo
-    echo "$STARTED · Kubernetes $K8S (single kubelet node, e2e/tests/node.rs) · $MACHINE · commit $COMMIT · load average at start $LOAD_START, at the end $(cut -d' ' -f1-3 /proc/loadavg) · kube-leader run: its default client, the library's \`http2\` feature · client-go 1.20's leaderelection (tools/go-candidate), Lease 15 s / 10 s / 2 s · KUBE_LEADER_NODE_ROLLOUTS=${KUBE_LEADER_NODE_ROLLOUTS:-1} KUBE_LEADER_NODE_SUCCESSOR=${KUBE_LEADER_NODE_SUCCESSOR:-youngest}"
+    echo "$STARTED · Kubernetes $K8S (single kubelet node, e2e/tests/node.rs) · $MACHINE · commit $COMMIT · load average at start $LOAD_START, at the end $(cut -d' ' -f1-3 /proc/loadavg) · kube-leader run: its default client, the library's \`http2\` feature · client-go $(sed -n 's/^[[:space:]]*k8s.io\/client-go v\([^ ]*\).*/\1/p' tools/go-candidate/go.mod)'s leaderelection (tools/go-candidate), Lease 15 s / 10 s / 2 s · KUBE_LEADER_NODE_ROLLOUTS=${KUBE_LEADER_NODE_ROLLOUTS:-1} KUBE_LEADER_NODE_SUCCESSOR=${KUBE_LEADER_NODE_SUCCESSOR:-youngest}"
     [ "$failed" = 0 ] || { echo; echo "Some node tests failed in this run (figures kept)."; }
     echo
     cat "$BODY"

@@ -1,5 +1,6 @@
 //! kube-leader and client-go candidates on one Lease: they never both lead, each takes over
-//! the other's release, and each reads the other's records.
+//! the other's release, and each reads the other's records. The client-go side is
+//! `tools/go-candidate` (k8s.io/client-go v0.37.2's `leaderelection` with a `LeaseLock`).
 
 use std::{process::Stdio, time::Duration};
 
@@ -9,7 +10,8 @@ use kube_leader_testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
-/// The client-go candidate built by `scripts/go-candidate.sh` (the test command exports it).
+/// The client-go (v0.37.2) candidate built by `scripts/go-candidate.sh` (the test command
+/// exports it).
 fn go_candidate() -> String {
     std::env::var("KUBE_LEADER_GO_CANDIDATE").unwrap_or_else(|_| {
         panic!(

@@ -36,7 +36,7 @@
 //!
 //! # client-go beside it
 //!
-//! The client-go candidate (`tools/go-candidate`: client-go 1.20's `leaderelection` on a Lease)
+//! The client-go candidate (`tools/go-candidate`: client-go 0.37's `leaderelection` on a Lease)
 //! runs in the same shape: `deploy/lease` as above, with the container's image, command and
 //! args swapped for the candidate's (`scripts/image.sh go-candidate`; `--lease` the same lock,
 //! `--namespace $(POD_NAMESPACE)` and `--identity $(POD_NAME)` from the Downward API, the same
@@ -60,7 +60,7 @@ use std::{
 
 use k8s_openapi::api::{
     apps::v1::ReplicaSet,
-    core::v1::{Node as NodeObject, Pod},
+    core::v1::{Event, Node as NodeObject, Pod},
 };
 use kube::{api::ListParams, Api};
 use kube_leader_e2e::{checker::History, kube_leader_bin_beside, mono_ns, wait_for};
@@ -410,21 +410,23 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     // A real kubelet eviction of the leader: ephemeral-storage limit exceeded.
     let filled = mono_ns();
     deployed.fill_log(&leader);
-    let evicted = deployed.wait_evicted(&leader).await;
+    let (evicted, evicted_how) = deployed.wait_evicted(&leader).await;
     let next = deployed.leader_after(filled).await;
     assert_ne!(next, leader);
     let next_start = deployed.start_after(&next, filled);
     // The kubelet kills an evicted Pod's containers with grace period 0 (SIGKILL) for a limit
-    // eviction; a leader for life that saw its own Pod fail stopped COMMAND gracefully before.
-    // Its successor takes over once that leader marked its lock released (after COMMAND
-    // stopped); if the SIGKILL came first, only the Pod's grace (30 s in deploy/) plus 2 s since
-    // the successor saw the Pod Failed proves the containers gone (within `leader_after`'s 90 s).
+    // eviction on 1.20 (1.37 asks for 1 s, which the runtime raises to its minimum of 2 s:
+    // SIGTERM first, kube-leader exits 0, and the Pod ends Succeeded); a leader for life
+    // that saw its own Pod fail stopped COMMAND gracefully before. Its successor takes over once
+    // that leader marked its lock released (after COMMAND stopped); if the SIGKILL came first,
+    // only the Pod's grace (30 s in deploy/) plus 2 s since the successor saw the Pod terminal
+    // (Failed, or Succeeded) proves the containers gone (within `leader_after`'s 90 s).
     let end = deployed
         .logs
         .end_of(&leader, filled)
         .expect("the evicted leader's COMMAND ended");
     say(&format!(
-        "{s}: eviction: limit exceeded → Pod Failed/Evicted seen {}, old COMMAND ended ({}) {}, next leader's COMMAND {} (old COMMAND ended → next leader {})",
+        "{s}: eviction: limit exceeded → Pod evicted seen ({evicted_how}) {}, old COMMAND ended ({}) {}, next leader's COMMAND {} (old COMMAND ended → next leader {})",
         ms(evicted - filled),
         match end.kind.as_str() {
             "gone" => "killed: no stop record".to_owned(),
@@ -875,43 +877,73 @@ impl Deployed {
             .unwrap_or(0)
     }
 
-    /// Waits until `pod` is Failed with reason Evicted; when that was seen.
-    async fn wait_evicted(&self, pod: &str) -> u64 {
+    /// Waits until `pod` is known to have been evicted by the kubelet; returns when its end was
+    /// first seen (CLOCK_MONOTONIC ns) and how it was recognised.
+    ///
+    /// Evicted is phase `Failed` with reason `Evicted` (every kubelet up to 1.26; later ones when
+    /// a container is killed with a non-zero status), or a terminal phase (`Succeeded` or
+    /// `Failed`) together with an Event reason `Evicted` for the Pod: from 1.27 on, a Pod whose
+    /// containers all exit 0 on the eviction's SIGTERM (kube-leader does) ends `Succeeded`, with
+    /// no reason, and a limit eviction gives it no `DisruptionTarget` condition. A Pod that is
+    /// gone with such an Event was evicted too (DeleteEvicted, the default, may delete it right
+    /// after). The time returned is the first poll that saw the Pod terminal or gone, even when
+    /// the Event was only listed later, so it stays "eviction → Pod ended" on every version.
+    async fn wait_evicted(&self, pod: &str) -> (u64, String) {
         let client = self.env.node.control_plane().client().await;
-        let pods = Api::<Pod>::namespaced(client, self.namespace());
+        let pods = Api::<Pod>::namespaced(client.clone(), self.namespace());
+        let events = Api::<Event>::namespaced(client, self.namespace());
+        // The Pod's UID, so that only its own Events count.
+        let uid = pods
+            .get_opt(pod)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.metadata.uid);
+        let mut fields = format!("involvedObject.name={pod},reason=Evicted");
+        if let Some(uid) = &uid {
+            fields.push_str(&format!(",involvedObject.uid={uid}"));
+        }
+        let evicted_event = || async {
+            events
+                .list(&ListParams::default().fields(&fields))
+                .await
+                .is_ok_and(|l| !l.items.is_empty())
+        };
+        let ended = std::cell::Cell::new(None::<u64>);
         wait_for(
             &format!("Pod {pod} to be evicted"),
             Duration::from_secs(90),
             || async {
-                // DeleteEvicted (the default) may delete the Pod right after: a Pod that is gone
-                // after its COMMAND stopped was evicted too, if the kubelet said so.
-                let status = pods.get_opt(pod).await.ok()?.and_then(|p| p.status);
-                match status {
-                    Some(s)
-                        if s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some("Evicted") =>
-                    {
-                        Some(mono_ns())
+                let seen = mono_ns();
+                let status = match pods.get_opt(pod).await.ok()? {
+                    // A Pod of the same name but another UID is not this one.
+                    Some(p) if p.metadata.uid == uid => Some(p.status.unwrap_or_default()),
+                    _ => None,
+                };
+                let (phase, reason) = status
+                    .as_ref()
+                    .map(|s| (s.phase.as_deref(), s.reason.as_deref()))
+                    .unwrap_or_default();
+                let how = match (&status, phase) {
+                    (Some(_), Some("Failed")) if reason == Some("Evicted") => {
+                        return Some((
+                            ended.get().unwrap_or(seen),
+                            "phase Failed, reason Evicted".to_owned(),
+                        ));
                     }
-                    Some(_) => None,
-                    None => self.evicted_event(pod).then(mono_ns),
-                }
+                    (Some(_), Some(phase @ ("Succeeded" | "Failed"))) => format!(
+                        "phase {phase}{}, an Evicted Event",
+                        reason.map(|r| format!(", reason {r}")).unwrap_or_default()
+                    ),
+                    (Some(_), _) => return None,
+                    (None, _) => "gone, an Evicted Event".to_owned(),
+                };
+                let first = ended.get().unwrap_or(seen);
+                ended.set(Some(first));
+                evicted_event().await.then_some((first, how))
             },
         )
         .await
-    }
-
-    fn evicted_event(&self, pod: &str) -> bool {
-        !self
-            .kubectl(&[
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={pod},reason=Evicted"),
-                "-o",
-                "name",
-            ])
-            .trim()
-            .is_empty()
     }
 
     /// The one Pod whose COMMAND started after `after` (CLOCK_MONOTONIC ns) and still runs, by

@@ -58,10 +58,15 @@ while true; do sleep 0.05; done"#
 fn go_command() -> PathBuf {
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go-shard-command");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/go-shard-command/main.go");
-    let go = ["go", "/usr/lib/go/bin/go"]
+    // A single file using only the standard library: GOPATH mode (GO111MODULE=off) needs no
+    // go.mod, and builds with Go 1.26.8 (/usr/local/go) as with Debian's golang-go.
+    let go = ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
         .into_iter()
         .find(|g| std::process::Command::new(g).arg("version").output().is_ok())
-        .expect("Go is needed for this test: scripts/testenv-assets.sh installs Debian's golang-go");
+        .expect(
+            "Go is needed for this test: scripts/testenv-assets.sh installs Debian's golang-go \
+             (scripts/k8s-assets.sh uses /usr/local/go)",
+        );
     let status = std::process::Command::new(go)
         .args(["build", "-o"])
         .arg(&out)

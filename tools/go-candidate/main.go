@@ -4,8 +4,12 @@
 // benchmarks can check interoperability with, and compare timings against, the
 // reference Go implementation.
 //
-// It is built by scripts/go-candidate.sh in GOPATH mode inside the vendored
-// Kubernetes v1.20.2 source tree; nothing here is vendored into this repository.
+// It is a Go module of its own (go.mod and go.sum pin k8s.io/client-go,
+// k8s.io/api and k8s.io/apimachinery v0.37.2), built static by
+// scripts/go-candidate.sh with `go build -mod=readonly -trimpath`; nothing is
+// vendored into this repository. client-go's coordinated leader election
+// (LeaderElectionConfig.Coordinated) is not used: this is the classic
+// LeaseLock election that kube-leader interoperates with.
 //
 // Every event is one JSON line on stdout, written immediately:
 //

@@ -45,6 +45,11 @@ pub enum DeadLeaderPod {
     Keep,
     /// Delete the Pod only if it was evicted (phase `Failed`, reason `Evicted`) and is not
     /// already being deleted: what operator-sdk does. The default.
+    ///
+    /// From Kubernetes 1.27 on, an evicted Pod whose containers all exit 0 on the eviction's
+    /// SIGTERM (`kube-leader run` does) ends `Succeeded` with no reason instead, and is left
+    /// alone by this policy (the lock is still taken over); [`DeleteTerminal`](Self::DeleteTerminal)
+    /// deletes it.
     #[default]
     DeleteEvicted,
     /// Delete the Pod in any terminal phase (`Failed` for any reason, `Succeeded`) unless it is
