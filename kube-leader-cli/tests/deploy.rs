@@ -500,10 +500,15 @@ fn one_kustomization_names_everything_without_dangling_references() {
 }
 
 /// One YAML document as JSON, through kubectl's own reader (no YAML crate here; a 1.20 API
-/// server knows the PodDisruptionBudget as policy/v1beta1, with the same fields).
+/// server knows the PodDisruptionBudget as policy/v1beta1, with the same fields; 1.25 and
+/// later only as policy/v1).
 fn yaml_to_json(doc: &str) -> Value {
     let cp = ControlPlane::shared();
-    let doc = doc.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n");
+    let doc = if cp.kubernetes_version().at_least(1, 21) {
+        doc.to_owned()
+    } else {
+        doc.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")
+    };
     let doc = doc.as_str();
     let out = cp
         .kubectl_with_stdin(&["create", "--dry-run=client", "-o", "json", "-f", "-"], doc)
