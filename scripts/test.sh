@@ -2,7 +2,8 @@
 # The one test command (README.md names it; .ci/run calls it).
 #
 # On a fresh machine it installs and builds what is missing (cached afterwards):
-#   - the control-plane binaries (scripts/testenv-assets.sh → KUBEBUILDER_ASSETS),
+#   - the control-plane and node binaries of Kubernetes 1.37.2 (scripts/testenv-assets.sh →
+#     KUBEBUILDER_ASSETS; KUBE_LEADER_KUBERNETES picks another release),
 #   - the client-go candidate used by the interoperability tests (scripts/go-candidate.sh),
 #   - what a real kubelet node needs (scripts/node-deps.sh: containerd, runc, the loopback CNI
 #     plugin, busybox-static, gcc); the node tests build their images with scripts/image.sh,
@@ -27,15 +28,13 @@ if [ "$free_gb" -lt "$need_gb" ]; then
 fi
 
 step "control-plane binaries"
-# KUBE_LEADER_KUBERNETES=1.37.2 (a release pinned under tools/k8s/) runs everything against
-# that release, built by scripts/k8s-assets.sh; the default is Debian's 1.20.2.
-if [ -n "${KUBE_LEADER_KUBERNETES:-}" ]; then
-  KUBEBUILDER_ASSETS="$(./scripts/k8s-assets.sh "$KUBE_LEADER_KUBERNETES")"
-else
-  KUBEBUILDER_ASSETS="$(./scripts/testenv-assets.sh)"
-fi
+# Kubernetes 1.37.2, built from Go modules (scripts/k8s-assets.sh, pinned under tools/k8s/).
+# KUBE_LEADER_KUBERNETES=1.34.4 (also pinned) or 1.20.2 (Debian's source, the legacy release)
+# runs everything against that release instead; an inherited KUBEBUILDER_ASSETS is not used, so
+# that no test runs against another control plane than the one named here.
+KUBEBUILDER_ASSETS="$(env -u KUBEBUILDER_ASSETS ./scripts/testenv-assets.sh)"
 export KUBEBUILDER_ASSETS
-echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
 
 step "client-go candidate"
 KUBE_LEADER_GO_CANDIDATE="$(./scripts/go-candidate.sh)"

@@ -18,7 +18,7 @@ const MIN_KUBERNETES: &str = "1.20";
 
 /// The Kubernetes version the tests run against (as [`LONG`] says).
 #[cfg(test)]
-const TESTED_KUBERNETES: &str = "1.20.2";
+const TESTED_KUBERNETES: &str = "1.37.2";
 
 /// `kube-leader --version`.
 pub(crate) const LONG: &str = concat!(
@@ -26,7 +26,7 @@ pub(crate) const LONG: &str = concat!(
     " (commit ",
     env!("KUBE_LEADER_GIT_COMMIT"),
     ")\n",
-    "Kubernetes: 1.20 or later (tested against 1.20.2). Uses only GA APIs: \
+    "Kubernetes: 1.20 or later (tested against 1.37.2). Uses only GA APIs: \
      coordination.k8s.io/v1 Leases (GA in 1.14), core/v1 ConfigMaps, Pods, Nodes and Events.\n",
     "Built with kube 5 and k8s-openapi 0.29 (Kubernetes 1.33 API types; fields newer than the \
      API server are ignored by it)."

@@ -151,7 +151,7 @@ fn version_names_the_commit_and_the_kubernetes_versions() {
         }
     }
     assert!(
-        text.contains("Kubernetes: 1.20 or later (tested against 1.20.2)"),
+        text.contains("Kubernetes: 1.20 or later (tested against 1.37.2)"),
         "{text}"
     );
     assert!(text.contains("coordination.k8s.io/v1"), "{text}");

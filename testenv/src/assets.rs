@@ -12,9 +12,14 @@ use std::{
 
 use crate::{Error, Result};
 
-/// The Kubernetes version whose binaries `./scripts/testenv-assets.sh` builds and caches (the
-/// default; `./scripts/k8s-assets.sh VERSION` builds current releases, see [`KubeVersion`]).
-pub const KUBERNETES_VERSION: &str = "1.20.2";
+/// The Kubernetes version whose binaries `./scripts/testenv-assets.sh` builds and caches by
+/// default, the release the test command runs (`KUBE_LEADER_KUBERNETES` picks another; see
+/// [`KubeVersion`]).
+pub const KUBERNETES_VERSION: &str = "1.37.2";
+
+/// The legacy release that `./scripts/debian-assets.sh` builds from Debian's source package,
+/// whose unpacked tree also holds the pause image's source.
+pub const DEBIAN_KUBERNETES_VERSION: &str = "1.20.2";
 
 /// The binaries a complete assets directory holds.
 pub const BINARIES: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"];
@@ -40,7 +45,8 @@ impl Assets {
     /// Finds the binaries, with the same rules as `./scripts/testenv-assets.sh`:
     ///
     /// 1. `kubebuilder_assets` (the value of `KUBEBUILDER_ASSETS`), if it holds all of them;
-    /// 2. else `${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/assets/1.20.2`, if it holds all of them;
+    /// 2. else `${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/assets/1.37.2` ([`KUBERNETES_VERSION`]),
+    ///    if it holds all of them;
     /// 3. else [`Error::AssetsNotFound`], whose message says to run the script.
     ///
     /// Empty values count as unset, as in the shell's `${VAR:-default}`. The values are

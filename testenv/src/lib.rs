@@ -2,8 +2,8 @@
 //!
 //! [`ControlPlane`] runs etcd, kube-apiserver and kube-controller-manager (its garbage collector
 //! and namespace controllers) on free ports of 127.0.0.1, from the binaries that
-//! `./scripts/testenv-assets.sh` builds (1.20.2; or `KUBEBUILDER_ASSETS`, for example a current
-//! release from `./scripts/k8s-assets.sh 1.37.2`; see [`Assets`] and [`KubeVersion`]). There is no
+//! `./scripts/testenv-assets.sh` builds (1.37.2 from Go modules by default, `KUBE_LEADER_KUBERNETES`
+//! picks another release; or `KUBEBUILDER_ASSETS`; see [`Assets`] and [`KubeVersion`]). There is no
 //! kubelet and no scheduler: Pods never run, tests set their phase with [`set_pod_phase`].
 //!
 //! ```no_run
@@ -40,7 +40,7 @@ mod node;
 mod process;
 mod proxy;
 
-pub use assets::{Assets, KubeVersion, BINARIES, KUBERNETES_VERSION};
+pub use assets::{Assets, KubeVersion, BINARIES, DEBIAN_KUBERNETES_VERSION, KUBERNETES_VERSION};
 pub use audit::AuditEvent;
 pub use control_plane::{ControlPlane, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};

@@ -262,7 +262,7 @@ impl Node {
         {
             let pause = home
                 .join("kube-leader/build")
-                .join(crate::KUBERNETES_VERSION)
+                .join(crate::assets::DEBIAN_KUBERNETES_VERSION)
                 .join("build/pause/linux/pause.c");
             if !pause.is_file() && !assets.binary("pause.c").is_file() {
                 return Some(format!(
