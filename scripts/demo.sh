@@ -144,6 +144,7 @@ start kube-apiserver "$ASSETS/kube-apiserver" --etcd-servers="http://127.0.0.1:$
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$WORK/sa.pub" \
   --service-account-signing-key-file="$WORK/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
   --authorization-mode=RBAC --disable-admission-plugins=ServiceAccount --profiling=false \
+  --endpoint-reconciler-type=none \
   --enable-priority-and-fairness=false
 PIDS+=("$LAST_PID")
 export KUBECONFIG="$WORK/kubeconfig"
