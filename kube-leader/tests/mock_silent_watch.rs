@@ -123,6 +123,15 @@ impl Mock {
             .put(&format!("/api/v1/namespaces/ns/pods/{name}"), pod);
     }
 
+    /// Sets the Pod's phase to `Succeeded` without telling any watch (they are silent).
+    fn end_pod_silently(&self, name: &str) {
+        let mut s = self.0.lock().unwrap();
+        let path = format!("/api/v1/namespaces/ns/pods/{name}");
+        let mut pod = s.objects[&path].clone();
+        pod["status"]["phase"] = json!("Succeeded");
+        s.put(&path, pod);
+    }
+
     /// Deletes the lock without telling any watch (they are silent).
     fn delete_lock_silently(&self) {
         let mut s = self.0.lock().unwrap();
@@ -144,9 +153,11 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
         .successor(kube_leader::Successor::Any)
 }
 
-/// A follower whose watches went silent reads the lock when they stay silent too long (90 s),
-/// finds it gone and takes over; without that it waits until kube-runtime's idle timeout
-/// (the 290 s watch timeout + 5 s) ends the stream and a relist shows the lock gone.
+/// A follower whose watches went silent reads the lock and the leader's Pod when they stay
+/// silent too long (90 s), finds the lock gone and the Pod ended, and takes over once the Pod's
+/// grace has passed (the proof that its work stopped: a lock deleted under a live leader is
+/// never taken, Safety IV); without the reads it waits until kube-runtime's idle timeout (the
+/// 290 s watch timeout + 5 s) ends the streams and a relist shows them (hence the bound, 280 s).
 #[tokio::test(start_paused = true)]
 async fn a_follower_whose_watches_went_silent_reads_the_lock() {
     let mock = Mock::default();
@@ -160,8 +171,9 @@ async fn a_follower_whose_watches_went_silent_reads_the_lock() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!waiting.is_finished(), "a leads for life");
     let deleted_at = Instant::now();
+    mock.end_pod_silently("a");
     mock.delete_lock_silently();
-    let bound = Duration::from_secs(150);
+    let bound = Duration::from_secs(280);
     let b = tokio::time::timeout(bound, waiting)
         .await
         .unwrap_or_else(|_| panic!("the follower did not notice within {bound:?}"))
