@@ -8,8 +8,9 @@
 //! The objects of `deploy/for-life` and `deploy/lease` (what `kubectl apply -k` applies: RBAC, the
 //! Deployment, its PodDisruptionBudget as `policy/v1beta1` on 1.20) are applied with these
 //! changes to the Deployment only, all forced by one node with no Pod network and no registry:
-//! - `image`: the node-test image (`scripts/image.sh node-test`: the kube-leader image with this
-//!   build's binary, whose `sleep` is the instrumented workload `scripts/images/workload.c`),
+//! - `image`: the node-test image (`scripts/image.sh node-test`: the static binary the image
+//!   ships, `KUBE_LEADER_STATIC_AMD64`, or this build's; `sleep` is the instrumented workload
+//!   `scripts/images/workload.c`) for the initContainer and the app container alike,
 //!   `imagePullPolicy: Never`;
 //! - `hostNetwork: true`, with `KUBERNETES_SERVICE_HOST=127.0.0.1` and `KUBERNETES_SERVICE_PORT`
 //!   set to the API server's port (no Service IPs, no kube-proxy);
@@ -572,7 +573,13 @@ impl NodeEnv {
         static ENV: OnceLock<NodeEnv> = OnceLock::new();
         let node = Node::shared()?;
         Some(ENV.get_or_init(|| {
-            let kube_leader = std::env::var_os("KUBE_LEADER_NODE_BINARY")
+            // The binary under test: KUBE_LEADER_NODE_BINARY, else the static binary the image
+            // ships (the test command exports it), else this build's. deploy/'s initContainer
+            // copies it into a 32 MiB in-memory emptyDir: a stripped debug build (about 34 MiB)
+            // does not fit, the shipped one (about 8.5 MiB) does.
+            let kube_leader = ["KUBE_LEADER_NODE_BINARY", "KUBE_LEADER_STATIC_AMD64"]
+                .into_iter()
+                .find_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()))
                 .map(PathBuf::from)
                 .unwrap_or_else(|| kube_leader_bin_beside(env!("CARGO_BIN_EXE_lease-candidate")));
             let image = node
