@@ -205,6 +205,10 @@ async fn a_stopping_lease_candidate_withdraws_and_a_missing_successor_is_waited_
         .create(&PostParams::default(), &ghost)
         .await
         .unwrap();
+    // The leader names its successor from its watch of the registrations: let the ghost's
+    // event reach it (a registration made in the same instant as the release may be missed, and
+    // on 1.37.2 the release once came first).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let released = Instant::now();
     leader.release().await.unwrap();
     let (rec, lease) = lease_record(&client, ns.name()).await;
