@@ -69,38 +69,52 @@ fn epoch_now() -> u128 {
     epoch_ns(SystemTime::now())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop() {
-    let cp = ControlPlane::shared();
-    let ns = cp.namespace().await;
+/// Two leader-for-life candidates of `lock` with Pod objects `ids`, their COMMAND slow to stop:
+/// returns once the first leads and the second's campaign has seen its lock (not only its
+/// status server: a candidate that never saw the lock knows nothing of its leader,
+/// docs/library.md, Safety IV).
+async fn for_life_pair(
+    cp: &ControlPlane,
+    ns: &str,
+    dir: &Path,
+    lock: &str,
+    ids: [&str; 2],
+) -> (Candidate, Candidate) {
     let client = cp.client().await;
-    let dir = scratch_dir("deleted-for-life");
-    for pod in ["dl1", "dl2"] {
-        create_pod(&client, ns.name(), pod).await.unwrap();
+    for pod in ids {
+        create_pod(&client, ns, pod).await.unwrap();
     }
-    let flags = ["--lock", "dl", "--namespace", ns.name(), "--grace", "10s"];
+    let flags = ["--lock", lock, "--namespace", ns, "--grace", "10s"];
     let spawn = |pod: &str| {
-        let work = slow_work(&dir, pod);
+        let work = slow_work(dir, pod);
         Candidate::spawn_with(
             cp.kubeconfig_path(),
-            &dir,
+            dir,
             pod,
             &flags,
             &work,
             &[("POD_NAME", pod)],
         )
     };
-    let mut leader = spawn("dl1");
-    wait_for("dl1 leads", WAIT, || leader.leading().then_some(()));
-    let follower = spawn("dl2");
-    // Its campaign has seen dl1's lock (not only its status server): a candidate that never
-    // saw the lock knows nothing of its leader (docs/library.md, Safety IV).
-    wait_for("dl2 waits on dl1", WAIT, || {
-        follower
-            .log_text()
-            .contains(r#""reason":"dl1 leads""#)
-            .then_some(())
+    let leader = spawn(ids[0]);
+    wait_for(&format!("{} leads", ids[0]), WAIT, || {
+        leader.leading().then_some(())
     });
+    let follower = spawn(ids[1]);
+    let waiting = format!(r#""reason":"{} leads""#, ids[0]);
+    wait_for(&format!("{} waits on {}", ids[1], ids[0]), WAIT, || {
+        follower.log_text().contains(&waiting).then_some(())
+    });
+    (leader, follower)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn for_life_lock_deleted_under_a_live_leader_waits_for_its_command_to_stop() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("deleted-for-life");
+    let (mut leader, follower) = for_life_pair(cp, ns.name(), &dir, "dl", ["dl1", "dl2"]).await;
 
     // An admin deletes the lock: dl1 loses and stops its COMMAND (3 s); dl2 waits for its word.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
@@ -138,7 +152,9 @@ async fn lease_deleted_under_a_live_leader_waits_for_its_command_to_stop() {
     let mut leader = spawn("ll1");
     wait_for("ll1 leads", WAIT, || leader.leading().then_some(()));
     let follower = spawn("ll2");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for("ll2 follows", WAIT, || {
+        follower.log_text().contains("leader is ll1").then_some(())
+    });
     let leases: Api<Lease> = Api::namespaced(cp.client().await, ns.name());
     leases.delete("dll", &DeleteParams::default()).await.unwrap();
     assert!(never_together(&leader, &follower, WAIT), "ll2 never took over");
@@ -152,30 +168,7 @@ async fn for_life_namespace_deleted_under_a_live_leader_starts_no_second_command
     let ns = cp.namespace().await;
     let client = cp.client().await;
     let dir = scratch_dir("deleted-namespace");
-    for pod in ["dn1", "dn2"] {
-        create_pod(&client, ns.name(), pod).await.unwrap();
-    }
-    let flags = ["--lock", "dn", "--namespace", ns.name(), "--grace", "10s"];
-    let spawn = |pod: &str| {
-        let work = slow_work(&dir, pod);
-        Candidate::spawn_with(
-            cp.kubeconfig_path(),
-            &dir,
-            pod,
-            &flags,
-            &work,
-            &[("POD_NAME", pod)],
-        )
-    };
-    let leader = spawn("dn1");
-    wait_for("dn1 leads", WAIT, || leader.leading().then_some(()));
-    let follower = spawn("dn2");
-    wait_for("dn2 waits on dn1", WAIT, || {
-        follower
-            .log_text()
-            .contains(r#""reason":"dn1 leads""#)
-            .then_some(())
-    });
+    let (leader, follower) = for_life_pair(cp, ns.name(), &dir, "dn", ["dn1", "dn2"]).await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
     let deleted = epoch_now();
     namespaces
