@@ -67,7 +67,11 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # --- packages ------------------------------------------------------------------------------
 need_pkgs=()
-command -v go >/dev/null 2>&1 || [ -x /usr/lib/go/bin/go ] || need_pkgs+=(golang-go)
+# Debian's Go 1.19 (bookworm's own toolchain for this package), called by its own path: whatever
+# `go` is first on PATH (Go 1.26 on the polyglot machines) is not used, so the build never
+# switches toolchains silently.
+GO=/usr/lib/go-1.19/bin/go
+[ -x "$GO" ] || need_pkgs+=(golang-1.19-go)
 command -v rsync >/dev/null 2>&1 || need_pkgs+=(rsync)
 command -v jq >/dev/null 2>&1 || need_pkgs+=(jq)
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_pkgs+=(etcd-server)
@@ -97,7 +101,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
 fi
 
-GO=$(command -v go || echo /usr/lib/go/bin/go)
+"$GO" version | grep -q " go1\.19" || die "$GO is not Go 1.19: $("$GO" version)"
+log "using $("$GO" version)"
 ETCD=$(command -v etcd || echo /usr/bin/etcd)
 KUBECTL=$(command -v kubectl)
 

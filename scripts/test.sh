@@ -2,18 +2,28 @@
 # The one test command (README.md names it; .ci/run calls it).
 #
 # On a fresh machine it installs and builds what is missing (cached afterwards):
-#   - the control-plane and node binaries of Kubernetes 1.37.2 (scripts/testenv-assets.sh →
-#     KUBEBUILDER_ASSETS; KUBE_LEADER_KUBERNETES picks another release),
+#   - the control-plane and node binaries of Kubernetes 1.37.2, the current release, and of
+#     1.34.4, the oldest served release of kube 5's range (scripts/testenv-assets.sh →
+#     KUBEBUILDER_ASSETS; both built from the Go modules pinned under tools/k8s/),
 #   - the client-go candidate used by the interoperability tests (scripts/go-candidate.sh),
 #   - what a real kubelet node needs (scripts/node-deps.sh: containerd, runc, the loopback CNI
 #     plugin, busybox-static, gcc); the node tests build their images with scripts/image.sh,
-# then runs formatting and lint checks, and every test: unit, doc, control-plane and real-node
-# tests (e2e/tests/node.rs; skipped with one line where the machine cannot run a node).
+# then runs formatting and lint checks, and every test on 1.37.2: unit, doc, control-plane and
+# real-node tests (e2e/tests/node.rs; skipped with one line where the machine cannot run a node);
+# then the election, interop, fence and node tests again on 1.34.4. A failure names its release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
 start=$(date +%s)
+step() { printf '\n==> %s   [%ds]\n' "$*" "$(( $(date +%s) - start ))"; }
+# Runs a test phase against one release; a failure says which release and which phase.
+on_release() {
+  local version="$1" what="$2"; shift 2
+  "$@" || {
+    echo "FAILED on Kubernetes $version: $what ($*)" >&2
+    return 1
+  }
+}
 
 step "disk space"
 # A clean build of the workspace's tests takes about 6 GB under target/, the control planes and
@@ -27,14 +37,32 @@ if [ "$free_gb" -lt "$need_gb" ]; then
   exit 1
 fi
 
-step "control-plane binaries"
-# Kubernetes 1.37.2, built from Go modules (scripts/k8s-assets.sh, pinned under tools/k8s/).
-# KUBE_LEADER_KUBERNETES=1.34.4 (also pinned) or 1.20.2 (Debian's source, the legacy release)
-# runs everything against that release instead; an inherited KUBEBUILDER_ASSETS is not used, so
+step "control-plane and node binaries: Kubernetes 1.37.2 and 1.34.4"
+# Both built from Go modules (scripts/k8s-assets.sh, pinned under tools/k8s/; one Go build cache).
+# KUBE_LEADER_KUBERNETES names the release of the main run (default 1.37.2; 1.20.2, Debian's
+# source, is the legacy release, by hand only); an inherited KUBEBUILDER_ASSETS is not used, so
 # that no test runs against another control plane than the one named here.
-KUBEBUILDER_ASSETS="$(env -u KUBEBUILDER_ASSETS ./scripts/testenv-assets.sh)"
+MAIN_RELEASE=${KUBE_LEADER_KUBERNETES:-1.37.2}
+MAIN_RELEASE=${MAIN_RELEASE#v}
+OLDEST_RELEASE=1.34.4
+assets_of() {
+  env -u KUBEBUILDER_ASSETS KUBE_LEADER_KUBERNETES="$1" ./scripts/testenv-assets.sh
+}
+# The release every binary reports, checked: a cached directory of another release fails here.
+check_release() {
+  local dir="$1" want="$2" got
+  got=$("$dir/kube-apiserver" --version | sed -n 's/^Kubernetes v//p')
+  [ "$got" = "$want" ] || { echo "$dir holds kube-apiserver $got, not $want" >&2; exit 1; }
+  echo "Kubernetes $want: $dir"
+}
+KUBEBUILDER_ASSETS="$(assets_of "$MAIN_RELEASE")"
 export KUBEBUILDER_ASSETS
-echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
+check_release "$KUBEBUILDER_ASSETS" "$MAIN_RELEASE"
+OLDEST_ASSETS=""
+if [ "$MAIN_RELEASE" != "$OLDEST_RELEASE" ] && [ "${KUBE_LEADER_SKIP_OLDEST:-}" != 1 ]; then
+  OLDEST_ASSETS="$(assets_of "$OLDEST_RELEASE")"
+  check_release "$OLDEST_ASSETS" "$OLDEST_RELEASE"
+fi
 
 step "client-go candidate"
 KUBE_LEADER_GO_CANDIDATE="$(./scripts/go-candidate.sh)"
@@ -90,10 +118,26 @@ cargo build -p kube-leader-examples --examples
 
 step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
 # Test binaries run one after another; the tests inside one binary share one control plane.
-cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
+on_release "$MAIN_RELEASE" "cargo test --workspace --all-targets" \
+  cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
 
 step "doc tests"
 cargo test --workspace --doc
+
+if [ -n "$OLDEST_ASSETS" ]; then
+  step "Kubernetes $OLDEST_RELEASE (the oldest served release of kube 5's range): election, interop, fence, node"
+  # The same test binaries (already built) against a control plane and node of that release:
+  # both strategies' elections (library and sidecar), client-go 0.37.2 beside kube-leader, the
+  # fence, and deploy/ on a real kubelet node. KUBE_LEADER_SKIP_OLDEST=1 leaves this out.
+  KUBEBUILDER_ASSETS="$OLDEST_ASSETS" on_release "$OLDEST_RELEASE" "election, interop, fence, node" \
+    cargo test -p kube-leader-e2e --no-fail-fast --test lease --test for_life --test successor \
+    --test interop --test fence --test node -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
+  KUBEBUILDER_ASSETS="$OLDEST_ASSETS" on_release "$OLDEST_RELEASE" "the sidecar's elections" \
+    cargo test -p kube-leader-cli --no-fail-fast --test cli --test elect -- \
+    --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
+else
+  step "Kubernetes $OLDEST_RELEASE: SKIPPED ($( [ "$MAIN_RELEASE" = "$OLDEST_RELEASE" ] && echo "it is the main run's release" || echo "KUBE_LEADER_SKIP_OLDEST=1"))"
+fi
 
 step "release checks: documentation, packages, a TLS-free library, the MSRV"
 # The library's documentation with no flags (docs.rs: [package.metadata.docs.rs]).

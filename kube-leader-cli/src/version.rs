@@ -12,9 +12,9 @@ pub(crate) const SHORT: &str = concat!(
     ")"
 );
 
-/// The oldest Kubernetes minor version kube-leader works with (as [`LONG`] says).
+/// The oldest Kubernetes minor version kube-leader supports and tests (as [`LONG`] says).
 #[cfg(test)]
-const MIN_KUBERNETES: &str = "1.20";
+const MIN_KUBERNETES: &str = "1.34";
 
 /// The Kubernetes version the tests run against (as [`LONG`] says).
 #[cfg(test)]
@@ -26,7 +26,7 @@ pub(crate) const LONG: &str = concat!(
     " (commit ",
     env!("KUBE_LEADER_GIT_COMMIT"),
     ")\n",
-    "Kubernetes: 1.20 or later (tested against 1.37.2). Uses only GA APIs: \
+    "Kubernetes: 1.34 to 1.37 (tested against 1.37.2 and 1.34.4). Uses only GA APIs: \
      coordination.k8s.io/v1 Leases (GA in 1.14), core/v1 ConfigMaps, Pods, Nodes and Events.\n",
     "Built with kube 5 and k8s-openapi 0.29 (Kubernetes 1.33 API types; fields newer than the \
      API server are ignored by it)."
@@ -44,7 +44,7 @@ mod tests {
             COMMIT == "unknown" || (COMMIT.len() == 12 && COMMIT.bytes().all(|b| b.is_ascii_hexdigit())),
             "{COMMIT}"
         );
-        assert!(LONG.contains(&format!("{MIN_KUBERNETES} or later")), "{LONG}");
+        assert!(LONG.contains(&format!("{MIN_KUBERNETES} to 1.37")), "{LONG}");
         assert!(LONG.contains(TESTED_KUBERNETES), "{LONG}");
     }
 }

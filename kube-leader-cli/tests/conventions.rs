@@ -151,13 +151,13 @@ fn version_names_the_commit_and_the_kubernetes_versions() {
         }
     }
     assert!(
-        text.contains("Kubernetes: 1.20 or later (tested against 1.37.2)"),
+        text.contains("Kubernetes: 1.34 to 1.37 (tested against 1.37.2 and 1.34.4)"),
         "{text}"
     );
     assert!(text.contains("coordination.k8s.io/v1"), "{text}");
     // Subcommands say the same.
     let sub = stdout(&kube_leader(&["run", "--version"], &[]));
-    assert!(sub.contains("Kubernetes: 1.20 or later"), "{sub}");
+    assert!(sub.contains("Kubernetes: 1.34 to 1.37"), "{sub}");
 }
 
 fn git_knows(commit: &str) -> bool {

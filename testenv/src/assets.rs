@@ -44,7 +44,10 @@ impl Assets {
 
     /// Finds the binaries, with the same rules as `./scripts/testenv-assets.sh`:
     ///
-    /// 1. `kubebuilder_assets` (the value of `KUBEBUILDER_ASSETS`), if it holds all of them;
+    /// 1. `kubebuilder_assets` (the value of `KUBEBUILDER_ASSETS`), if it is set: it must hold
+    ///    all of them, or the result is [`Error::AssetsNotFound`]. A set but incomplete
+    ///    directory never falls back to the cache, so that no test runs against another release
+    ///    than the one named;
     /// 2. else `${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/assets/1.37.2` ([`KUBERNETES_VERSION`]),
     ///    if it holds all of them;
     /// 3. else [`Error::AssetsNotFound`], whose message says to run the script.
@@ -60,10 +63,16 @@ impl Assets {
 
         if let Some(dir) = non_empty(kubebuilder_assets) {
             let dir = PathBuf::from(dir);
-            match missing(&dir) {
-                None => return Ok(Self { dir }),
-                Some(problem) => searched.push(format!("KUBEBUILDER_ASSETS={} {problem}", dir.display())),
-            }
+            return match missing(&dir) {
+                None => Ok(Self { dir }),
+                Some(problem) => Err(Error::AssetsNotFound {
+                    searched: format!(
+                        "KUBEBUILDER_ASSETS={} {problem} (no other directory is tried: unset it \
+                         to use the cached {KUBERNETES_VERSION})",
+                        dir.display()
+                    ),
+                }),
+            };
         }
 
         let cache_home = non_empty(xdg_cache_home)
@@ -226,11 +235,33 @@ mod tests {
     }
 
     #[test]
-    fn empty_kubebuilder_assets_and_no_cache_says_how_to_get_the_binaries() {
+    fn incomplete_kubebuilder_assets_is_an_error_not_a_fallback() {
         let assets = tempfile::tempdir().unwrap();
         let cache = tempfile::tempdir().unwrap();
+        let cached = cache.path().join("kube-leader/assets").join(KUBERNETES_VERSION);
+        std::fs::create_dir_all(&cached).unwrap();
+        fake_assets(&cached);
 
         let err = Assets::locate(Some(assets.path().into()), Some(cache.path().into()), None).unwrap_err();
+
+        assert!(matches!(err, Error::AssetsNotFound { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("KUBEBUILDER_ASSETS={}", assets.path().display())),
+            "{message}"
+        );
+        assert!(
+            message.contains("lacks etcd, kube-apiserver, kube-controller-manager, kubectl"),
+            "{message}"
+        );
+        assert!(message.contains("no other directory is tried"), "{message}");
+    }
+
+    #[test]
+    fn no_kubebuilder_assets_and_no_cache_says_how_to_get_the_binaries() {
+        let cache = tempfile::tempdir().unwrap();
+
+        let err = Assets::locate(None, Some(cache.path().into()), None).unwrap_err();
 
         assert!(matches!(err, Error::AssetsNotFound { .. }), "{err:?}");
         let message = err.to_string();
@@ -240,10 +271,7 @@ mod tests {
             ),
             "{message}"
         );
-        assert!(
-            message.contains("lacks etcd, kube-apiserver, kube-controller-manager, kubectl"),
-            "{message}"
-        );
+        assert!(message.contains("does not exist"), "{message}");
         assert!(message.contains(&cache.path().display().to_string()), "{message}");
     }
 
@@ -316,6 +344,9 @@ mod tests {
 
         let err = Assets::locate(Some(assets.path().into()), None, None).unwrap_err();
 
-        assert!(err.to_string().contains("lacks etcd;"), "{err}");
+        assert!(
+            err.to_string().contains("lacks etcd (no other directory"),
+            "{err}"
+        );
     }
 }

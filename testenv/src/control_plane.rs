@@ -145,7 +145,9 @@ impl ControlPlane {
         let shared = SHARED.get_or_init(|| {
             let control_plane = ControlPlane::start().map_err(|e| report(&e))?;
             eprintln!(
-                "kube-leader-testenv: shared control plane ready in {:.1?} at {} (logs under {})",
+                "kube-leader-testenv: shared control plane (Kubernetes {}) ready in {:.1?} at {} \
+                 (logs under {})",
+                control_plane.kubernetes_version(),
                 control_plane.started_in,
                 control_plane.apiserver_url(),
                 control_plane.dir.display(),
