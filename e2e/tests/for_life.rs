@@ -35,7 +35,9 @@ use kube_leader::{
     DeadLeaderPod, Error, ForLife, Leadership, LockRef, LossReason, OutsideCluster, Strategy,
 };
 use kube_leader_e2e::{init_tracing, wait_for};
-use kube_leader_testenv::{bind_role, pod, rule, set_pod_phase, ControlPlane, TestNamespace};
+use kube_leader_testenv::{
+    bind_role, pod, rule, set_pod_condition, set_pod_phase, set_pod_phase_as, ControlPlane, TestNamespace,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

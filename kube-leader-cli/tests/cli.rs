@@ -46,6 +46,8 @@ mod support;
 
 #[path = "cli/deleted_lock.rs"]
 mod deleted_lock;
+#[path = "cli/waiting.rs"]
+mod waiting;
 
 use support::wait_for;
 

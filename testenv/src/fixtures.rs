@@ -54,7 +54,8 @@ pub async fn create_pod(client: &Client, namespace: &str, name: &str) -> kube::R
 
 /// Sets the Pod's `status.phase` (and `status.reason`, if given) through the status
 /// subresource, as a kubelet would: for example `("Failed", Some("Evicted"))` for an evicted Pod,
-/// or `("Succeeded", None)`.
+/// or `("Succeeded", None)`. The field manager is the client's (not the kubelet's): see
+/// [`set_pod_phase_as`] to write as the kubelet does.
 ///
 /// # Cancellation safety
 ///
@@ -74,6 +75,61 @@ pub async fn set_pod_phase(
     });
     Api::<Pod>::namespaced(client.clone(), namespace)
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Like [`set_pod_phase`], under the field manager `manager`: `"kubelet"` is the manager the
+/// API server records for a kubelet's status writes, so the Pod's `managedFields` say that its
+/// kubelet set the phase.
+///
+/// # Cancellation safety
+///
+/// Not cancellation safe: the status may change although the future was dropped.
+pub async fn set_pod_phase_as(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    phase: &str,
+    reason: Option<&str>,
+    manager: &str,
+) -> kube::Result<Pod> {
+    let patch = serde_json::json!({
+        "status": {
+            "phase": phase,
+            "reason": reason,
+        }
+    });
+    let params = PatchParams {
+        field_manager: Some(manager.to_owned()),
+        ..PatchParams::default()
+    };
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .patch_status(name, &params, &Patch::Merge(&patch))
+        .await
+}
+
+/// Adds (or replaces) the Pod condition `type_` with `status` and `reason` through the status
+/// subresource: for example `("DisruptionTarget", "True", "EvictionByEvictionAPI")`, as the
+/// eviction API writes it before it deletes the Pod.
+///
+/// # Cancellation safety
+///
+/// Not cancellation safe: the status may change although the future was dropped.
+pub async fn set_pod_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> kube::Result<Pod> {
+    let patch = serde_json::json!({
+        "status": {
+            "conditions": [{"type": type_, "status": status, "reason": reason}],
+        }
+    });
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
         .await
 }
 

@@ -44,7 +44,7 @@ pub use assets::{Assets, KubeVersion, BINARIES, DEBIAN_KUBERNETES_VERSION, KUBER
 pub use audit::AuditEvent;
 pub use control_plane::{ControlPlane, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};
-pub use fixtures::{bind_role, create_pod, pod, rule, set_pod_phase};
+pub use fixtures::{bind_role, create_pod, pod, rule, set_pod_condition, set_pod_phase, set_pod_phase_as};
 pub use namespace::TestNamespace;
 pub use node::Node;
 pub use proxy::{Fault, FaultProxy};

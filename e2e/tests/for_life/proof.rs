@@ -133,3 +133,131 @@ async fn a_leader_gone_after_its_graceful_deletion_is_taken_over_at_once() {
     drop(a);
     cancel.cancel();
 }
+
+/// Test Pods whose grace proof (60 s + 2 s) cannot end a test's wait within [`SOON`]: a
+/// takeover within it has another proof.
+const LONG_GRACE_S: i64 = 60;
+
+/// Creates Pods with [`LONG_GRACE_S`] of grace.
+async fn create_long_grace_pods(client: &Client, ns: &str, names: &[&str]) {
+    for name in names {
+        let mut p = test_pod(name, None);
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(LONG_GRACE_S);
+        create_test_pod(client, ns, &p).await;
+    }
+}
+
+/// A current kubelet writes a terminal phase only once none of the Pod's containers can run
+/// (1.24 and later; the server's release says so from 1.27): a waiting candidate takes over on
+/// that phase at once, without the leader's release and long before its grace, but only if the
+/// kubelet's field manager wrote it. The old leader here never releases (its process "hangs").
+/// On an older server the terminal phase proves nothing.
+#[tokio::test]
+async fn a_terminal_phase_the_kubelet_wrote_is_proof_on_a_current_server() {
+    init_tracing();
+    let Setup { ns, admin, .. } = setup().await;
+    let ns = ns.name();
+    let current = ControlPlane::shared().kubernetes_version().at_least(1, 27);
+    create_long_grace_pods(&admin, ns, &["a", "b", "c", "d"]).await;
+    let cancel = CancellationToken::new();
+
+    // Another writer's terminal phase (the Pod garbage collector, a person): no proof.
+    let a = candidate(&admin, ns, "lock-1", "a")
+        .become_leader(&cancel)
+        .await
+        .unwrap();
+    let b = spawn(candidate(&admin, ns, "lock-1", "b"), "b", &cancel);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    set_pod_phase_as(&admin, ns, "a", "Failed", None, "pod-garbage-collector-stand-in")
+        .await
+        .unwrap();
+    assert_still_waiting(std::slice::from_ref(&b), "a phase the kubelet did not write").await;
+    drop(a);
+
+    // The kubelet's own terminal phase.
+    let c = candidate(&admin, ns, "lock-2", "c")
+        .become_leader(&cancel)
+        .await
+        .unwrap();
+    let d = spawn(candidate(&admin, ns, "lock-2", "d"), "d", &cancel);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let written = Instant::now();
+    set_pod_phase_as(&admin, ns, "c", "Failed", Some("Evicted"), "kubelet")
+        .await
+        .unwrap();
+    if current {
+        let (d, won, _) = first_leader(vec![d]).await;
+        eprintln!("the kubelet's terminal phase → new leader {:?}", won - written);
+        assert_lock_held_by(&admin, ns, "lock-2", &d).await;
+        assert!(
+            c.lost_token().is_cancelled(),
+            "the old leader saw its own Pod end"
+        );
+    } else {
+        assert_still_waiting(
+            std::slice::from_ref(&d),
+            "a terminal phase on a server older than 1.27",
+        )
+        .await;
+    }
+    cancel.cancel();
+}
+
+/// A leader whose Pod gets a `DisruptionTarget` condition (the eviction API, a preemption or a
+/// taint's deletion writes it before the Pod is deleted) stops leading at once, before it is
+/// killed: released as the sidecar does, the lock goes to a waiting candidate, long before
+/// the leader's Pod ends.
+#[tokio::test]
+async fn a_leader_whose_pod_is_about_to_be_disrupted_hands_over_at_once() {
+    init_tracing();
+    let Setup { ns, admin, .. } = setup().await;
+    let ns = ns.name();
+    create_long_grace_pods(&admin, ns, &["a", "b"]).await;
+    let cancel = CancellationToken::new();
+    let a = candidate(&admin, ns, "lock", "a")
+        .become_leader(&cancel)
+        .await
+        .unwrap();
+    let b = spawn(candidate(&admin, ns, "lock", "b"), "b", &cancel);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b.is_finished());
+
+    // Released as soon as it is lost, as the sidecar does once COMMAND stopped.
+    let a = tokio::spawn(async move {
+        a.lost_token().cancelled().await;
+        let lost = Instant::now();
+        let reason = a.loss_reason();
+        a.release().await.expect("the release");
+        (lost, reason)
+    });
+    let marked = Instant::now();
+    set_pod_condition(
+        &admin,
+        ns,
+        "a",
+        "DisruptionTarget",
+        "True",
+        "EvictionByEvictionAPI",
+    )
+    .await
+    .unwrap();
+    let (lost, reason) = tokio::time::timeout(SOON, a)
+        .await
+        .expect("the leader stepped down on DisruptionTarget")
+        .unwrap();
+    assert_eq!(
+        reason,
+        Some(LossReason::PodEnding {
+            why: "is about to be disrupted (DisruptionTarget: EvictionByEvictionAPI)".into()
+        })
+    );
+    let (b, won, _) = first_leader(vec![b]).await;
+    assert!(lost <= won, "the old leader stopped after the new one started");
+    eprintln!(
+        "DisruptionTarget → old leader's loss {:?}, → new leader {:?}",
+        lost - marked,
+        won - marked
+    );
+    assert_lock_held_by(&admin, ns, "lock", &b).await;
+    cancel.cancel();
+}

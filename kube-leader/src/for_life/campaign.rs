@@ -78,6 +78,8 @@ pub(super) struct Settings<'a> {
     pub(super) client: &'a kube::Client,
     pub(super) config: &'a ForLifeConfig,
     pub(super) node_check_disabled: &'a std::sync::atomic::AtomicBool,
+    /// See [`Policy::kubelet_terminal_proof`].
+    pub(super) kubelet_terminal_proof: bool,
 }
 
 /// One campaign: the state of a waiting candidate.
@@ -113,6 +115,7 @@ pub(super) struct Election<'a> {
 mod acquire;
 mod node;
 mod takeover;
+mod waiting;
 
 use node::NodeCheck;
 
@@ -153,6 +156,7 @@ impl<'a> Election<'a> {
         Policy {
             dead_leader_pod: self.config().dead_leader_pod,
             not_ready_takeover: self.config().not_ready_takeover.filter(|_| node_check),
+            kubelet_terminal_proof: self.elector.kubelet_terminal_proof,
         }
     }
 
@@ -229,7 +233,7 @@ impl<'a> Election<'a> {
                     // fixes the lock is missed; the watch usually brings it first.
                     self.arm_retry();
                 }
-                self.log_wait(why);
+                self.log_wait(why, recheck_at, now);
                 return Ok(Step::Wait(recheck_at));
             }
         }
@@ -338,21 +342,6 @@ impl<'a> Election<'a> {
                  the Pod's deletion or its grace prove that a dead leader's work stopped)");
         }
         self.last_bad_heartbeat = bad.cloned();
-    }
-
-    /// Logs why this candidate waits, once per reason.
-    fn log_wait(&mut self, why: Waiting) {
-        if self.last_wait.as_ref() == Some(&why) {
-            return;
-        }
-        match &why {
-            Waiting::Malformed(m) => {
-                warn!(reason = %m, "the lock is not a leader-for-life lock; waiting, never taking it over")
-            }
-            Waiting::LeaderPodUnknown { .. } => debug!(reason = %why, "not the leader; waiting"),
-            _ => info!(reason = %why, "not the leader; waiting"),
-        }
-        self.last_wait = Some(why);
     }
 
     /// Arms the fallback re-read, if not armed.

@@ -9,9 +9,11 @@ use super::{
     record::{LeaderPod, LockRecord, Malformed, PodRef, PodView, DEFAULT_GRACE},
 };
 
+mod defer;
 mod fate;
 mod without_lock;
 
+pub(crate) use defer::defer_to_preferred;
 pub(crate) use fate::Fate;
 pub(crate) use without_lock::dead_pod_to_delete;
 use without_lock::decide_without_lock;
@@ -32,6 +34,12 @@ pub(crate) struct Policy {
     pub(crate) dead_leader_pod: DeadLeaderPod,
     /// `None`: never take over from a leader on a NotReady Node.
     pub(crate) not_ready_takeover: Option<Duration>,
+    /// A terminal phase the kubelet wrote proves that the Pod's containers have stopped
+    /// ([`Proof::KubeletTerminal`]): the API server is of a release whose kubelets, by the
+    /// version skew policy, all hold a Pod's terminal phase back until no container can run
+    /// (see [`crate::for_life::kubelet`]). `false` on older servers, or when the version could
+    /// not be read: the other proofs only.
+    pub(crate) kubelet_terminal_proof: bool,
 }
 
 /// Everything a waiting candidate decides on.
@@ -167,6 +175,13 @@ pub(crate) enum Proof {
     /// ended: the leader's work, bounded by its own last heartbeat's send plus that liveness,
     /// has stopped.
     LivenessLapsed { waited: Duration },
+    /// The kubelet wrote the leader Pod's terminal phase (it owns `status.phase`): a kubelet of
+    /// 1.24 or later writes `Failed` or `Succeeded` only once none of the Pod's containers can
+    /// be running (its status manager's `couldHaveRunningContainers` guard, kubernetes#108366),
+    /// also for deleted Pods from 1.27 (kubernetes#115331). Only where
+    /// [`Policy::kubelet_terminal_proof`] says the server's kubelets have that guard; a phase
+    /// another writer set (the Pod garbage collector, a person) proves nothing.
+    KubeletTerminal,
     /// No proof: the opt-in NotReady takeover, whose risk its documentation states.
     OptIn,
 }
@@ -187,6 +202,9 @@ impl fmt::Display for Proof {
             Proof::LivenessLapsed { waited } => write!(
                 f,
                 "its leader's liveness heartbeat has not moved for its liveness and the kill margin ({waited:?})"
+            ),
+            Proof::KubeletTerminal => f.write_str(
+                "its Pod's kubelet wrote a terminal phase, which it does only once none of the Pod's containers can run",
             ),
             Proof::OptIn => f.write_str("the opt-in NotReady takeover"),
         }
@@ -342,44 +360,6 @@ fn released(i: &Inputs<'_>, lock: &LockRecord, owner: &PodRef, holder: String) -
     }
 }
 
-/// A candidate that is not the successor a release prefers defers to it for `wait` from when it
-/// saw the release mark: the preferred one takes over meanwhile. Only a takeover after a release
-/// defers (the mark, or no lock after one); a crash failover (a stale lock, a lock deleted with
-/// its Pod) is never delayed.
-pub(crate) fn defer_to_preferred(
-    decision: Decision,
-    fate: Option<&Fate>,
-    me: &PodRef,
-    now: Instant,
-    wait: Duration,
-) -> Decision {
-    let after_release = match &decision {
-        Decision::DeleteLock {
-            why: Stale::Released { .. },
-            ..
-        } => true,
-        Decision::Create => fate.is_some_and(|f| f.released),
-        _ => false,
-    };
-    let Some((fate, (preferred, seen))) = fate
-        .filter(|_| after_release)
-        .and_then(|f| f.preferred.as_ref().map(|p| (f, p)))
-    else {
-        return decision;
-    };
-    let until = *seen + wait;
-    if *preferred == me.name || now >= until {
-        return decision;
-    }
-    Decision::Wait {
-        why: Waiting::Successor {
-            holder: fate.owner.name.clone(),
-            preferred: preferred.clone(),
-        },
-        recheck_at: Some(until),
-    }
-}
-
 /// The rest of [`decide`], once the leader Pod is known to be the lock's owner: its phase, its
 /// Node (opt-in) and its deletion decide.
 fn decide_on_pod(
@@ -395,19 +375,7 @@ fn decide_on_pod(
         recheck_at: None,
     };
     if pod.is_terminal() {
-        return match proof(i, fate, false) {
-            Ok(proof) => Decision::DeleteLock {
-                lock_uid: lock.uid.clone(),
-                why: Stale::LeaderPodTerminated {
-                    holder,
-                    phase: pod.phase.clone().unwrap_or_default(),
-                    reason: pod.reason.clone(),
-                },
-                proof,
-                delete_pod: deletes_pod(i, pod).then(|| owner.clone()),
-            },
-            Err(recheck_at) => may_run(holder, &terminated(pod), recheck_at),
-        };
+        return terminal(i, lock, owner, fate, pod, holder);
     }
     // The Pod may be running: only the opt-in policy takes over, and only from a Pod on a Node
     // that has not been Ready for the whole grace (a terminating Pod on such a Node is stuck).
@@ -443,15 +411,55 @@ fn decide_on_pod(
     wait(Waiting::Leader { holder })
 }
 
+/// A leader Pod in a terminal phase: stale with a proof that its containers have stopped (the
+/// kubelet's own terminal phase where that is one, or the other proofs), else waited for.
+fn terminal(
+    i: &Inputs<'_>,
+    lock: &LockRecord,
+    owner: &PodRef,
+    fate: Option<&Fate>,
+    pod: &PodView,
+    holder: String,
+) -> Decision {
+    let proven = if i.policy.kubelet_terminal_proof && pod.phase_by_kubelet {
+        Ok(Proof::KubeletTerminal)
+    } else {
+        proof(i, fate, false)
+    };
+    match proven {
+        Ok(proof) => Decision::DeleteLock {
+            lock_uid: lock.uid.clone(),
+            why: Stale::LeaderPodTerminated {
+                holder,
+                phase: pod.phase.clone().unwrap_or_default(),
+                reason: pod.reason.clone(),
+            },
+            proof,
+            delete_pod: deletes_pod(i, pod).then(|| owner.clone()),
+        },
+        Err(recheck_at) => {
+            let why_not = if !i.policy.kubelet_terminal_proof {
+                "; a terminal phase proves nothing on an API server older than 1.27"
+            } else {
+                "; its phase was not written by its kubelet"
+            };
+            may_run(holder, &format!("{}{why_not}", terminated(pod)), recheck_at)
+        }
+    }
+}
+
 /// The proof that an ended leader Pod (`vanished`: gone or replaced, rather than terminal)
 /// runs nothing, or when the grace proof will hold.
 ///
 /// What proves it: a Pod that vanished after its graceful deletion was seen (the kubelet
-/// deletes a Pod for good only once its containers have stopped), its lock's liveness
+/// deletes a Pod for good only once its containers have stopped), or after a terminal phase of
+/// the kubelet's own was seen where that is a proof ([`Proof::KubeletTerminal`]), its lock's liveness
 /// heartbeat not moving for its liveness (plus [`KILL_MARGIN`]) since last seen moving (the
 /// leader's work stops by its last heartbeat's send plus that liveness), or its grace period
-/// (plus [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase (the 1.20
-/// kubelet writes `Failed`/`Evicted` before it kills the containers), a missing, empty or
+/// (plus [`KILL_MARGIN`]) since its end was first seen. What does not: a terminal phase on an
+/// older server (the 1.20 kubelet writes `Failed`/`Evicted` before it kills the containers), or
+/// one that another writer set (the Pod garbage collector marks a Pod on a deleted Node `Failed`
+/// while a partitioned kubelet may still run it), a missing, empty or
 /// "terminated" `containerStatuses` list (the kubelet's TerminatePod marks every container
 /// terminated without looking), a Pod that vanished without a graceful deletion seen (a force
 /// deletion).
@@ -462,6 +470,9 @@ fn proof(i: &Inputs<'_>, fate: Option<&Fate>, vanished: bool) -> Result<Proof, I
     };
     if vanished && fate.deletion_seen {
         return Ok(Proof::PodDeletionCompleted);
+    }
+    if i.policy.kubelet_terminal_proof && fate.kubelet_terminal_seen {
+        return Ok(Proof::KubeletTerminal);
     }
     let (Some(since), Some(deadline)) = (fate.ended_since, fate.grace_deadline()) else {
         return Err(i.now + DEFAULT_GRACE + KILL_MARGIN);

@@ -20,6 +20,7 @@ use super::{
     campaign::{Election, Settings},
     config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster},
     keeper::OwnPodWatch,
+    kubelet,
     own_pod::own_pod,
 };
 use crate::{
@@ -122,6 +123,9 @@ pub struct ForLife {
     pub(super) config: ForLifeConfig,
     /// Set once reading Nodes was refused: the NotReady takeover is off from then on.
     pub(super) node_check_disabled: Arc<AtomicBool>,
+    /// Whether a terminal phase the kubelet wrote is proof that a Pod's containers stopped: read
+    /// from the API server's version on the first campaign ([`kubelet`](super::kubelet)).
+    kubelet_terminal_proof: Arc<tokio::sync::OnceCell<bool>>,
     /// The observer and the Events (see [`observer`](Self::observer), [`events`](Self::events)).
     hooks: Hooks,
     /// This candidate's registration ([`Successor::Youngest`]), from its first campaign until
@@ -155,6 +159,7 @@ impl ForLife {
             name: name.into(),
             config: ForLifeConfig::default(),
             node_check_disabled: Arc::new(AtomicBool::new(false)),
+            kubelet_terminal_proof: Arc::default(),
             registration: Arc::default(),
         }
     }
@@ -472,10 +477,15 @@ impl ForLife {
                 *registration = Some(registry.register(&me.name, Some(&pod), &shutdown).await);
             }
         }
+        let kubelet_terminal_proof = *self
+            .kubelet_terminal_proof
+            .get_or_init(|| kubelet::terminal_phase_is_proof(&self.client, self.config.api_timeout))
+            .await;
         let settings = Settings {
             client: &self.client,
             config: &self.config,
             node_check_disabled: &self.node_check_disabled,
+            kubelet_terminal_proof,
         };
         let mut election = Election::new(settings, lock, me, pods);
         let won = election.run().await?;

@@ -177,7 +177,8 @@ impl Keeper {
         }
     }
 
-    /// Ends leadership if this candidate's own Pod is ending: its lock goes next.
+    /// Ends leadership if this candidate's own Pod is ending (being deleted, gone, replaced,
+    /// terminal, or marked with a `DisruptionTarget` condition): its lock goes next.
     fn check_own_pod(&self, handle: &KeeperHandle, pod: Option<&Pod>) {
         let why = match pod.map(PodView::from_pod) {
             None => "was deleted".to_string(),
@@ -190,7 +191,12 @@ impl Keeper {
                 v.phase.as_deref().unwrap_or_default(),
                 v.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
             ),
-            Some(_) => return,
+            // An eviction, a preemption or a taint's deletion is coming: hand over now, while
+            // this Pod can still release, rather than when it is killed.
+            Some(v) => match v.disruption_target {
+                Some(reason) => format!("is about to be disrupted (DisruptionTarget: {reason})"),
+                None => return,
+            },
         };
         info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
         handle.lose(LossReason::PodEnding { why });

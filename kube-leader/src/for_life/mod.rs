@@ -48,8 +48,12 @@
 //!   heartbeat (`kube-leader.io/renew-time`, see [`ForLifeConfig::liveness`]) has not moved for
 //!   its advertised `kube-leader.io/liveness-seconds` plus 2 s, or its grace period plus
 //!   2 s has passed since that end was seen (the 1.20 kubelet writes `Failed`/`Evicted` before
-//!   it kills the containers, and a force-deleted Pod vanishes while they run). The lock is
+//!   it kills the containers, and a force-deleted Pod vanishes while they run). On a 1.27 or
+//!   later API server a terminal phase that the kubelet itself wrote is proof too: a current
+//!   kubelet writes it only once no container of the Pod can run. The lock is
 //!   deleted with a UID precondition, so a newer lock is never deleted.
+//! - A leader whose Pod gets a `DisruptionTarget` condition (an eviction, a preemption; 1.31
+//!   and later) stops leading at once and hands over, before it is killed.
 //! - A leader on a NotReady Node is never replaced, unless the opt-in
 //!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
 //! - The leader keeps watching its lock and learns when it is deleted or replaced.
@@ -62,6 +66,7 @@ mod elector;
 mod fencing;
 mod heartbeat;
 mod keeper;
+mod kubelet;
 mod leader;
 mod own_pod;
 mod record;

@@ -292,6 +292,15 @@ pub(crate) struct PodView {
     /// `spec.terminationGracePeriodSeconds` or `metadata.deletionGracePeriodSeconds`, whichever
     /// is longer ([`DEFAULT_GRACE`] if neither is set; negative values count as zero).
     pub(crate) grace: Duration,
+    /// `status.phase` is owned by the kubelet's field manager ([`KUBELET_FIELD_MANAGER`] in
+    /// `managedFields`): the kubelet wrote the phase as it is, or agreed with it. A phase that
+    /// another writer changed (the Pod garbage collector's `Failed` for a Pod on a deleted Node,
+    /// a person's `kubectl patch --subresource=status`) is owned by that writer instead.
+    pub(crate) phase_by_kubelet: bool,
+    /// The reason of a `DisruptionTarget` condition with status `True`: the Pod is about to be
+    /// disrupted (an eviction through the API, a preemption, a taint's deletion, the kubelet's
+    /// own eviction; PodDisruptionConditions, GA in 1.31). `None` without one.
+    pub(crate) disruption_target: Option<String>,
 }
 
 // === impl PodView ===
@@ -312,6 +321,8 @@ impl PodView {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             grace: grace_of(pod),
+            phase_by_kubelet: phase_by_kubelet(pod),
+            disruption_target: disruption_target(pod),
         }
     }
 
@@ -324,6 +335,32 @@ impl PodView {
     pub(crate) fn is_evicted(&self) -> bool {
         self.phase.as_deref() == Some("Failed") && self.reason.as_deref() == Some("Evicted")
     }
+}
+
+/// The field manager of the kubelet's status writes (the API server names a manager after
+/// its client's user agent, `kubelet/v1.37.2 ...`).
+pub(crate) const KUBELET_FIELD_MANAGER: &str = "kubelet";
+
+/// See [`PodView::phase_by_kubelet`].
+fn phase_by_kubelet(pod: &Pod) -> bool {
+    pod.metadata.managed_fields.iter().flatten().any(|entry| {
+        entry.manager.as_deref() == Some(KUBELET_FIELD_MANAGER)
+            && entry
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:status"))
+                .and_then(|status| status.get("f:phase"))
+                .is_some()
+    })
+}
+
+/// See [`PodView::disruption_target`].
+fn disruption_target(pod: &Pod) -> Option<String> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    conditions
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        .map(|c| c.reason.clone().unwrap_or_else(|| "no reason given".to_string()))
 }
 
 /// See [`PodView::grace`].

@@ -19,6 +19,10 @@ pub(crate) struct Fate {
     pub(crate) grace: Option<Duration>,
     /// A graceful deletion of this Pod was seen ([`PodView::graceful_deletion`]).
     pub(crate) deletion_seen: bool,
+    /// The Pod was seen in a terminal phase that its kubelet wrote
+    /// ([`PodView::phase_by_kubelet`]): kept once the Pod is gone (force-deleted after it, say,
+    /// by the Pod garbage collector), as the kubelet's word stands.
+    pub(crate) kubelet_terminal_seen: bool,
     /// When this candidate first saw the Pod terminal, gone or replaced.
     pub(crate) ended_since: Option<Instant>,
     /// The lock was last seen marked released by this leader.
@@ -52,6 +56,7 @@ impl Fate {
             owner,
             grace: None,
             deletion_seen: false,
+            kubelet_terminal_seen: false,
             ended_since: None,
             released: false,
             preferred: None,
@@ -107,6 +112,7 @@ impl Fate {
                 self.deletion_seen |= v.graceful_deletion;
                 if v.is_terminal() {
                     self.ended_since.get_or_insert(now);
+                    self.kubelet_terminal_seen |= v.phase_by_kubelet;
                 }
             }
             // Gone, or replaced by another Pod of that name.

@@ -39,6 +39,8 @@ fn pod(uid: &str, phase: &str, reason: Option<&str>) -> LeaderPod {
         graceful_deletion: false,
         node_name: Some("node-a".into()),
         grace: GRACE,
+        phase_by_kubelet: false,
+        disruption_target: None,
     })
 }
 
@@ -49,10 +51,27 @@ fn proven_at(t: Instant) -> Instant {
     t + GRACE + KILL_MARGIN
 }
 
+/// The seed's policy, on a server whose kubelets' terminal phase proves nothing (1.20).
 const SEED: Policy = Policy {
     dead_leader_pod: DeadLeaderPod::DeleteEvicted,
     not_ready_takeover: None,
+    kubelet_terminal_proof: false,
 };
+
+/// The seed's policy on a 1.27 or later server.
+const CURRENT: Policy = Policy {
+    kubelet_terminal_proof: true,
+    ..SEED
+};
+
+/// A terminal leader Pod whose phase its kubelet wrote.
+fn by_kubelet(phase: &str, reason: Option<&str>) -> LeaderPod {
+    let LeaderPod::Present(mut v) = pod("leader-1", phase, reason) else {
+        unreachable!()
+    };
+    v.phase_by_kubelet = true;
+    LeaderPod::Present(v)
+}
 
 fn run(lock: Option<&LockRecord>, leader_pod: &LeaderPod, policy: Policy) -> Decision {
     let now = Instant::now();

@@ -121,6 +121,8 @@ fn pod_phases() {
         graceful_deletion: false,
         node_name: None,
         grace: DEFAULT_GRACE,
+        phase_by_kubelet: false,
+        disruption_target: None,
     };
     assert!(view("Failed", Some("Evicted")).is_evicted());
     assert!(view("Failed", Some("Evicted")).is_terminal());
@@ -130,6 +132,68 @@ fn pod_phases() {
     assert!(!view("Running", None).is_terminal());
     assert!(!view("Pending", None).is_terminal());
     assert!(!view("Running", Some("Evicted")).is_evicted());
+}
+
+/// A Pod as the API server returns it: `managedFields` say who wrote which field.
+fn pod_json(managed: serde_json::Value, conditions: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "leader", "uid": "u", "managedFields": managed},
+        "spec": {"containers": [{"name": "app", "image": "app"}], "nodeName": "node-a"},
+        "status": {"phase": "Failed", "reason": "Evicted", "conditions": conditions},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_phase_is_the_kubelets_only_if_its_field_manager_owns_it() {
+    let entry = |manager: &str, fields: serde_json::Value| {
+        serde_json::json!({"manager": manager, "operation": "Update", "subresource": "status",
+            "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields})
+    };
+    let phase = serde_json::json!({"f:status": {"f:phase": {}, "f:reason": {}}});
+    let conditions_only = serde_json::json!({"f:status": {"f:conditions": {}}});
+    let none = serde_json::json!([]);
+
+    let by_kubelet = pod_json(serde_json::json!([entry("kubelet", phase.clone())]), none.clone());
+    assert!(PodView::from_pod(&by_kubelet).phase_by_kubelet);
+    // The Pod garbage collector (or a person) set the phase; the kubelet wrote only conditions.
+    let by_gc = pod_json(
+        serde_json::json!([entry("kubelet", conditions_only), entry("PodGC", phase.clone())]),
+        none.clone(),
+    );
+    assert!(!PodView::from_pod(&by_gc).phase_by_kubelet);
+    let by_someone = pod_json(serde_json::json!([entry("kubectl-patch", phase)]), none.clone());
+    assert!(!PodView::from_pod(&by_someone).phase_by_kubelet);
+    let unmanaged = pod_json(serde_json::json!([]), none);
+    assert!(!PodView::from_pod(&unmanaged).phase_by_kubelet);
+}
+
+#[test]
+fn a_disruption_target_condition_is_read_with_its_reason() {
+    let cond = |status: &str, reason: Option<&str>| {
+        let mut c = serde_json::json!({"type": "DisruptionTarget", "status": status});
+        if let Some(r) = reason {
+            c["reason"] = r.into();
+        }
+        c
+    };
+    let read = |conditions| PodView::from_pod(&pod_json(serde_json::json!([]), conditions)).disruption_target;
+    assert_eq!(
+        read(serde_json::json!([cond("True", Some("EvictionByEvictionAPI"))])),
+        Some("EvictionByEvictionAPI".to_string())
+    );
+    assert_eq!(
+        read(serde_json::json!([cond("False", Some("EvictionByEvictionAPI"))])),
+        None
+    );
+    assert_eq!(
+        read(serde_json::json!([cond("True", None)])),
+        Some("no reason given".to_string())
+    );
+    assert_eq!(
+        read(serde_json::json!([{"type": "Ready", "status": "False"}])),
+        None
+    );
 }
 
 #[test]

@@ -104,7 +104,9 @@ fn an_evicted_leader_is_waited_for_until_its_grace_has_passed_then_its_pod_delet
         Decision::Wait {
             why: Waiting::LeaderMayRun {
                 holder: "leader".into(),
-                how: "has terminated (phase Failed, reason Evicted)".into(),
+                how: "has terminated (phase Failed, reason Evicted); a terminal phase proves \
+                      nothing on an API server older than 1.27"
+                    .into(),
             },
             recheck_at: Some(proven_at(t0)),
         }
@@ -373,4 +375,103 @@ fn the_wait_for_a_live_leader_says_why() {
     };
     let text = w.to_string();
     assert!(text.contains("leader") && text.contains("released"), "{text}");
+}
+
+#[test]
+fn a_terminal_phase_its_kubelet_wrote_is_proof_at_once_on_a_current_server() {
+    let l = lock(Ok(leader()));
+    for (phase, reason) in [("Failed", Some("Evicted")), ("Succeeded", None), ("Failed", None)] {
+        let mut fate = seen_running();
+        let d = run_at(
+            Some(&l),
+            &by_kubelet(phase, reason),
+            &mut fate,
+            CURRENT,
+            Instant::now(),
+        );
+        assert_eq!(
+            proof(&d),
+            Some(Proof::KubeletTerminal),
+            "{phase} {reason:?}: {d:?}"
+        );
+        let (why, _) = deletes(&d).unwrap();
+        assert!(matches!(why, Stale::LeaderPodTerminated { .. }), "{why:?}");
+    }
+}
+
+#[test]
+fn a_terminal_phase_is_no_proof_on_an_older_server_or_from_another_writer() {
+    let l = lock(Ok(leader()));
+    let t0 = Instant::now();
+    // 1.20's kubelet wrote Failed/Evicted before it killed the containers.
+    let mut fate = seen_running();
+    let d = run_at(
+        Some(&l),
+        &by_kubelet("Failed", Some("Evicted")),
+        &mut fate,
+        SEED,
+        t0,
+    );
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
+    let Decision::Wait {
+        why: Waiting::LeaderMayRun { how, .. },
+        ..
+    } = &d
+    else {
+        unreachable!()
+    };
+    assert!(how.contains("older than 1.27"), "{how}");
+    // A phase the Pod garbage collector or a person set: the containers may run on a
+    // partitioned Node.
+    let mut fate = seen_running();
+    let d = run_at(Some(&l), &pod("leader-1", "Failed", None), &mut fate, CURRENT, t0);
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
+    assert!(d_how(&d).contains("not written by its kubelet"), "{d:?}");
+    // The grace proof still ends the wait.
+    let d = run_at(
+        Some(&l),
+        &pod("leader-1", "Failed", None),
+        &mut fate,
+        CURRENT,
+        proven_at(t0),
+    );
+    assert!(matches!(proof(&d), Some(Proof::GraceElapsed { .. })), "{d:?}");
+}
+
+fn d_how(d: &Decision) -> String {
+    match d {
+        Decision::Wait {
+            why: Waiting::LeaderMayRun { how, .. },
+            ..
+        } => how.clone(),
+        _ => String::new(),
+    }
+}
+
+#[test]
+fn a_pod_gone_after_its_kubelet_wrote_a_terminal_phase_needs_no_graceful_deletion() {
+    let l = lock(Ok(leader()));
+    let t0 = Instant::now();
+    let mut fate = seen_running();
+    // Terminal (the kubelet's word), then force-deleted (the Pod garbage collector).
+    run_at(
+        Some(&l),
+        &by_kubelet("Failed", Some("Evicted")),
+        &mut fate,
+        CURRENT,
+        t0,
+    );
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, CURRENT, t0);
+    assert_eq!(proof(&d), Some(Proof::KubeletTerminal), "{d:?}");
+    // On an older server the same sequence waits for the grace.
+    let mut fate = seen_running();
+    run_at(
+        Some(&l),
+        &by_kubelet("Failed", Some("Evicted")),
+        &mut fate,
+        SEED,
+        t0,
+    );
+    let d = run_at(Some(&l), &LeaderPod::Absent, &mut fate, SEED, t0);
+    assert_eq!(may_run(&d), Some(proven_at(t0)), "{d:?}");
 }
