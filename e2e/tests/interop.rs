@@ -300,7 +300,6 @@ async fn a_mixed_set_hands_over_across_implementations() {
         Stop::Release,
         Stop::Crash,
     ];
-    let mut next_id = 3;
     for (round, how) in rounds.into_iter().enumerate() {
         let implementation = fleet.implementation(&leader);
         let twins: Vec<String> = live
@@ -323,10 +322,10 @@ async fn a_mixed_set_hands_over_across_implementations() {
         }
         live.retain(|id| *id != leader);
         let replacement = format!(
-            "{}-{next_id}",
-            if implementation.is_client_go() { "go" } else { "kl" }
+            "{}-{}",
+            if implementation.is_client_go() { "go" } else { "kl" },
+            round + 3
         );
-        next_id += 1;
         fleet.spawn(implementation, &replacement);
         live.push(replacement);
         leader = next;
