@@ -6,6 +6,7 @@ pub mod checker;
 pub mod faults;
 pub mod fence_chaos;
 pub mod fence_env;
+pub mod interop;
 pub mod shard_fleet;
 pub mod shard_sidecars;
 

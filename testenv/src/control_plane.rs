@@ -81,6 +81,8 @@ pub struct ControlPlane {
     remove_dir_on_drop: bool,
     /// What a control plane serving a kubelet node has beyond the plain one.
     node: Option<NodeSupport>,
+    /// The extra flags and features it was started with.
+    options: ControlPlaneOptions,
     /// Declared last: dropped after the processes are killed.
     _etcd_data_janitor: Option<Janitor>,
 }
@@ -111,6 +113,103 @@ struct Processes {
     etcd: Option<Process>,
     apiserver: Option<Process>,
     controller_manager: Option<Process>,
+}
+
+/// Extra flags and features of a control plane of its own
+/// ([`ControlPlane::start_with_options`]).
+///
+/// The control plane chooses its components' flags by release ([`KubeVersion`]); these are
+/// appended after them, so a flag given here overrides the control plane's own choice of a
+/// single-valued flag.
+///
+/// [`ControlPlaneOptions::coordinated_leader_election`] turns on Kubernetes' coordinated leader
+/// election (KEP-4355); the control plane then refuses to start on a release without it and
+/// checks, once kube-apiserver is ready, that the feature gate is on and the LeaseCandidate API
+/// is served, so that a test needing them fails (naming the release) rather than passes
+/// without them.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    apiserver_args: Vec<OsString>,
+    controller_manager_args: Vec<OsString>,
+    coordinated_leader_election: bool,
+}
+
+/// The first release with `coordination.k8s.io/v1beta1` LeaseCandidates and the
+/// `CoordinatedLeaderElection` gate in beta (alpha, with `v1alpha1`/`v1alpha2`, in 1.31 and 1.32).
+const COORDINATED_LEADER_ELECTION_SINCE: (u32, u32) = (1, 33);
+
+// === impl ControlPlaneOptions ===
+
+impl ControlPlaneOptions {
+    /// No extra flags or features: the control plane of [`ControlPlane::start`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a flag to kube-apiserver's command line (for example
+    /// `--feature-gates=SomeGate=true`).
+    #[must_use]
+    pub fn apiserver_arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.apiserver_args.push(arg.into());
+        self
+    }
+
+    /// Appends a flag to kube-controller-manager's command line.
+    #[must_use]
+    pub fn controller_manager_arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.controller_manager_args.push(arg.into());
+        self
+    }
+
+    /// Turns on coordinated leader election (KEP-4355): kube-apiserver gets
+    /// `--feature-gates=CoordinatedLeaderElection=true` and
+    /// `--runtime-config=coordination.k8s.io/v1beta1=true` (the LeaseCandidate API).
+    ///
+    /// With the gate, kube-apiserver itself runs the leader election controller (which elects a
+    /// holder among the LeaseCandidates of a Lease and sets its `spec.strategy` and
+    /// `spec.preferredHolder`) and the LeaseCandidate garbage collector; kube-controller-manager
+    /// needs nothing (here it does not elect a leader of its own). Without the gate the API
+    /// server drops `spec.strategy` and `spec.preferredHolder` from every Lease written.
+    ///
+    /// Needs Kubernetes 1.33 or later: starting fails, naming the release, on older binaries,
+    /// and when kube-apiserver does not report the gate on or does not serve
+    /// `coordination.k8s.io/v1beta1` `leasecandidates`.
+    #[must_use]
+    pub fn coordinated_leader_election(mut self) -> Self {
+        self.coordinated_leader_election = true;
+        self
+    }
+
+    /// Whether [`ControlPlaneOptions::coordinated_leader_election`] was asked for.
+    pub fn has_coordinated_leader_election(&self) -> bool {
+        self.coordinated_leader_election
+    }
+
+    /// Fails if the release `version` lacks something asked for.
+    fn check(&self, version: KubeVersion) -> Result<()> {
+        let (major, minor) = COORDINATED_LEADER_ELECTION_SINCE;
+        if self.coordinated_leader_election && !version.at_least(major, minor) {
+            return Err(Error::Unsupported {
+                version,
+                what: format!(
+                    "coordinated leader election with coordination.k8s.io/v1beta1 LeaseCandidates \
+                     (the CoordinatedLeaderElection gate is beta from {major}.{minor})"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// kube-apiserver's extra flags: the features' first, then the caller's.
+    fn all_apiserver_args(&self) -> Vec<OsString> {
+        let mut args = Vec::new();
+        if self.coordinated_leader_election {
+            args.push("--feature-gates=CoordinatedLeaderElection=true".into());
+            args.push("--runtime-config=coordination.k8s.io/v1beta1=true".into());
+        }
+        args.extend(self.apiserver_args.iter().cloned());
+        args
+    }
 }
 
 /// Which process a readiness check watches.
@@ -171,16 +270,35 @@ impl ControlPlane {
 
     /// Starts a control plane of its own from the given binaries; see [`ControlPlane::start`].
     pub fn start_with(assets: Assets) -> Result<Self> {
-        Self::start_on_thread(assets, None)
+        Self::start_with_options(assets, ControlPlaneOptions::new())
+    }
+
+    /// Starts a control plane of its own from the given binaries, with extra flags or features
+    /// ([`ControlPlaneOptions`]); see [`ControlPlane::start`].
+    ///
+    /// ```no_run
+    /// use kube_leader_testenv::{Assets, ControlPlane, ControlPlaneOptions};
+    ///
+    /// let options = ControlPlaneOptions::new().coordinated_leader_election();
+    /// // Fails, naming the release, on binaries older than 1.33.
+    /// let control_plane = ControlPlane::start_with_options(Assets::from_env()?, options)?;
+    /// # Ok::<(), kube_leader_testenv::Error>(())
+    /// ```
+    pub fn start_with_options(assets: Assets, options: ControlPlaneOptions) -> Result<Self> {
+        Self::start_on_thread(assets, None, options)
     }
 
     /// Starts a control plane that serves a kubelet node named `node_name`; see
     /// [`crate::Node`].
     pub(crate) fn start_for_node(assets: Assets, node_name: &str) -> Result<Self> {
-        Self::start_on_thread(assets, Some(node_name.to_owned()))
+        Self::start_on_thread(assets, Some(node_name.to_owned()), ControlPlaneOptions::new())
     }
 
-    fn start_on_thread(assets: Assets, node_name: Option<String>) -> Result<Self> {
+    fn start_on_thread(
+        assets: Assets,
+        node_name: Option<String>,
+        options: ControlPlaneOptions,
+    ) -> Result<Self> {
         std::thread::Builder::new()
             .name("kube-leader-testenv-start".into())
             .spawn(move || {
@@ -188,15 +306,17 @@ impl ControlPlane {
                     .enable_all()
                     .build()
                     .map_err(|e| Error::io("start a tokio runtime for", "the control plane", e))?;
-                runtime.block_on(Self::boot(assets, node_name))
+                runtime.block_on(Self::boot(assets, node_name, options))
             })
             .map_err(|e| Error::io("start a thread for", "the control plane", e))?
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
-    async fn boot(assets: Assets, node_name: Option<String>) -> Result<Self> {
+    async fn boot(assets: Assets, node_name: Option<String>, options: ControlPlaneOptions) -> Result<Self> {
         let started = Instant::now();
+        // Before anything starts: an old release fails here, naming itself.
+        options.check(assets.version()?)?;
         remove_stale_dirs();
         let dir = new_dir()?;
         let mut control_plane = ControlPlane {
@@ -216,12 +336,14 @@ impl ControlPlane {
                 kubelet_token: random_token(),
                 ca_cert: PathBuf::new(),
             }),
+            options,
             _etcd_data_janitor: None,
         };
         // On failure the processes are killed and etcd's data removed (by drop), but the logs
         // stay, because the error names them; the next run removes them.
         control_plane.boot_etcd().await?;
         control_plane.boot_apiserver().await?;
+        control_plane.check_features().await?;
         control_plane.boot_controller_manager().await?;
         control_plane.started_in = started.elapsed();
         control_plane.remove_dir_on_drop = true;
@@ -345,6 +467,7 @@ impl ControlPlane {
             ];
             let node_args = self.node_apiserver_args(&dir)?;
             self.apiserver_args.extend(node_args);
+            self.apiserver_args.extend(self.options.all_apiserver_args());
             match self.start_apiserver().await {
                 Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     tracing::debug!(attempt, "kube-apiserver lost a port race; trying another port");
@@ -443,6 +566,7 @@ impl ControlPlane {
                 "--node-monitor-period=2s".into(),
             ]),
         }
+        args.extend(self.options.controller_manager_args.iter().cloned());
         let process = Process::spawn(
             "kube-controller-manager",
             &self.assets.binary("kube-controller-manager"),
@@ -488,6 +612,54 @@ impl ControlPlane {
             },
         )
         .await
+    }
+
+    /// Checks, on the ready kube-apiserver, what the options asked for: for coordinated leader
+    /// election, the gate reported on in `/metrics` (`kubernetes_feature_enabled`) and
+    /// `leasecandidates` served in `coordination.k8s.io/v1beta1`.
+    async fn check_features(&self) -> Result<()> {
+        if !self.options.coordinated_leader_election {
+            return Ok(());
+        }
+        let version = self.assets.version()?;
+        let unsupported = |why: String| Error::Unsupported {
+            version,
+            what: format!("coordinated leader election: {why}"),
+        };
+        let client = self.probe_client(ADMIN).await?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| unsupported(format!("GET /metrics: {e}")))?;
+        let metrics = client
+            .request_text(request)
+            .await
+            .map_err(|e| Error::kube("GET /metrics of kube-apiserver", e))?;
+        let gate_on = metrics.lines().any(|line| {
+            line.starts_with("kubernetes_feature_enabled{")
+                && line.contains("name=\"CoordinatedLeaderElection\"")
+                && line.trim_end().ends_with(" 1")
+        });
+        if !gate_on {
+            return Err(unsupported(
+                "kube-apiserver does not report the CoordinatedLeaderElection feature gate on \
+                 (kubernetes_feature_enabled in /metrics)"
+                    .into(),
+            ));
+        }
+        let served = match client
+            .list_api_group_resources("coordination.k8s.io/v1beta1")
+            .await
+        {
+            Ok(list) => list.resources.iter().any(|r| r.name == "leasecandidates"),
+            Err(kube::Error::Api(e)) if e.code == 404 => false,
+            Err(e) => return Err(Error::kube("list coordination.k8s.io/v1beta1 resources", e)),
+        };
+        if !served {
+            return Err(unsupported(
+                "kube-apiserver does not serve coordination.k8s.io/v1beta1 leasecandidates".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Polls `probe` until it succeeds, the component's process exits, or `timeout` passes.
@@ -1124,6 +1296,41 @@ current-context: {user}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coordinated_leader_election_needs_1_33_and_says_which_release_lacks_it() {
+        let options = ControlPlaneOptions::new().coordinated_leader_election();
+        let e = options.check(KubeVersion::V1_20_2).unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("Kubernetes 1.20.2 does not support coordinated leader election"),
+            "{message}"
+        );
+        let v1_32 = KubeVersion::parse("v1.32.9").unwrap();
+        assert!(options.check(v1_32).is_err());
+        options.check(KubeVersion::parse("v1.33.0").unwrap()).unwrap();
+        options.check(KubeVersion::parse("v1.37.2").unwrap()).unwrap();
+        ControlPlaneOptions::new().check(KubeVersion::V1_20_2).unwrap();
+    }
+
+    #[test]
+    fn options_append_after_the_features_flags() {
+        let options = ControlPlaneOptions::new()
+            .apiserver_arg("--v=2")
+            .coordinated_leader_election()
+            .controller_manager_arg("--v=3");
+        assert_eq!(
+            options.all_apiserver_args(),
+            [
+                "--feature-gates=CoordinatedLeaderElection=true",
+                "--runtime-config=coordination.k8s.io/v1beta1=true",
+                "--v=2"
+            ]
+            .map(OsString::from)
+        );
+        assert_eq!(options.controller_manager_args, [OsString::from("--v=3")]);
+        assert!(ControlPlaneOptions::new().all_apiserver_args().is_empty());
+    }
 
     #[test]
     fn free_ports_are_distinct() {

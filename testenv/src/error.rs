@@ -119,6 +119,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// These binaries' Kubernetes release lacks a feature that was asked for (see
+    /// [`crate::ControlPlaneOptions`]).
+    #[error("Kubernetes {version} does not support {what}")]
+    Unsupported {
+        /// The release of the binaries.
+        version: crate::KubeVersion,
+        /// What it lacks, in words.
+        what: String,
+    },
+
     /// The control plane was stopped.
     #[error("the control plane was stopped")]
     Stopped,

@@ -7,9 +7,18 @@
 // It is a Go module of its own (go.mod and go.sum pin k8s.io/client-go,
 // k8s.io/api and k8s.io/apimachinery v0.37.2), built static by
 // scripts/go-candidate.sh with `go build -mod=readonly -trimpath`; nothing is
-// vendored into this repository. client-go's coordinated leader election
-// (LeaderElectionConfig.Coordinated) is not used: this is the classic
-// LeaseLock election that kube-leader interoperates with.
+// vendored into this repository.
+//
+// By default it runs the classic LeaseLock election, which acquires an expired
+// or released Lease itself. With --coordinated it runs client-go's coordinated
+// leader election (KEP-4355; needs the CoordinatedLeaderElection feature gate
+// and coordination.k8s.io/v1beta1 on the API server): it registers a
+// coordination.k8s.io/v1beta1 LeaseCandidate named after --identity for the
+// Lease, in the Lease's namespace (leaderelection.NewCandidate, strategy
+// OldestEmulationVersion, --binary-version and --emulation-version), and sets
+// LeaderElectionConfig.Coordinated, so it never takes the Lease itself: it
+// leads once kube-apiserver's leader election controller names it holder, and
+// stops renewing once the Lease names another spec.preferredHolder.
 //
 // Every event is one JSON line on stdout, written immediately:
 //
@@ -41,6 +50,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -88,6 +98,9 @@ func main() {
 	renewDeadline := flag.Duration("renew-deadline", 10*time.Second, "RenewDeadline")
 	retryPeriod := flag.Duration("retry-period", 2*time.Second, "RetryPeriod")
 	releaseOnCancel := flag.Bool("release-on-cancel", true, "release the Lease when cancelled by a signal")
+	coordinated := flag.Bool("coordinated", false, "coordinated leader election: register a LeaseCandidate and lead only when the API server's controller names this candidate holder")
+	binaryVersion := flag.String("binary-version", "1.37.2", "with --coordinated: the LeaseCandidate's binaryVersion")
+	emulationVersion := flag.String("emulation-version", "1.37.2", "with --coordinated: the LeaseCandidate's emulationVersion")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fail("unexpected arguments: %v", flag.Args())
@@ -114,6 +127,17 @@ func main() {
 		cancel()
 	}()
 
+	if *coordinated {
+		// The LeaseCandidate is named after the identity: the controller writes the
+		// elected candidate's name as the Lease's holderIdentity.
+		candidate, _, err := leaderelection.NewCandidate(client, *namespace, *identity, *lease,
+			*binaryVersion, *emulationVersion, coordinationv1.OldestEmulationVersion)
+		if err != nil {
+			fail("creating the LeaseCandidate controller: %v", err)
+		}
+		go candidate.Run(ctx)
+	}
+
 	// client-go starts OnStartedLeading in a goroutine, so it could in principle
 	// run after OnStoppedLeading; this keeps the two events paired and ordered.
 	var mu sync.Mutex
@@ -137,6 +161,7 @@ func main() {
 		RetryPeriod:     *retryPeriod,
 		ReleaseOnCancel: *releaseOnCancel,
 		Name:            *lease,
+		Coordinated:     *coordinated,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leadingCtx context.Context) {
 				mu.Lock()
