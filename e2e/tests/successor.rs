@@ -496,3 +496,93 @@ async fn for_life_leader_steps_down_to_the_youngest_pod_and_a_going_pod_never_ca
     assert_eq!(third.identity(), "middle");
     shutdown.cancel();
 }
+
+/// A follower with a Pod writes its registration once and then sends nothing while idle: its
+/// registration lives as long as its Pod (the garbage collector) and its process (the
+/// withdrawal). Only the leader renews its own, for its watch's pulse; a candidate without a
+/// Pod (no owner to end its registration) keeps a heartbeat.
+#[tokio::test]
+async fn an_idle_follower_with_a_pod_sends_no_request_for_its_registration() {
+    init_tracing();
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let admin = cp.client().await;
+    let users = [cp.unused_user(), cp.unused_user(), cp.unused_user()];
+    for user in &users {
+        let rules = vec![rule(&["coordination.k8s.io"], &["leases"], &["*"])];
+        bind_role(&admin, ns.name(), user, rules).await.unwrap();
+    }
+    let mut pods = Vec::new();
+    for name in ["leader", "with-pod"] {
+        let p = create_pod(&admin, ns.name(), name).await.unwrap();
+        pods.push(kube_leader::successor::CandidatePod::new(
+            name,
+            p.metadata.uid.unwrap(),
+        ));
+    }
+    let shutdown = CancellationToken::new();
+    let candidate = |user: &str, id: &str, pod: Option<kube_leader::successor::CandidatePod>| {
+        let (user, id, ns, s) = (
+            user.to_string(),
+            id.to_string(),
+            ns.name().to_string(),
+            shutdown.clone(),
+        );
+        let cp = cp;
+        tokio::spawn(async move {
+            let client = cp.user_client(&user).await;
+            let mut e = short_lease_elector(&client, &ns, "idle", &id);
+            if let Some(pod) = pod {
+                e = e.candidate_pod(pod);
+            }
+            e.become_leader(&s).await
+        })
+    };
+    let leader = candidate(&users[0], "leader", Some(pods[0].clone()));
+    let leader = tokio::time::timeout(SOON, leader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let with_pod = candidate(&users[1], "with-pod", Some(pods[1].clone()));
+    let without_pod = candidate(&users[2], "without-pod", None);
+    wait_registered(
+        &admin,
+        ns.name(),
+        "idle",
+        "Lease",
+        &["leader", "with-pod", "without-pod"],
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // their watches synced
+    let count = |u: &str| cp.request_count(u).unwrap();
+    let before: Vec<usize> = users.iter().map(|u| count(u)).collect();
+    // Longer than a heartbeat (15 s): a heartbeat would show.
+    let window = kube_leader::successor::REGISTRATION_HEARTBEAT + Duration::from_secs(3);
+    tokio::time::sleep(window).await;
+    let sent: Vec<usize> = users.iter().zip(&before).map(|(u, b)| count(u) - b).collect();
+    eprintln!(
+        "over {window:?}: leader {} requests, follower with a Pod {}, follower without one {}",
+        sent[0], sent[1], sent[2]
+    );
+    assert_eq!(sent[1], 0, "an idle follower with a Pod must send no request");
+    assert!(
+        sent[2] >= 1,
+        "a candidate without a Pod keeps its registration's heartbeat"
+    );
+    let patches = cp
+        .audit_events(&users[0])
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.verb == "patch")
+        .count();
+    assert!(
+        patches >= 1,
+        "the leader renews its own registration while it leads"
+    );
+    assert!(!with_pod.is_finished() && !without_pod.is_finished());
+    shutdown.cancel();
+    drop(leader);
+    let _ = (with_pod.await, without_pod.await);
+}

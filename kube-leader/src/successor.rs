@@ -17,14 +17,25 @@
 //! | labels | [`CANDIDATE_FOR_LABEL`] (the lock's name, or a hash of a longer one) and [`LOCK_KIND_LABEL`] |
 //! | `spec.holderIdentity` | the candidate's identity |
 //! | `spec.acquireTime` | the candidate's age: its Pod's creation time where known, else its first registration |
-//! | `spec.renewTime` | its heartbeat, every [`REGISTRATION_HEARTBEAT`] |
-//! | `spec.leaseDurationSeconds` | how long after `renewTime` it counts as live (three heartbeats) |
+//! | `spec.renewTime` | when it was last written |
+//! | `spec.leaseDurationSeconds` | unset for a candidate with a Pod: live while the registration exists; else how long after `renewTime` it counts as live (three heartbeats) |
 //! | `ownerReferences` | its Pod, where known: the registration goes with the Pod |
 //!
 //! A candidate registers before its first election result (so a Pod that is `Ready` by the
 //! sidecar's `/readyz` is registered), withdraws the registration the moment it stops (shutdown
 //! requested, or its Pod is being deleted: a stopping candidate never campaigns again), and the
-//! garbage collector deletes the registration of a Pod that was deleted. A leader watches the
+//! garbage collector deletes the registration of a Pod that was deleted.
+//!
+//! **What a registration costs.** A candidate with a Pod writes its registration once: its
+//! life is its Pod's (the garbage collector) and its process's (the withdrawal), so an idle
+//! follower sends no request for it at all. Only while it leads does it renew its registration
+//! every [`REGISTRATION_HEARTBEAT`]: the pulse by which its watch of the registrations (below)
+//! shows that it is not stalled, beside the lock's own renewals. A candidate without a Pod
+//! (outside a cluster) has no owner to end its registration, so it renews every heartbeat and
+//! counts as live for three. What this trades: a process that died while its Pod lives (a crash
+//! loop) keeps a registration until its Pod goes; a leader that names it its successor makes the
+//! others defer for at most [`successor_wait`](crate::LeaseConfig::successor_wait) before one of
+//! them takes over. A leader watches the
 //! registrations of its lock for its term, and when it steps down names the youngest live one
 //! other than itself in [`PREFERRED_HOLDER_ANNOTATION`]: taken from that watch, so the release
 //! is one write and the handover waits for no extra request. Where the watch is not synced (or
@@ -78,7 +89,8 @@ pub const LOCK_KIND_LABEL: &str = "kube-leader.io/lock-kind";
 /// `renewTime` for a Lease, the release mark's time for leader for life): a later release by a
 /// client-go candidate, which keeps annotations it does not know, names nobody.
 pub const PREFERRED_HOLDER_ANNOTATION: &str = "kube-leader.io/preferred-holder";
-/// How often a candidate renews its registration; it counts as live for three of these.
+/// How often a leader, and a candidate without a Pod, renews its registration (a candidate
+/// without a Pod counts as live for three of these; see the [module documentation](self)).
 pub const REGISTRATION_HEARTBEAT: Duration = Duration::from_secs(15);
 /// How long after its last heartbeat a registration counts as live, in whole seconds.
 const LIVE_SECONDS: i32 = 45;
@@ -274,9 +286,12 @@ impl Registry {
         let registry = self.clone();
         let (identity, pod, task_stop) = (identity.to_string(), pod.cloned(), stop.clone());
         let mut terms = held.subscribe();
+        let leading = held.subscribe();
         let task = async move {
             if !refused {
-                registry.keep(&name, &identity, pod.as_ref(), &task_stop).await;
+                registry
+                    .keep(&name, &identity, pod.as_ref(), leading, &task_stop)
+                    .await;
                 // A term under way ends first (bounded: a term that never ends does not keep
                 // the registration for ever).
                 let bound = registry.api_timeout * 2;
@@ -335,8 +350,9 @@ impl Registry {
         pod: Option<&CandidatePod>,
         now: Timestamp,
     ) -> Result<(), Failure> {
-        // A merge patch of the fields set here (k8s-openapi leaves out the unset ones).
-        let patch = Lease {
+        // A merge patch of the fields set here (k8s-openapi leaves out the unset ones), and the
+        // duration set or removed (`null`): a registration bound to its Pod has none.
+        let lease = Lease {
             metadata: ObjectMeta {
                 // The Pod of this name now (a StatefulSet's Pod recreated under its old name).
                 owner_references: pod.map(|p| vec![owner_reference(p)]),
@@ -345,10 +361,14 @@ impl Registry {
             spec: Some(LeaseSpec {
                 holder_identity: Some(identity.to_string()),
                 renew_time: Some(MicroTime(now)),
-                lease_duration_seconds: Some(LIVE_SECONDS),
                 acquire_time: pod.and_then(|p| p.created).map(MicroTime),
                 ..LeaseSpec::default()
             }),
+        };
+        let mut patch = serde_json::to_value(&lease).unwrap_or_default();
+        patch["spec"]["leaseDurationSeconds"] = match pod {
+            Some(_) => serde_json::Value::Null,
+            None => LIVE_SECONDS.into(),
         };
         let params = PatchParams::default();
         let patch = Patch::Merge(&patch);
@@ -358,13 +378,30 @@ impl Registry {
             .map(|_| ())
     }
 
-    /// Renews every [`REGISTRATION_HEARTBEAT`] until `stop`; a registration deleted meanwhile
-    /// is written again.
-    async fn keep(&self, name: &str, identity: &str, pod: Option<&CandidatePod>, stop: &CancellationToken) {
+    /// Renews every [`REGISTRATION_HEARTBEAT`] until `stop`: always without a Pod, and with one
+    /// only while a term is under way (`terms` above zero; see the [module documentation](self)).
+    /// A registration deleted meanwhile is written again at the next renewal.
+    async fn keep(
+        &self,
+        name: &str,
+        identity: &str,
+        pod: Option<&CandidatePod>,
+        mut terms: tokio::sync::watch::Receiver<usize>,
+        stop: &CancellationToken,
+    ) {
         loop {
+            if pod.is_some() {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = terms.wait_for(|n| *n > 0) => if r.is_err() { return },
+                }
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(REGISTRATION_HEARTBEAT) => {}
+            }
+            if pod.is_some() && *terms.borrow() == 0 {
+                continue;
             }
             match self.renew(name, identity, pod, Timestamp::now()).await {
                 Ok(()) => {}
@@ -408,7 +445,7 @@ impl Registry {
                 holder_identity: Some(identity.to_string()),
                 acquire_time: Some(MicroTime(since)),
                 renew_time: Some(MicroTime(now)),
-                lease_duration_seconds: Some(LIVE_SECONDS),
+                lease_duration_seconds: pod.is_none().then_some(LIVE_SECONDS),
                 ..LeaseSpec::default()
             }),
         }
@@ -488,10 +525,11 @@ fn owner_reference(pod: &CandidatePod) -> OwnerReference {
     crate::lock::pod_owner_reference(&pod.name, &pod.uid)
 }
 
-/// The youngest live registration's identity among `registrations`, other than `me`, at `now`
-/// (by the wall clock: a registration counts as live for three heartbeats after its last one,
-/// which absorbs clock skew of seconds). Ties go to the greater identity, so that every
-/// leader's choice is the same.
+/// The youngest live registration's identity among `registrations`, other than `me`, at `now`.
+/// A registration without a duration (a candidate with a Pod) is live while it exists; one with
+/// a duration (a candidate without a Pod) for that long after its last renewal, by the wall
+/// clock (three heartbeats, which absorbs clock skew of seconds). Ties go to the greater
+/// identity, so that every leader's choice is the same.
 pub(crate) fn youngest<'a>(
     registrations: impl IntoIterator<Item = &'a Lease>,
     me: &str,
@@ -506,11 +544,12 @@ pub(crate) fn youngest<'a>(
                 .holder_identity
                 .as_deref()
                 .filter(|i| !i.is_empty() && *i != me)?;
-            let renewed = spec.renew_time.as_ref()?.0;
-            let live =
-                SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(LIVE_SECONDS)));
-            if renewed.checked_add(live).ok()? < now {
-                return None;
+            if let Some(seconds) = spec.lease_duration_seconds {
+                let renewed = spec.renew_time.as_ref()?.0;
+                let live = SignedDuration::from_secs(i64::from(seconds));
+                if renewed.checked_add(live).ok()? < now {
+                    return None;
+                }
             }
             let since = spec
                 .acquire_time

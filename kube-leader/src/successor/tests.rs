@@ -38,6 +38,17 @@ fn the_youngest_live_other_candidate_is_preferred() {
 }
 
 #[test]
+fn a_registration_bound_to_its_pod_is_live_while_it_exists() {
+    let now = Timestamp::from_second(100_000).unwrap();
+    let mut pod_bound = reg("new", 900, 950);
+    pod_bound.spec.as_mut().unwrap().lease_duration_seconds = None;
+    // Written once, long ago: no heartbeat, yet live (its Pod's garbage collection and its
+    // withdrawal end it); the one without a Pod and without a recent heartbeat is not.
+    let regs = [reg("old", 100, 99_990), pod_bound, reg("ghost", 990, 1_000)];
+    assert_eq!(youngest(&regs, "me", now).as_deref(), Some("new"));
+}
+
+#[test]
 fn a_preference_counts_only_for_its_release() {
     let t: Timestamp = "2026-12-03T10:00:00.123456789Z".parse().unwrap();
     let a = BTreeMap::from([(

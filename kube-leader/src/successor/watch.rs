@@ -8,8 +8,8 @@
 //! term, and one more each [`WATCH_TIMEOUT_SECS`] while it lasts) and ends with the term.
 //!
 //! The view is used only while it can be trusted: its list has completed, no error has come
-//! since, and it heard something within [`FRESH`] (every live candidate, the leader included,
-//! renews its registration every [`REGISTRATION_HEARTBEAT`]). Otherwise a release lists the
+//! since, and it heard something within [`FRESH`] (the leader renews its own registration every
+//! [`REGISTRATION_HEARTBEAT`] while it leads). Otherwise a release lists the
 //! registrations as before, and a watch the candidate may not make (no `watch` on Leases) is
 //! given up after one log line. A view a few milliseconds late costs at most a preference,
 //! never safety: registrations only ever choose whom a release prefers.
