@@ -7,9 +7,10 @@
 //!   (`go-candidate --coordinated`) and two kube-leader `LeaseElector` candidates on one Lease.
 //!   The controller's choice leads; the LeaseCandidates exist; leadership intervals never
 //!   overlap; client-go's candidates never exit unasked and lead whenever the controller makes
-//!   them holder. What today's kube-leader candidates do there (they ignore `strategy` and
-//!   `preferredHolder`; issue 41 decides) is printed as it happens, with the Lease's holder
-//!   changes.
+//!   them holder. kube-leader's candidates, which do not take part, leave the Lease to the
+//!   controller: they take it only once it has stayed free for 10 s after its expiry (no
+//!   coordinated candidate answers), and a holder gives way to a new `spec.preferredHolder`
+//!   (the Lease's holder changes are printed as they happen).
 //! - `unowned_fields_survive_acquire_renew_and_release` and `a_shard_lease_keeps_unowned_fields`:
 //!   kube-leader's writes (PUTs of the Lease it read) keep `spec.strategy`,
 //!   `spec.preferredHolder`, labels and annotations that it does not own. Without the gate the
@@ -206,64 +207,54 @@ async fn coordinated_client_go_beside_kube_leader() {
     fleet.assert_safe();
     printed = poller.print_since(printed, "kube-leader candidates beside go-c1");
 
-    // 3. go-c1 crashes. Today's kube-leader candidates take the expired Lease themselves (they
-    //    ignore `strategy`); its LeaseCandidate stays (valid 30 minutes), unanswering.
+    // 3. go-c1 crashes; its LeaseCandidate stays (valid 30 minutes), unanswering. The
+    //    controller names nobody, and a kube-leader candidate takes the Lease only once it has
+    //    stayed free for the coordinated grace (10 s) after its expiry, keeping `strategy`.
     let stopped = fleet.stop("go-c1", Stop::Crash).await.expect("go-c1 led");
     let (kl_leader, started) = fleet.wait_leader(&["go-c1"]).await;
+    let took = Duration::from_nanos(started - stopped);
     eprintln!(
-        "go-c1 crashed → {kl_leader} ({}) leads after {:?}",
+        "go-c1 crashed → {kl_leader} ({}) leads after {took:?}",
         fleet.implementation(&kl_leader),
-        Duration::from_nanos(started - stopped)
     );
     assert_eq!(fleet.implementation(&kl_leader), Implementation::KubeLeader);
-    // Longer than the controller's election (a 5 s ping of every candidate) and its 5 s requeue.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    fleet.assert_safe();
-    eprintln!(
-        "after go-c1's crash, leaders {:?}, {}",
-        fleet.leaders(),
-        fleet.report()
+    assert!(
+        took >= Duration::from_secs(10),
+        "kube-leader took a coordinated Lease {took:?} after its holder crashed, before the controller's grace"
     );
+    let spec = leases.get("coordinated").await.unwrap().spec.unwrap();
+    assert_eq!(spec.strategy.as_deref(), Some("OldestEmulationVersion"));
+    fleet.assert_safe();
     printed = poller.print_since(printed, "after go-c1 crashed");
 
     // 4. A new coordinated candidate registers while kube-leader holds the Lease: the controller
-    //    elects it, but can only name it preferredHolder of a Lease that is renewed.
+    //    elects it and names it spec.preferredHolder; the kube-leader holder gives way (its work
+    //    stops, then it releases) and the controller makes go-c2 holder.
+    let registered = Instant::now();
     fleet.spawn(Implementation::ClientGoCoordinated, "go-c2");
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    fleet.assert_safe();
-    let spec = leases.get("coordinated").await.unwrap().spec.unwrap();
+    let (leader, _) = fleet.wait_leader(&["go-c1", &kl_leader]).await;
     eprintln!(
-        "with go-c2 registered: leaders {:?}, Lease holder {:?} preferredHolder {:?} strategy {:?}; go-c2 terms {}",
-        fleet.leaders(),
-        spec.holder_identity,
-        spec.preferred_holder,
-        spec.strategy,
-        terms_of(&fleet, "go-c2")
+        "go-c2 registered → it leads after {:?} ({kl_leader} gave way)",
+        registered.elapsed()
     );
+    assert_eq!(leader, "go-c2", "the controller's choice leads");
+    fleet.assert_safe();
     printed = poller.print_since(printed, "go-c2 registered");
     let candidates = lease_candidates(&client, ns.name(), "coordinated").await;
     assert_eq!(candidates.keys().collect::<Vec<_>>(), ["go-c1", "go-c2"]);
 
-    // 5. The kube-leader candidates stop (releasing): then the controller names go-c2 holder
-    //    and client-go leads again.
-    let mut kube_leaders = vec!["kl-1", "kl-2"];
-    kube_leaders.sort_by_key(|id| fleet.leaders().contains(&id.to_string())); // the leader last
-    for id in kube_leaders {
-        fleet.stop(id, Stop::Release).await;
-    }
-    let (leader, _) = fleet.wait_leader(&["kl-1", "kl-2", "go-c1"]).await;
-    assert_eq!(
-        leader, "go-c2",
-        "client-go leads when the controller makes it holder"
-    );
+    // 5. No flapping: the kube-leader candidates, campaigning again, leave go-c2's Lease alone.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(fleet.leaders(), ["go-c2"]);
+    assert_eq!(terms_of(&fleet, "go-c2"), 1, "go-c2 flapped");
+    assert_eq!(terms_of(&fleet, &kl_leader), 1, "{kl_leader} took the Lease back");
     let spec = leases.get("coordinated").await.unwrap().spec.unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("go-c2"));
     assert_eq!(spec.strategy.as_deref(), Some("OldestEmulationVersion"));
-    tokio::time::sleep(2 * LEASE).await;
-    assert_eq!(fleet.leaders(), ["go-c2"]);
-    assert_eq!(terms_of(&fleet, "go-c2"), 1, "go-c2 flapped");
-    poller.print_since(printed, "kube-leader candidates stopped");
-    fleet.stop("go-c2", Stop::Release).await;
+    poller.print_since(printed, "go-c2 leads");
+    for id in ["kl-1", "kl-2", "go-c2"] {
+        fleet.stop(id, Stop::Release).await;
+    }
     let report = fleet.assert_safe();
     eprintln!("coordinated beside kube-leader: {report}");
     for t in fleet.history().terms() {

@@ -528,7 +528,6 @@ async fn an_idle_follower_with_a_pod_sends_no_request_for_its_registration() {
             ns.name().to_string(),
             shutdown.clone(),
         );
-        let cp = cp;
         tokio::spawn(async move {
             let client = cp.user_client(&user).await;
             let mut e = short_lease_elector(&client, &ns, "idle", &id);

@@ -63,6 +63,14 @@ pub enum LossReason {
     /// Shards: this shard is handed over so that every candidate holds its fair share (a
     /// candidate joined); it is released once the work on it has stopped.
     Rebalanced,
+    /// The Lease is managed by Kubernetes' coordinated leader election (`spec.strategy` is set)
+    /// and names another candidate in `spec.preferredHolder`: this candidate steps down so that
+    /// the controller's choice can lead. Release once the work has stopped, so that the
+    /// controller hands the Lease over at once rather than after it expires.
+    Yielded {
+        /// The candidate `spec.preferredHolder` names.
+        preferred: String,
+    },
 }
 
 impl fmt::Display for LossReason {
@@ -89,6 +97,10 @@ impl fmt::Display for LossReason {
             LossReason::Released => f.write_str("released"),
             LossReason::Cancelled => f.write_str("shutdown requested"),
             LossReason::Rebalanced => f.write_str("handed over to rebalance the shards"),
+            LossReason::Yielded { preferred } => write!(
+                f,
+                "coordinated leader election prefers {preferred} (spec.preferredHolder)"
+            ),
         }
     }
 }

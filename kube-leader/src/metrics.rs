@@ -242,6 +242,7 @@ fn reason_label(reason: &LossReason) -> &'static str {
         LossReason::Released => "released",
         LossReason::Cancelled => "cancelled",
         LossReason::Rebalanced => "rebalanced",
+        LossReason::Yielded { .. } => "yielded",
     }
 }
 

@@ -34,10 +34,13 @@ enum StepDown {
     /// COMMAND's end is not known to be orderly (its supervisor died): neither release nor
     /// touch anything; the lease runs out as if this process had crashed.
     Abandon,
-    /// Leadership was lost because this candidate's own Pod is ending (leader for life):
-    /// delete the lock anyway (UID precondition: never a newer lock), since COMMAND has stopped
-    /// and the lock goes with the Pod.
-    ReleaseOwnPodEnding,
+    /// Leadership was lost, but the lock is still this term's to hand over: this candidate's
+    /// own Pod is ending (leader for life: delete the lock anyway, UID precondition, never a
+    /// newer lock, since COMMAND has stopped and the lock goes with the Pod), its lock was
+    /// deleted under it (leader for life says its work stopped), or the coordinated election's
+    /// controller prefers another holder (the Lease is released, so the controller hands it
+    /// over at once).
+    ReleaseAfterLoss,
 }
 
 // === impl Leading ===
@@ -140,9 +143,9 @@ impl Leading<'_> {
             let how = if says_stopped
                 || matches!(
                     leadership.loss_reason(),
-                    Some(kube_leader::LossReason::PodEnding { .. })
+                    Some(kube_leader::LossReason::PodEnding { .. } | kube_leader::LossReason::Yielded { .. })
                 ) {
-                StepDown::ReleaseOwnPodEnding
+                StepDown::ReleaseAfterLoss
             } else {
                 StepDown::Keep
             };
@@ -192,7 +195,7 @@ impl Leading<'_> {
             std::mem::forget(leadership);
             return;
         }
-        let lost = !leadership.is_leader() && how != StepDown::ReleaseOwnPodEnding;
+        let lost = !leadership.is_leader() && how != StepDown::ReleaseAfterLoss;
         if how == StepDown::Keep || leadership.is_skipped() || lost {
             return;
         }

@@ -18,11 +18,14 @@ use tracing::{debug, info, warn};
 
 use super::{
     config::LeaseConfig,
-    decide::{decide, decide_absent, defer_to_preferred, record_for, Absent, Decision, Observed},
+    decide::{
+        decide, decide_absent, defer_to_controller, defer_to_preferred, record_for, Absent, Decision,
+        Observed,
+    },
     keeper::Keeper,
     record::{
-        now_micro, preferred_in, set_fencing_token, set_preferred, set_writer, stored_fencing_token,
-        written_by, LeaseRecord,
+        coordinated_strategy, now_micro, preferred_in, set_fencing_token, set_preferred, set_writer,
+        stored_fencing_token, written_by, LeaseRecord,
     },
     shared::{lease_op, Shared},
     term::{Every, Term as HeldTerm, Writer},
@@ -61,6 +64,8 @@ pub(crate) struct Campaign {
     unknown_since: Option<Instant>,
     /// A record under our identity that another process wrote, as last logged.
     twin_logged: Option<LeaseRecord>,
+    /// Whether "coordinated leader election manages this Lease" was logged (once a campaign).
+    coordinated_logged: bool,
     /// The candidates' registrations ([`Successor::Youngest`](crate::Successor::Youngest)).
     registry: Option<Registry>,
 }
@@ -105,6 +110,7 @@ impl Campaign {
             absent_since: None,
             unknown_since: None,
             twin_logged: None,
+            coordinated_logged: false,
             registry: None,
         }
     }
@@ -147,6 +153,7 @@ impl Campaign {
             self.absent_since = None;
             log_twin(obs, &self.identity, &mut self.twin_logged);
             let decision = decide(Some(obs), &self.identity, now, lease_duration);
+            let decision = defer_to_controller(decision, obs, now, lease_duration);
             return defer_to_preferred(decision, obs, &self.identity, now, self.cfg.successor_wait);
         }
         let since = *self.absent_since.get_or_insert(now);
@@ -271,9 +278,17 @@ impl Campaign {
         let mine = written_by(lease, &record, &self.shared.instance);
         let rv = lease.metadata.resource_version.clone();
         let preferred = preferred_in(lease, &record);
+        let coordinated = coordinated_strategy(lease);
+        if coordinated.is_some() && !self.coordinated_logged {
+            self.coordinated_logged = true;
+            info!(strategy = ?coordinated, "coordinated leader election manages this Lease \
+                (spec.strategy is set); this candidate does not take part: it takes the Lease only \
+                once the controller has named nobody for 10 s, and gives way to spec.preferredHolder");
+        }
         let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now())
             .written_by_me(mine)
-            .preferring(preferred);
+            .preferring(preferred)
+            .coordinated(coordinated.is_some());
         let token = stored_fencing_token(lease, &next.record);
         self.shared.publish(&self.lock, Some(&next.record), token);
         self.observed = Some(next);
@@ -401,6 +416,7 @@ fn held_term(
         instance: instance.to_string(),
         lease_duration_seconds: cfg.lease_duration_seconds(),
         renew_deadline: cfg.renew_deadline,
+        yields_to_coordinated: true,
     };
     let pace = Every::new(cfg.retry_period, sent);
     HeldTerm::new(writer, lease, record, fencing_token, sent, pace)

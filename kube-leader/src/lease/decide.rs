@@ -23,6 +23,10 @@ pub(crate) struct Observed {
     /// The successor a released record prefers (see
     /// [`PREFERRED_HOLDER_ANNOTATION`](crate::successor::PREFERRED_HOLDER_ANNOTATION)).
     pub(crate) preferred: Option<String>,
+    /// Kubernetes' coordinated leader election manages the Lease (`spec.strategy` is set): its
+    /// controller names the holder, and this candidate, which does not take part, takes the
+    /// Lease only when the controller has named nobody ([`defer_to_controller`]).
+    pub(crate) coordinated: bool,
 }
 
 impl Observed {
@@ -45,7 +49,14 @@ impl Observed {
             observed_at,
             mine: false,
             preferred: None,
+            coordinated: false,
         }
+    }
+
+    /// Marks the Lease as managed by coordinated leader election (see [`Observed::coordinated`]).
+    pub(crate) fn coordinated(mut self, coordinated: bool) -> Self {
+        self.coordinated = coordinated;
+        self
     }
 
     /// Sets the successor the record prefers (only a released record prefers one).
@@ -130,6 +141,38 @@ pub(crate) fn defer_to_preferred(
         && observed.preferred.as_deref().is_some_and(|p| p != identity);
     let until = observed.observed_at + wait;
     if deferring && now < until {
+        Decision::WaitUntil(until)
+    } else {
+        decision
+    }
+}
+
+/// How long a Lease that coordinated leader election manages must have been free (released,
+/// expired, or without a holder) before a candidate that does not take part takes it: the
+/// controller in kube-apiserver names a holder within its 5 s election window when it has a
+/// live candidate (it pings them and waits 5 s for their answers), so a Lease still free after
+/// twice that has no coordinated candidate to go to. Taking it earlier would race the
+/// controller's choice and make the Lease change hands twice.
+pub(crate) const COORDINATED_GRACE: Duration = Duration::from_secs(10);
+
+/// A candidate that does not take part in coordinated leader election leaves a coordinated Lease
+/// ([`Observed::coordinated`]) to the controller: it takes it over only once it has been free
+/// for [`COORDINATED_GRACE`] (from when the record was seen released, or from its expiry).
+pub(crate) fn defer_to_controller(
+    decision: Decision,
+    observed: &Observed,
+    now: Instant,
+    fallback: Duration,
+) -> Decision {
+    if decision != Decision::Takeover || !observed.coordinated {
+        return decision;
+    }
+    let free_since = match observed.record.holder {
+        None => observed.observed_at,
+        Some(_) => observed.expires_at(fallback),
+    };
+    let until = free_since + COORDINATED_GRACE;
+    if now < until {
         Decision::WaitUntil(until)
     } else {
         decision

@@ -47,6 +47,10 @@ pub(crate) struct Keeper {
 enum Turn {
     /// Keep the term.
     Keep,
+    /// The coordinated election's controller prefers another holder: leadership is lost (the
+    /// work stops), and the term is kept, renewed, until the work has stopped and the Lease
+    /// is released, as on a shutdown (bounded by the shutdown grace).
+    Yield,
     /// The term is over (the reason is given to the handle); `Ok` unless the release failed.
     End(Result<()>),
 }
@@ -97,8 +101,12 @@ impl Keeper {
                 }
                 _ = tokio::time::sleep_until(self.term.next_renewal()) => self.renew(&handle).await,
             };
-            if let Turn::End(result) = turn {
-                break result;
+            match turn {
+                Turn::End(result) => break result,
+                Turn::Yield if grace_until.is_none() => {
+                    grace_until = Some(Instant::now() + self.cfg.shutdown_grace);
+                }
+                Turn::Yield | Turn::Keep => {}
             }
         };
         self.shared.set_health(|h| h.leading = false);
@@ -114,6 +122,12 @@ impl Keeper {
     /// Acts on the term's decision: an end is told to the handle (a twin loudly).
     fn step(&self, handle: &KeeperHandle, step: Step) -> Turn {
         match step {
+            Step::End(reason @ LossReason::Yielded { .. }) => {
+                info!(lock = %self.lock, identity = %self.identity, %reason,
+                    "giving the lease to the coordinated election's choice once the work has stopped");
+                handle.lose(reason);
+                Turn::Yield
+            }
             Step::End(reason) => {
                 if let LossReason::DuplicateIdentity { .. } = reason {
                     self.log_twin();
@@ -247,7 +261,12 @@ impl Keeper {
         // The loss first: once the release is written, a successor may start at once, and no
         // work gated on this term may still be running then.
         handle.lose(LossReason::Released);
-        let successor = self.successor().await;
+        // A Lease yielded to the coordinated election's controller goes to its choice: no
+        // successor of kube-leader's own is named.
+        let successor = match lost {
+            Some(LossReason::Yielded { .. }) => None,
+            _ => self.successor().await,
+        };
         for _ in 0..2 {
             let lease = self.term.release_write(successor.as_deref());
             let params = PostParams::default();

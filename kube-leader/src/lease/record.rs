@@ -140,6 +140,28 @@ pub(crate) enum Owner {
     Other(String),
 }
 
+/// A Lease that Kubernetes' coordinated leader election manages: its `spec.strategy` (the
+/// controller writes it, `OldestEmulationVersion` for its own strategy) is set. `None` for a
+/// Lease without one: kube-leader's own rules alone apply.
+pub(crate) fn coordinated_strategy(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.strategy.as_deref().filter(|s| !s.is_empty())
+}
+
+/// The candidate a coordinated Lease names its preferred holder (`spec.preferredHolder`), if it
+/// is a coordinated Lease ([`coordinated_strategy`]) and names one other than `identity`: the
+/// controller's choice, to which the holder gives way. A `preferredHolder` on a Lease without a
+/// strategy has no controller behind it and is ignored (nobody would clear it, and every holder
+/// would give way in turn).
+pub(crate) fn preferred_other(lease: &Lease, identity: &str) -> Option<String> {
+    coordinated_strategy(lease)?;
+    lease
+        .spec
+        .as_ref()?
+        .preferred_holder
+        .clone()
+        .filter(|p| !p.is_empty() && p != identity)
+}
+
 impl Owner {
     /// Whose `lease` (its record `record`) is, for the candidate `identity` in the process
     /// `instance` (see [`written_by`]).

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::{
     api::Failure,
     leadership::LossReason,
-    lease::record::{release_write, renewal_write, LeaseRecord, Owner},
+    lease::record::{preferred_other, release_write, renewal_write, LeaseRecord, Owner},
     lock,
 };
 
@@ -52,6 +52,10 @@ pub(crate) struct Writer {
     pub(crate) lease_duration_seconds: i32,
     /// How long after the last successful renewal was sent the term ends (fail-stop).
     pub(crate) renew_deadline: Duration,
+    /// The term gives way to a new `spec.preferredHolder` of a Lease that coordinated leader
+    /// election manages ([`LossReason::Yielded`]): the single Lease's candidates do; a shard's
+    /// Lease is the shard set's own, balanced by its engine.
+    pub(crate) yields_to_coordinated: bool,
 }
 
 /// What the caller does next.
@@ -88,6 +92,12 @@ pub(crate) struct Term<P> {
     fencing_token: u64,
     /// When the last successful renewal (or the acquisition) was sent.
     last_sent: Instant,
+    /// The other candidate the coordinated election's controller last named preferred holder
+    /// of this Lease, as this term last saw it: a new name is the controller's new choice, to
+    /// which the term gives way; a name already there when the term began is a choice the
+    /// controller could not carry out (this candidate took the Lease only after it had stayed
+    /// free; see [`COORDINATED_GRACE`](super::decide::COORDINATED_GRACE)).
+    preferred_seen: Option<String>,
     pace: P,
 }
 
@@ -130,6 +140,7 @@ impl<P: Pace> Term<P> {
         pace: P,
     ) -> Self {
         Self {
+            preferred_seen: preferred_other(&lease, &writer.identity),
             writer,
             lease,
             record,
@@ -259,10 +270,14 @@ impl<P: Pace> Term<P> {
     }
 
     /// Whether a release may be written at `now`, the term lost for `lost` (`None`: not lost):
-    /// not after the renew deadline, and not after a loss other than a cancellation (the
-    /// Lease may be somebody else's by then).
+    /// not after the renew deadline, and not after a loss other than a cancellation or a
+    /// yield to the coordinated controller's choice (the Lease may be somebody else's by then;
+    /// a yielded one is still ours, and the release hands it over at once).
     pub(crate) fn may_release(&self, now: Instant, lost: Option<&LossReason>) -> bool {
-        matches!(lost, None | Some(LossReason::Cancelled)) && now < self.confirmed_until()
+        matches!(
+            lost,
+            None | Some(LossReason::Cancelled | LossReason::Yielded { .. })
+        ) && now < self.confirmed_until()
     }
 
     /// The release to write, naming `successor` as the preferred next holder.
@@ -283,6 +298,16 @@ impl<P: Pace> Term<P> {
         match Owner::of(&lease, &record, &w.identity, &w.instance).loss(&w.identity) {
             Some(reason) => Step::End(reason),
             None => {
+                // Ours. A new choice of the coordinated election's controller: give way, as
+                // client-go's coordinated candidates do (they stop renewing).
+                let preferred = preferred_other(&lease, &w.identity);
+                let new_choice =
+                    w.yields_to_coordinated && preferred.is_some() && preferred != self.preferred_seen;
+                self.preferred_seen = preferred.clone();
+                if let (true, Some(preferred)) = (new_choice, preferred) {
+                    self.lease = lease;
+                    return Step::End(LossReason::Yielded { preferred });
+                }
                 // Our lease, touched by somebody else (labels), or our own write echoed.
                 self.lease = lease;
                 Step::Keep

@@ -354,3 +354,39 @@ async fn a_released_lease_that_prefers_another_is_deferred_briefly() {
     let d = decide(Some(&plain), "old", t0, D);
     assert_eq!(defer_to_preferred(d, &plain, "old", t0, wait), Decision::Takeover);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_coordinated_lease_is_left_to_the_controller_until_it_stays_free() {
+    let t0 = Instant::now();
+    // Released (no holder): free since it was seen so.
+    let released = Observed::update(None, rec(None, Some(1), 3), Some("1".into()), t0).coordinated(true);
+    let d = decide(Some(&released), "me", t0, D);
+    assert_eq!(d, Decision::Takeover);
+    assert_eq!(
+        defer_to_controller(d.clone(), &released, t0, D),
+        Decision::WaitUntil(t0 + COORDINATED_GRACE)
+    );
+    assert_eq!(
+        defer_to_controller(d, &released, t0 + COORDINATED_GRACE, D),
+        Decision::Takeover,
+        "nobody named by the controller meanwhile"
+    );
+    // Expired: free from its expiry.
+    let held = Observed::update(None, rec(Some("go-c1"), Some(2), 3), Some("2".into()), t0).coordinated(true);
+    let expiry = t0 + Duration::from_secs(2);
+    assert_eq!(
+        defer_to_controller(decide(Some(&held), "me", expiry, D), &held, expiry, D),
+        Decision::WaitUntil(expiry + COORDINATED_GRACE)
+    );
+    // A Lease without a strategy: kube-leader's own rules, no deferral.
+    let plain = Observed::update(None, rec(None, Some(1), 3), Some("3".into()), t0);
+    assert_eq!(
+        defer_to_controller(Decision::Takeover, &plain, t0, D),
+        Decision::Takeover
+    );
+    // A valid holder is waited for as always.
+    assert_eq!(
+        defer_to_controller(Decision::WaitUntil(expiry), &held, t0, D),
+        Decision::WaitUntil(expiry)
+    );
+}

@@ -17,6 +17,7 @@ fn writer() -> Writer {
         instance: "a".into(),
         lease_duration_seconds: 15,
         renew_deadline: RENEW,
+        yields_to_coordinated: true,
     }
 }
 
@@ -239,5 +240,85 @@ fn a_release_is_written_only_in_time_and_after_no_loss_but_a_cancellation() {
     assert!(
         a.contains_key(crate::successor::PREFERRED_HOLDER_ANNOTATION),
         "{a:?}"
+    );
+}
+
+/// `lease` with coordinated leader election's fields: `strategy`, and `preferred` as
+/// `spec.preferredHolder`.
+fn coordinated(mut l: Lease, rv: &str, preferred: Option<&str>) -> Lease {
+    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+    spec.strategy = Some("OldestEmulationVersion".into());
+    spec.preferred_holder = preferred.map(Into::into);
+    l.metadata.resource_version = Some(rv.into());
+    l
+}
+
+#[test]
+fn a_new_preferred_holder_of_a_coordinated_lease_ends_the_term_and_the_release_may_follow() {
+    let t0 = Instant::now();
+    let mut t = term(t0);
+    // Ours, coordinated, nobody preferred: nothing changes.
+    assert_eq!(
+        t.watched(&coordinated(lease("11", "me", "a"), "11", None)),
+        Step::Keep
+    );
+    // Preferring this very candidate: nothing changes.
+    assert_eq!(
+        t.watched(&coordinated(lease("12", "me", "a"), "12", Some("me"))),
+        Step::Keep
+    );
+    // The controller's new choice: give way.
+    let step = t.watched(&coordinated(lease("13", "me", "a"), "13", Some("go-c2")));
+    let reason = LossReason::Yielded {
+        preferred: "go-c2".into(),
+    };
+    assert_eq!(step, Step::End(reason.clone()));
+    assert!(
+        t.may_release(t0 + RETRY, Some(&reason)),
+        "the Lease is still ours to release"
+    );
+    assert!(
+        !t.may_release(t0 + RENEW, Some(&reason)),
+        "not after the renew deadline"
+    );
+}
+
+#[test]
+fn a_preferred_holder_without_a_strategy_or_already_there_at_the_start_is_not_a_new_choice() {
+    let t0 = Instant::now();
+    let mut t = term(t0);
+    let mut plain = lease("11", "me", "a");
+    plain.spec.as_mut().unwrap().preferred_holder = Some("someone".into());
+    assert_eq!(t.watched(&plain), Step::Keep, "no controller behind it");
+
+    // Taken (after it stayed free) with a choice the controller could not carry out.
+    let l = coordinated(lease("20", "me", "a"), "20", Some("gone"));
+    let record = LeaseRecord::from_lease(&l);
+    let mut t = Term::new(writer(), l, record, 42, t0, Every::new(RETRY, t0));
+    assert_eq!(
+        t.watched(&coordinated(lease("21", "me", "a"), "21", Some("gone"))),
+        Step::Keep
+    );
+    // Cleared, then named again: a new choice.
+    assert_eq!(
+        t.watched(&coordinated(lease("22", "me", "a"), "22", None)),
+        Step::Keep
+    );
+    assert!(matches!(
+        t.watched(&coordinated(lease("23", "me", "a"), "23", Some("gone"))),
+        Step::End(LossReason::Yielded { .. })
+    ));
+
+    // A shard's term never gives way (its engine balances the set).
+    let l = lease("30", "me", "a");
+    let record = LeaseRecord::from_lease(&l);
+    let shard_writer = Writer {
+        yields_to_coordinated: false,
+        ..writer()
+    };
+    let mut t = Term::new(shard_writer, l, record, 42, t0, Every::new(RETRY, t0));
+    assert_eq!(
+        t.watched(&coordinated(lease("31", "me", "a"), "31", Some("go-c2"))),
+        Step::Keep
     );
 }

@@ -136,6 +136,7 @@ impl Engine {
             instance: self.set.instance.clone(),
             lease_duration_seconds: self.set.cfg.lease.lease_duration_seconds(),
             renew_deadline: self.set.renew_deadline(),
+            yields_to_coordinated: false,
         };
         let last_try = self.set.cfg.api_timeout().min(self.set.renew_deadline() / 4);
         let pace = Phased::new(&self.set.phases, index, sent, last_try);
