@@ -140,6 +140,13 @@ impl Fleet {
 
     /// Starts a candidate named `identity`.
     pub fn spawn(&mut self, implementation: Implementation, identity: &str) {
+        self.spawn_versioned(implementation, identity, None);
+    }
+
+    /// Starts a candidate named `identity`; a coordinated one of `version` (binary and
+    /// emulation version, the controller's choice: the oldest leads). A kube-leader candidate
+    /// with a version takes part in coordinated leader election too.
+    pub fn spawn_versioned(&mut self, implementation: Implementation, identity: &str, version: Option<&str>) {
         assert!(
             !self.candidates.contains_key(identity),
             "{identity} was started before"
@@ -155,6 +162,7 @@ impl Fleet {
                     &RENEW.as_millis().to_string(),
                     &RETRY.as_millis().to_string(),
                 ]);
+                c.env("KUBE_LEADER_COORDINATED", version.unwrap_or_default());
                 c
             }
             Implementation::ClientGo | Implementation::ClientGoCoordinated => {
@@ -168,6 +176,10 @@ impl Fleet {
                     .arg(format!("--retry-period={}ms", RETRY.as_millis()));
                 if implementation == Implementation::ClientGoCoordinated {
                     c.arg("--coordinated");
+                    if let Some(v) = version {
+                        c.arg(format!("--binary-version={v}"))
+                            .arg(format!("--emulation-version={v}"));
+                    }
                 }
                 c
             }

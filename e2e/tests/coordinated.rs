@@ -262,6 +262,82 @@ async fn coordinated_client_go_beside_kube_leader() {
     }
 }
 
+/// kube-leader taking part (`LeaseElector::coordinated`): it registers a LeaseCandidate, leads
+/// only when the controller names it holder, and gives way to the controller's better choice
+/// (an older emulation version), beside client-go's coordinated candidates; a classic
+/// kube-leader candidate beside them never takes the Lease while the controller has a choice.
+#[tokio::test]
+async fn kube_leader_takes_part_and_follows_the_controller() {
+    init_tracing();
+    let cp = control_plane();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let since = Instant::now();
+    let poller = Poller::start(leases.clone(), "takes-part", since);
+    let mut fleet = Fleet::new(
+        cp.kubeconfig_path(),
+        ns.name(),
+        "takes-part",
+        std::path::Path::new(env!("CARGO_BIN_EXE_lease-candidate")),
+    );
+
+    // 1. A coordinated kube-leader candidate alone: the controller creates the Lease naming it.
+    fleet.spawn_versioned(Implementation::KubeLeader, "kl-c1", Some("1.37.2"));
+    fleet.spawn(Implementation::KubeLeader, "kl-classic");
+    let (leader, _) = fleet.wait_leader(&[]).await;
+    eprintln!("{leader} leads {:?} after it started", since.elapsed());
+    assert_eq!(
+        leader, "kl-c1",
+        "the controller's choice leads, not the classic candidate"
+    );
+    let spec = leases.get("takes-part").await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("kl-c1"));
+    assert_eq!(spec.strategy.as_deref(), Some("OldestEmulationVersion"));
+    let candidates = lease_candidates(&client, ns.name(), "takes-part").await;
+    assert_eq!(candidates.keys().collect::<Vec<_>>(), ["kl-c1"]);
+    assert_eq!(candidates["kl-c1"]["binaryVersion"], "1.37.2");
+    let mut printed = poller.print_since(0, "kl-c1 alone");
+
+    // 2. An older coordinated client-go candidate registers: the controller prefers it, kl-c1
+    //    gives way (its work stops, it releases) and go-old leads.
+    let registered = Instant::now();
+    fleet.spawn_versioned(Implementation::ClientGoCoordinated, "go-old", Some("1.36.0"));
+    let (leader, _) = fleet.wait_leader(&["kl-c1", "kl-classic"]).await;
+    eprintln!("go-old registered → it leads after {:?}", registered.elapsed());
+    assert_eq!(leader, "go-old", "the oldest emulation version leads");
+    fleet.assert_safe();
+    printed = poller.print_since(printed, "go-old registered");
+
+    // 3. go-old stops: the controller names kl-c1 again.
+    let stopped = Instant::now();
+    fleet.stop("go-old", Stop::Release).await;
+    let (leader, _) = fleet.wait_leader(&["go-old", "kl-classic"]).await;
+    eprintln!("go-old released → {leader} leads after {:?}", stopped.elapsed());
+    assert_eq!(leader, "kl-c1");
+    tokio::time::sleep(4 * LEASE).await;
+    assert_eq!(fleet.leaders(), ["kl-c1"]);
+    assert_eq!(
+        terms_of(&fleet, "kl-classic"),
+        0,
+        "the classic candidate took a coordinated Lease"
+    );
+    assert_eq!(terms_of(&fleet, "kl-c1"), 2);
+    poller.print_since(printed, "go-old stopped");
+
+    // 4. Stopping withdraws the LeaseCandidate.
+    for id in ["kl-classic", "kl-c1"] {
+        fleet.stop(id, Stop::Release).await;
+    }
+    let report = fleet.assert_safe();
+    eprintln!("kube-leader taking part: {report}");
+    wait_for("kl-c1's LeaseCandidate is withdrawn", PATIENCE, || async {
+        let left = lease_candidates(&client, ns.name(), "takes-part").await;
+        (!left.contains_key("kl-c1")).then_some(())
+    })
+    .await;
+}
+
 // === fields kube-leader does not own ===
 
 const STRATEGY: &str = "OldestEmulationVersion";

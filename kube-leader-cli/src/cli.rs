@@ -258,6 +258,20 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub(crate) successor_wait: Duration,
 
+    /// Lease: take part in Kubernetes' coordinated leader election as a candidate of this
+    /// version (MAJOR.MINOR[.PATCH]): a LeaseCandidate is registered, the controller in
+    /// kube-apiserver names the holder (the oldest emulation version), and this candidate never
+    /// takes the Lease itself; it gives way when the controller prefers another. Needs the
+    /// CoordinatedLeaderElection feature gate and coordination.k8s.io/v1beta1 (Kubernetes 1.33
+    /// or later); without them kube-leader says so once and campaigns as a classic candidate.
+    /// Not with --shards.
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) coordinated: Option<String>,
+
+    /// With --coordinated: the version this candidate emulates (default: --coordinated's).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    pub(crate) emulation_version: Option<String>,
+
     /// Leader for life outside a cluster (no --namespace, POD_NAMESPACE or service-account
     /// namespace file): fail (exit 125), or skip the election and run COMMAND — in every replica
     /// that finds no namespace.
@@ -377,6 +391,11 @@ pub(crate) struct RbacArgs {
     /// registrations.
     #[arg(long, value_enum, default_value_t = SuccessorArg::Youngest, value_name = "POLICY")]
     pub(crate) successor: SuccessorArg,
+
+    /// The Role of `run --coordinated VERSION`: its LeaseCandidate instead of the
+    /// registrations.
+    #[arg(long, value_name = "VERSION", conflicts_with = "shards")]
+    pub(crate) coordinated: Option<String>,
 
     /// The Role of `run --dead-leader-pod POLICY` (leader for life): `keep` needs no `delete
     /// pods` [default: delete-evicted].

@@ -3,7 +3,10 @@
 //! does not have (`validate`), and build the [`Elector`].
 
 use kube::Client;
-use kube_leader::{options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, OutsideCluster, Successor};
+use kube_leader::{
+    lease::Coordinated, options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, OutsideCluster,
+    Successor,
+};
 
 use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RbacArgs, RunArgs, SuccessorArg, DEFAULT_LIVENESS};
 
@@ -44,6 +47,7 @@ impl RunArgs {
             OutsideClusterArg::Skip => OutsideCluster::Skip,
             OutsideClusterArg::Fail => OutsideCluster::Fail,
         });
+        options.coordinated = coordinated(self.coordinated.as_deref(), self.emulation_version.as_deref());
         options
     }
 }
@@ -58,8 +62,18 @@ impl RbacArgs {
         };
         options.successor = self.successor.into();
         options.dead_leader_pod = self.dead_leader_pod.map(Into::into);
+        options.coordinated = coordinated(self.coordinated.as_deref(), None);
         options
     }
+}
+
+/// `--coordinated VERSION [--emulation-version VERSION]`.
+fn coordinated(version: Option<&str>, emulation: Option<&str>) -> Option<Coordinated> {
+    let c = Coordinated::new(version?);
+    Some(match emulation {
+        Some(e) => c.emulation_version(e),
+        None => c,
+    })
 }
 
 impl From<SuccessorArg> for Successor {

@@ -12,7 +12,7 @@ use crate::{
     error::{invalid, Result},
     for_life::{DeadLeaderPod, ForLife, OutsideCluster},
     leadership::Strategy,
-    lease::{LeaseConfig, LeaseElector},
+    lease::{Coordinated, LeaseConfig, LeaseElector},
     lock,
     rbac::{self, PolicyRule},
     shards::Shards,
@@ -79,6 +79,9 @@ pub struct ElectorOptions {
     /// Leader for life: what to do outside a cluster ([`ForLife::outside_cluster`]; `None`: its
     /// default). A Lease candidate has no such case (it uses the client's namespace).
     pub outside_cluster: Option<OutsideCluster>,
+    /// Lease only, not shard sets: take part in Kubernetes' coordinated leader election with
+    /// these versions ([`LeaseConfig::coordinated`]).
+    pub coordinated: Option<Coordinated>,
 }
 
 // === impl ElectorOptions ===
@@ -102,6 +105,7 @@ impl ElectorOptions {
             not_ready_takeover: None,
             dead_leader_pod: None,
             outside_cluster: None,
+            coordinated: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl ElectorOptions {
         config.successor = self.successor;
         config.successor_wait = self.successor_wait;
         config.election = self.election;
+        config.coordinated = self.coordinated.clone();
         config
     }
 
@@ -146,6 +151,16 @@ impl ElectorOptions {
     /// [`Error::InvalidLockName`](crate::Error::InvalidLockName).
     pub fn validate(&self) -> Result<()> {
         lock::validate_name(&self.lock)?;
+        if self.coordinated.is_some() && self.strategy != Strategy::Lease {
+            return Err(invalid(
+                "coordinated",
+                format!(
+                    "only for `strategy` lease (coordinated leader election elects Lease holders; \
+                     this one is {})",
+                    self.strategy
+                ),
+            ));
+        }
         if let Some(ns) = &self.namespace {
             validate_namespace(ns)?;
         }
@@ -161,6 +176,13 @@ impl ElectorOptions {
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for `shards`.
     pub fn validate_shards(&self) -> Result<()> {
+        if self.coordinated.is_some() {
+            return Err(invalid(
+                "coordinated",
+                "a shard set does not take part in coordinated leader election: its engine \
+                 balances its shards itself",
+            ));
+        }
         if self.strategy != Strategy::Lease {
             return Err(invalid(
                 "shards",
@@ -199,7 +221,9 @@ impl ElectorOptions {
             Strategy::ForLife => rbac::for_life_rules(&self.lock, self.dead_leader_pod.unwrap_or_default()),
             Strategy::Lease => rbac::lease_rules(&self.lock),
         };
-        if self.successor == Successor::Youngest {
+        if self.coordinated.is_some() {
+            rules.extend(rbac::coordinated_rules());
+        } else if self.successor == Successor::Youngest {
             rbac::with_registrations(self.strategy, &mut rules);
         }
         rules

@@ -159,6 +159,20 @@ pub(crate) fn with_registrations(strategy: Strategy, rules: &mut Vec<PolicyRule>
     rules.extend(registration_rules(strategy));
 }
 
+/// What a coordinated candidate adds ([`LeaseConfig::coordinated`](crate::LeaseConfig)): its
+/// `LeaseCandidate`, named after its identity (so the name is not known when the Role is
+/// written).
+pub(crate) fn coordinated_rules() -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        why: "a coordinated candidate's LeaseCandidate: create it, watch it for the controller's \
+              pings (get, list, watch), answer them and renew it (patch), delete it when stopping",
+        api_group: "coordination.k8s.io",
+        resource: "leasecandidates",
+        resource_names: vec![],
+        verbs: &["create", "get", "list", "watch", "patch", "delete"],
+    }]
+}
+
 /// The rules of the Lease strategy.
 pub(crate) fn lease_rules(lock: &str) -> Vec<PolicyRule> {
     vec![

@@ -4,7 +4,8 @@
 //! CLIENT `http1` (kube's own client, the default) or `http2` (`kube_leader::client::http2`).
 //! Prints one JSON line per event on stdout: `started_leading` (with the fencing token),
 //! `stopped_leading` (with the reason), each with CLOCK_MONOTONIC nanoseconds (`mono_ns`).
-//! Campaigns again after a loss; SIGTERM releases and exits 0.
+//! Campaigns again after a loss; SIGTERM releases and exits 0. With `KUBE_LEADER_COORDINATED`
+//! set to a version, it takes part in coordinated leader election as a candidate of that version.
 
 use std::{io::Write, time::Duration};
 
@@ -39,12 +40,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "http2" => kube_leader::client::http2(config, ms(renew_ms)?)?,
         _ => kube::Client::try_from(config)?,
     };
-    let elector = LeaseElector::new(client, lease)
+    let mut elector = LeaseElector::new(client, lease)
         .namespace(namespace)
         .identity(identity)
         .lease_duration(ms(lease_ms)?)
         .renew_deadline(ms(renew_ms)?)
         .retry_period(ms(retry_ms)?);
+    if let Some(version) = std::env::var("KUBE_LEADER_COORDINATED")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        elector = elector.coordinated(kube_leader::lease::Coordinated::new(version));
+    }
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
     tokio::spawn(async move {

@@ -85,6 +85,20 @@ pub(crate) struct ElectArgs {
     /// defers to it after a release.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     pub(crate) successor_wait: Duration,
+
+    /// Lease: take part in Kubernetes' coordinated leader election as a candidate of this
+    /// version (MAJOR.MINOR[.PATCH]): a LeaseCandidate is registered, the controller in
+    /// kube-apiserver names the holder (the oldest emulation version), and this candidate never
+    /// takes the Lease itself; it gives way when the controller prefers another. Needs the
+    /// CoordinatedLeaderElection feature gate and coordination.k8s.io/v1beta1 (Kubernetes 1.33
+    /// or later); without them kube-leader says so once and campaigns as a classic candidate.
+    /// Not with --shards.
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) coordinated: Option<String>,
+
+    /// With --coordinated: the version this candidate emulates (default: --coordinated's).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    pub(crate) emulation_version: Option<String>,
 }
 
 // === impl ElectArgs ===
@@ -113,6 +127,8 @@ impl ElectArgs {
             liveness: self.liveness,
             successor: self.successor,
             successor_wait: self.successor_wait,
+            coordinated: self.coordinated.clone(),
+            emulation_version: self.emulation_version.clone(),
             shards: None,
             on_shards_change: crate::cli::OnChange::Restart,
             fence: false,

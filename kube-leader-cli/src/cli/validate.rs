@@ -50,6 +50,13 @@ impl RunArgs {
                  kube-leader status --lock SET-N)"
             ));
         }
+        if sharded && self.coordinated.is_some() {
+            return Err(
+                "the argument '--coordinated' cannot be used with '--shards': a shard set balances \
+                 its shards itself"
+                    .into(),
+            );
+        }
         if sharded && self.watch_own_pod {
             return Err(
                 "the argument '--watch-own-pod' cannot be used with '--shards' (yet): a shard \

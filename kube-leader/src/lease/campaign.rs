@@ -19,13 +19,13 @@ use tracing::{debug, info, warn};
 use super::{
     config::LeaseConfig,
     decide::{
-        decide, decide_absent, defer_to_controller, defer_to_preferred, record_for, Absent, Decision,
-        Observed,
+        decide, decide_absent, decide_coordinated, defer_to_controller, defer_to_preferred, record_for,
+        Absent, Decision, Observed,
     },
     keeper::Keeper,
     record::{
         coordinated_strategy, now_micro, preferred_in, set_fencing_token, set_preferred, set_writer,
-        stored_fencing_token, written_by, LeaseRecord,
+        stored_fencing_token, written_by, written_by_any, LeaseRecord,
     },
     shared::{lease_op, Shared},
     term::{Every, Term as HeldTerm, Writer},
@@ -66,6 +66,8 @@ pub(crate) struct Campaign {
     twin_logged: Option<LeaseRecord>,
     /// Whether "coordinated leader election manages this Lease" was logged (once a campaign).
     coordinated_logged: bool,
+    /// This candidate takes part in coordinated leader election ([`decide_coordinated`]).
+    coordinated: bool,
     /// The candidates' registrations ([`Successor::Youngest`](crate::Successor::Youngest)).
     registry: Option<Registry>,
 }
@@ -111,6 +113,7 @@ impl Campaign {
             unknown_since: None,
             twin_logged: None,
             coordinated_logged: false,
+            coordinated: false,
             registry: None,
         }
     }
@@ -118,6 +121,12 @@ impl Campaign {
     /// Prefers the youngest registered candidate as the successor when this term ends.
     pub(crate) fn with_registry(mut self, registry: Option<Registry>) -> Self {
         self.registry = registry;
+        self
+    }
+
+    /// Takes part in coordinated leader election (see [`decide_coordinated`]).
+    pub(crate) fn coordinated(mut self, coordinated: bool) -> Self {
+        self.coordinated = coordinated;
         self
     }
 
@@ -131,6 +140,7 @@ impl Campaign {
             }
             let wake_at = match self.decide() {
                 Decision::WaitUntil(expiry) => Some(expiry),
+                Decision::Follow => None,
                 decision => match self.attempt(decision, &shutdown).await? {
                     Attempt::Won(won) => return Ok(self.lead(*won, shutdown)),
                     Attempt::DecideAgain => continue,
@@ -149,6 +159,9 @@ impl Campaign {
     fn decide(&mut self) -> Decision {
         let now = Instant::now();
         let lease_duration = self.cfg.lease_duration;
+        if self.coordinated {
+            return decide_coordinated(self.observed.as_ref(), &self.identity, now, lease_duration);
+        }
         if let Some(obs) = &self.observed {
             self.absent_since = None;
             log_twin(obs, &self.identity, &mut self.twin_logged);
@@ -276,10 +289,11 @@ impl Campaign {
     fn seen(&mut self, lease: &Lease) {
         let record = LeaseRecord::from_lease(lease);
         let mine = written_by(lease, &record, &self.shared.instance);
+        let by_kube_leader = written_by_any(lease, &record);
         let rv = lease.metadata.resource_version.clone();
         let preferred = preferred_in(lease, &record);
         let coordinated = coordinated_strategy(lease);
-        if coordinated.is_some() && !self.coordinated_logged {
+        if coordinated.is_some() && !self.coordinated_logged && !self.coordinated {
             self.coordinated_logged = true;
             info!(strategy = ?coordinated, "coordinated leader election manages this Lease \
                 (spec.strategy is set); this candidate does not take part: it takes the Lease only \
@@ -288,7 +302,8 @@ impl Campaign {
         let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now())
             .written_by_me(mine)
             .preferring(preferred)
-            .coordinated(coordinated.is_some());
+            .coordinated(coordinated.is_some())
+            .written_by_kube_leader(by_kube_leader);
         let token = stored_fencing_token(lease, &next.record);
         self.shared.publish(&self.lock, Some(&next.record), token);
         self.observed = Some(next);

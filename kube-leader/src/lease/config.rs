@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::coordinated::Coordinated;
 use crate::{
     election::Election,
     error::{invalid, Result},
@@ -97,6 +98,14 @@ pub struct LeaseConfig {
     /// leads at once without a lock (local runs; see [`Election`]). The timings are still
     /// validated.
     pub election: Election,
+    /// Take part in Kubernetes' coordinated leader election (KEP-4355) with these versions: the
+    /// controller in kube-apiserver names the holder, and this candidate never takes the Lease
+    /// itself (see [`coordinated`](super::coordinated)). Default `None`: a classic candidate,
+    /// which leaves a Lease the controller manages to it (it takes one only when the controller
+    /// named nobody for 10 s, and gives way to its `spec.preferredHolder`). Where the server
+    /// does not serve `LeaseCandidate`, a coordinated candidate says so once and campaigns as a
+    /// classic one. Not for shard sets.
+    pub coordinated: Option<Coordinated>,
 }
 
 impl Default for LeaseConfig {
@@ -112,6 +121,7 @@ impl Default for LeaseConfig {
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
             election: Election::Enabled,
+            coordinated: None,
         }
     }
 }
@@ -167,6 +177,9 @@ impl LeaseConfig {
             );
         }
         check_renew_deadline(self.renew_deadline, self.retry_period)?;
+        if let Some(c) = &self.coordinated {
+            c.validate()?;
+        }
         Ok(())
     }
 

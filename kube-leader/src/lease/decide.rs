@@ -27,6 +27,10 @@ pub(crate) struct Observed {
     /// controller names the holder, and this candidate, which does not take part, takes the
     /// Lease only when the controller has named nobody ([`defer_to_controller`]).
     pub(crate) coordinated: bool,
+    /// A kube-leader process wrote the record (any instance: its writer annotation matches the
+    /// record's renewTime). A record under this identity that no kube-leader process wrote was
+    /// written by the coordinated election's controller: it names this candidate holder.
+    pub(crate) by_kube_leader: bool,
 }
 
 impl Observed {
@@ -50,7 +54,14 @@ impl Observed {
             mine: false,
             preferred: None,
             coordinated: false,
+            by_kube_leader: false,
         }
+    }
+
+    /// Marks whether a kube-leader process wrote the record (see [`Observed::by_kube_leader`]).
+    pub(crate) fn written_by_kube_leader(mut self, by: bool) -> Self {
+        self.by_kube_leader = by;
+        self
     }
 
     /// Marks the Lease as managed by coordinated leader election (see [`Observed::coordinated`]).
@@ -95,6 +106,9 @@ pub(crate) enum Decision {
     Renew,
     /// Another candidate holds a valid lease until the given instant.
     WaitUntil(Instant),
+    /// A coordinated candidate waits for the controller to name it holder: nothing to do until
+    /// the Lease changes.
+    Follow,
 }
 
 /// Decides what a candidate named `identity` does at `now`, having observed `observed`
@@ -122,6 +136,37 @@ pub(crate) fn decide(
                 Decision::WaitUntil(expiry)
             }
         }
+    }
+}
+
+/// Decides what a coordinated candidate ([`coordinated`](super::coordinated)) named `identity`
+/// does at `now`: it never creates the Lease nor takes it over; it leads when the controller has
+/// named it holder (a record under its identity that no kube-leader process wrote), renews a
+/// record it wrote itself, and waits out one that another process of its identity wrote (a
+/// twin, or itself before a restart: the controller does not name it again while that record
+/// holds it, even expired).
+pub(crate) fn decide_coordinated(
+    observed: Option<&Observed>,
+    identity: &str,
+    now: Instant,
+    fallback: Duration,
+) -> Decision {
+    let Some(obs) = observed else {
+        // The controller creates the Lease when it elects.
+        return Decision::Follow;
+    };
+    match obs.record.holder.as_deref() {
+        Some(h) if h == identity && obs.mine => Decision::Renew,
+        Some(h) if h == identity && !obs.by_kube_leader => Decision::Takeover,
+        Some(h) if h == identity => {
+            let expiry = obs.expires_at(fallback);
+            if now >= expiry {
+                Decision::Takeover
+            } else {
+                Decision::WaitUntil(expiry)
+            }
+        }
+        _ => Decision::Follow,
     }
 }
 
@@ -246,7 +291,7 @@ pub(crate) fn record_for(
                 prev.map_or(0, |p| p.transitions.saturating_add(1)),
             )
         }
-        Decision::Renew | Decision::WaitUntil(_) => (
+        Decision::Renew | Decision::WaitUntil(_) | Decision::Follow => (
             prev.and_then(|p| p.acquire_time).or(Some(wall_now)),
             prev.map_or(0, |p| p.transitions),
         ),

@@ -10,6 +10,7 @@ use tracing::{info_span, Instrument};
 use super::{
     campaign::Campaign,
     config::LeaseConfig,
+    coordinated::{self, Coordinated},
     shared::{Renewals, Shared},
 };
 use crate::{
@@ -287,6 +288,14 @@ impl LeaseElector {
         self
     }
 
+    /// Takes part in Kubernetes' coordinated leader election with these versions; see
+    /// [`LeaseConfig::coordinated`] and [`coordinated`](super::coordinated).
+    #[must_use]
+    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
+        self.config.coordinated = Some(coordinated);
+        self
+    }
+
     /// The timings and options in force.
     pub fn settings(&self) -> &LeaseConfig {
         &self.config
@@ -357,9 +366,20 @@ impl LeaseElector {
             return Ok(election::unelected(Strategy::Lease, lock, identity, shutdown));
         }
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
-        let registry = (self.config.successor == Successor::Youngest)
-            .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.api_timeout()));
         let campaign = async {
+            // A coordinated candidate: the controller names the holder (no successor of ours).
+            let coordinated = match &self.config.coordinated {
+                Some(c) if !shutdown.is_cancelled() => {
+                    let pod = self.pod.as_ref();
+                    let timeout = self.config.api_timeout();
+                    let register =
+                        coordinated::register(&self.client, &lock, &identity, c, pod, timeout, shutdown);
+                    self.shared.take_part(register).await?
+                }
+                _ => false,
+            };
+            let registry = (!coordinated && self.config.successor == Successor::Youngest)
+                .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.api_timeout()));
             if let Some(registry) = &registry {
                 let pod = self.pod.as_ref();
                 self.shared.register(registry, &identity, pod, shutdown).await;
@@ -372,10 +392,15 @@ impl LeaseElector {
                 lock,
                 identity.clone(),
             );
-            let result = campaign.with_registry(registry).run(shutdown.clone()).await;
+            let result = campaign
+                .with_registry(registry)
+                .coordinated(coordinated)
+                .run(shutdown.clone())
+                .await;
             if matches!(result, Err(Error::Cancelled { .. })) {
-                // Stopping: no leader may prefer this candidate any more.
+                // Stopping: no leader may prefer this candidate, nor the controller elect it.
                 self.shared.withdraw().await;
+                self.shared.withdraw_candidacy().await;
             }
             result
         };

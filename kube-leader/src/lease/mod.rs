@@ -7,6 +7,7 @@
 
 mod campaign;
 mod config;
+pub mod coordinated;
 pub(crate) mod decide;
 mod elector;
 mod keeper;
@@ -16,6 +17,7 @@ mod shared;
 pub(crate) mod term;
 
 pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};
+pub use coordinated::Coordinated;
 pub use elector::{LeaseElector, Recampaign, Unhealthy};
 pub use leader::{current_leader, watch_leader};
 pub use record::{LeaseRecord, INSTANCE_ANNOTATION};

@@ -128,6 +128,20 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
     id == instance && record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
 }
 
+/// Whether some kube-leader process wrote `lease`'s record (`record`): its writer annotation
+/// carries the record's renewTime, whatever the instance.
+pub(crate) fn written_by_any(lease: &Lease, record: &LeaseRecord) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTANCE_ANNOTATION))
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(_, time)| {
+            record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
+        })
+}
+
 /// Whose a Lease's record is, as a candidate that holds (or held) a term on it judges it: the
 /// one judgement of "is this term still mine" of the single-Lease keeper and of every shard.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::record::{new_instance_id, LeaseRecord};
+use super::{
+    coordinated::{Candidacy, Registered},
+    record::{new_instance_id, LeaseRecord},
+};
 pub use crate::renewals::Renewals;
 use crate::{
     api::Op,
@@ -37,6 +40,10 @@ pub(crate) struct Shared {
     /// This candidate's registration ([`Successor::Youngest`]), from its first campaign until
     /// shutdown (or until the elector is dropped).
     registration: tokio::sync::Mutex<Option<Registration>>,
+    /// This candidate's `LeaseCandidate` ([`LeaseConfig::coordinated`](super::LeaseConfig)):
+    /// `None` until its first campaign registers it; `Some(None)` where the server does not
+    /// serve `LeaseCandidate` (the candidate campaigns as a classic one).
+    candidacy: tokio::sync::Mutex<Option<Option<Candidacy>>>,
 }
 
 impl Shared {
@@ -47,7 +54,36 @@ impl Shared {
             transitions_seen: std::sync::Mutex::new(None),
             instance: new_instance_id(),
             registration: tokio::sync::Mutex::new(None),
+            candidacy: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// Registers this candidate as a coordinated one, once (see
+    /// [`coordinated`](super::coordinated)): whether it takes part (`false`: the server does not
+    /// serve `LeaseCandidate`, said once in the log).
+    ///
+    /// # Errors
+    /// The registration was refused (a permission).
+    pub(super) async fn take_part(
+        &self,
+        register: impl std::future::Future<Output = crate::error::Result<Registered>>,
+    ) -> crate::error::Result<bool> {
+        let mut candidacy = self.candidacy.lock().await;
+        if candidacy.is_none() {
+            *candidacy = Some(match register.await? {
+                Registered::Yes(c) => Some(c),
+                Registered::NotServed => None,
+            });
+        }
+        Ok(candidacy.as_ref().is_some_and(Option::is_some))
+    }
+
+    /// Withdraws this candidate's `LeaseCandidate` (a stopping candidate), awaiting its deletion.
+    pub(super) async fn withdraw_candidacy(&self) {
+        let candidacy = self.candidacy.lock().await.take().flatten();
+        if let Some(c) = candidacy {
+            c.withdraw().await;
+        }
     }
 
     /// Registers this candidate with `registry`, unless it is registered already (a campaign

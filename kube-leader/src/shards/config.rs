@@ -113,6 +113,13 @@ impl ShardsConfig {
     /// shard settings.
     pub fn validate(&self) -> Result<()> {
         self.lease.validate()?;
+        if self.lease.coordinated.is_some() {
+            return Err(invalid(
+                "lease.coordinated",
+                "a shard set does not take part in coordinated leader election: its engine balances \
+                 its shards itself",
+            ));
+        }
         if self.max_in_flight == 0 {
             return Err(invalid("max_in_flight", "max in flight must be at least 1"));
         }

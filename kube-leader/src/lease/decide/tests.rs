@@ -390,3 +390,45 @@ async fn a_coordinated_lease_is_left_to_the_controller_until_it_stays_free() {
         Decision::WaitUntil(expiry)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_coordinated_candidate_leads_only_when_the_controller_names_it() {
+    let t0 = Instant::now();
+    let obs = |holder: Option<&str>, mine: bool, by_kube_leader: bool| {
+        Observed::update(None, rec(holder, Some(5), 3), Some("1".into()), t0)
+            .written_by_me(mine)
+            .written_by_kube_leader(by_kube_leader)
+            .coordinated(true)
+    };
+    // No Lease, a released one, another's (even expired): the controller decides.
+    assert_eq!(decide_coordinated(None, "me", t0, D), Decision::Follow);
+    assert_eq!(
+        decide_coordinated(Some(&obs(None, false, true)), "me", t0, D),
+        Decision::Follow
+    );
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(
+        decide_coordinated(Some(&obs(Some("other"), false, true)), "me", later, D),
+        Decision::Follow
+    );
+    // Named holder by the controller (no kube-leader process wrote the record): lead.
+    assert_eq!(
+        decide_coordinated(Some(&obs(Some("me"), false, false)), "me", t0, D),
+        Decision::Takeover
+    );
+    // Its own record: renew.
+    assert_eq!(
+        decide_coordinated(Some(&obs(Some("me"), true, true)), "me", t0, D),
+        Decision::Renew
+    );
+    // Another process of this identity wrote it: waited out, then taken.
+    let twin = obs(Some("me"), false, true);
+    assert_eq!(
+        decide_coordinated(Some(&twin), "me", t0, D),
+        Decision::WaitUntil(t0 + Duration::from_secs(5))
+    );
+    assert_eq!(
+        decide_coordinated(Some(&twin), "me", t0 + Duration::from_secs(5), D),
+        Decision::Takeover
+    );
+}
