@@ -425,3 +425,110 @@ where
         self.seen.lock().unwrap().clone()
     }
 }
+
+#[test]
+fn the_node_changes_to_the_native_sidecar_are_only_those_documented() {
+    let mut deployment = json!({
+        "kind": "Deployment",
+        "spec": {"template": {"spec": {
+            "serviceAccountName": "kube-leader-lease",
+            "initContainers": [{
+                "name": SIDECAR, "image": "img", "restartPolicy": "Always",
+                "args": ["elect", "--strategy", "lease", "--lock", "kube-leader-demo",
+                         "--status-addr", ":4040", "--log-format", "json"],
+                "env": [{"name": "POD_NAME"}, {"name": "POD_NAMESPACE"}],
+                "ports": [{"containerPort": 4040}],
+                "startupProbe": {}, "readinessProbe": {}, "livenessProbe": {},
+                "securityContext": {"runAsNonRoot": true},
+            }],
+            "containers": [{
+                "name": CONTAINER, "image": "busybox", "command": ["sh", "-c"],
+                "args": [format!("{URL_LINE}\necho \"$url\"\n")],
+                "env": [{"name": "POD_NAME"}],
+            }],
+        }}},
+    });
+    for_the_node(&mut deployment, 6443);
+    let spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], "kube-leader-lease");
+    let sidecar = &spec["initContainers"][0];
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["command"][0], "sh");
+    assert_eq!(sidecar["command"][3], "kube-leader", "$0; the args follow as $@");
+    assert_eq!(
+        sidecar["args"],
+        json!([
+            "elect",
+            "--strategy",
+            "lease",
+            "--lock",
+            "kube-leader-demo",
+            "--log-format",
+            "json"
+        ])
+    );
+    for key in ["ports", "startupProbe", "readinessProbe", "livenessProbe"] {
+        assert!(sidecar.get(key).is_none(), "{key}");
+    }
+    assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
+    let names = |c: &Value| -> Vec<String> {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(sidecar),
+        [
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_UID",
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT"
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(super::successor_override().map(|_| "KUBE_LEADER_SUCCESSOR".to_owned()))
+        .chain(
+            std::env::var("KUBE_LEADER_NODE_RUST_LOG")
+                .ok()
+                .map(|_| "RUST_LOG".to_owned())
+        )
+        .collect::<Vec<_>>()
+    );
+    let app = &spec["containers"][0];
+    assert_eq!(names(app), ["POD_NAME", "POD_UID"]);
+    let script = app["args"][0].as_str().unwrap();
+    assert!(!script.contains(URL_LINE), "{script}");
+    assert!(script.contains("url=http://$addr:4040/leader"), "{script}");
+}
+
+/// dash (the sidecar's shell in the node-test image) and busybox sh (the app's) compute the
+/// same loopback address from a UID: 127.A.B.C, C never 0.
+#[test]
+fn the_per_pod_address_is_the_same_in_both_shells() {
+    let shells: &[&[&str]] = &[&["dash"], &["busybox", "sh"]];
+    for shell in shells {
+        for (uid, want) in [
+            ("0000abcd-1111-2222-3333-444455556666", "127.0.171.40"),
+            ("ffffffff-0000-0000-0000-000000000000", "127.255.255.16"),
+        ] {
+            let Ok(out) = std::process::Command::new(shell[0])
+                .args(&shell[1..])
+                .args(["-c", &format!("{PER_POD_ADDR}; echo $addr")])
+                .env("POD_UID", uid)
+                .output()
+            else {
+                eprintln!("{shell:?} is not installed: not checked");
+                continue;
+            };
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                want,
+                "{shell:?} {uid}"
+            );
+        }
+    }
+}
