@@ -35,6 +35,12 @@
 //! COMMAND replaced by the app's program, without the LimitRange (the installed binary in the
 //! emptyDir would pass it); the app's lines are the records.
 //!
+//! `deploy/patterns/native-sidecar` (`kube-leader elect` as a native sidecar beside a busybox
+//! app that asks it who leads) runs with the node-test image for the sidecar and the busybox
+//! stand-in (`scripts/image.sh busybox`) for the app, and one more change: a loopback address
+//! per Pod for the status server, where the pattern's Pods each use `127.0.0.1:4040` in a
+//! network namespace of their own (node/native_sidecar.rs).
+//!
 //! # client-go beside it
 //!
 //! The client-go candidate (`tools/go-candidate`: client-go 0.37's `leaderelection` on a Lease)
@@ -49,6 +55,8 @@
 mod fence;
 #[path = "node/logs.rs"]
 mod logs;
+#[path = "node/native_sidecar.rs"]
+mod native_sidecar;
 #[path = "node/rounds.rs"]
 mod rounds;
 
@@ -124,6 +132,9 @@ enum Pattern {
     CopyFrom,
     /// An initContainer of the kube-leader image installs the binary into an emptyDir.
     InitContainer,
+    /// `kube-leader elect` as a native sidecar (an initContainer with `restartPolicy: Always`)
+    /// beside an app that asks it who leads (node/native_sidecar.rs).
+    NativeSidecar,
 }
 
 impl Pattern {
@@ -131,6 +142,7 @@ impl Pattern {
         match self {
             Pattern::CopyFrom => "copy-from",
             Pattern::InitContainer => "init-container",
+            Pattern::NativeSidecar => "native-sidecar",
         }
     }
 
@@ -138,6 +150,7 @@ impl Pattern {
         match self {
             Pattern::CopyFrom => "deploy/patterns/copy-from",
             Pattern::InitContainer => "deploy/patterns/init-container",
+            Pattern::NativeSidecar => "deploy/patterns/native-sidecar",
         }
     }
 }
@@ -229,6 +242,16 @@ async fn pattern_scenario(env: &'static NodeEnv, pattern: Pattern) {
         );
     }
     rounds::run_on(&deployed).await;
+}
+
+/// deploy/patterns/native-sidecar on the node (see the `native_sidecar` module): every
+/// replica's app reports one leader; `kubectl delete pod` on it: its app stops first, then its
+/// sidecar, which releases the Lease; every replica's app reports the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecar_pattern_on_a_real_node() {
+    let Some(env) = NodeEnv::get() else { return };
+    let _shared = NODE_USE.read().await;
+    native_sidecar::scenario(env).await;
 }
 
 /// deploy/fence on the node (see the `fence` module): two webhook Pods fence the shipped
@@ -634,6 +657,8 @@ struct PatternImages {
     app: String,
     /// The app image with kube-leader copied in (deploy/patterns/copy-from/Dockerfile).
     copy_from: String,
+    /// The stand-in for the public `busybox:1.36` (`scripts/image.sh busybox`).
+    busybox: String,
 }
 
 impl NodeEnv {
@@ -662,10 +687,14 @@ impl NodeEnv {
                     .build_image(&["app"])
                     .unwrap_or_else(|e| panic!("could not build the app image: {e}")),
                 copy_from: build("copy-from"),
+                busybox: self
+                    .node
+                    .build_image(&["busybox"])
+                    .unwrap_or_else(|e| panic!("could not build the busybox image: {e}")),
             };
             say(&format!(
-                "pattern images: {}, {}, {}",
-                images.kube_leader, images.app, images.copy_from
+                "pattern images: {}, {}, {}, {}",
+                images.kube_leader, images.app, images.copy_from, images.busybox
             ));
             images
         })
@@ -704,7 +733,16 @@ impl Deployed {
         } else {
             strategy.work()
         };
-        let logs = PodLogs::tail(env.node.pod_log_dir(), namespace.name(), work);
+        let logs = match pattern {
+            // The app runs in every replica; kube-leader's messages come from the sidecar.
+            Some(Pattern::NativeSidecar) => PodLogs::tail_containers(
+                env.node.pod_log_dir(),
+                namespace.name(),
+                None,
+                &[CONTAINER, native_sidecar::SIDECAR],
+            ),
+            _ => PodLogs::tail(env.node.pod_log_dir(), namespace.name(), work),
+        };
         let deployed = Deployed {
             env,
             strategy,
@@ -718,6 +756,17 @@ impl Deployed {
             None => {
                 let image = env.image(strategy).to_owned();
                 Box::new(move |_| image.clone())
+            }
+            Some(Pattern::NativeSidecar) => {
+                // The sidecar needs a shell for its per-Pod address (native_sidecar.rs): the
+                // node-test image, the binary under test and dash.
+                let images = env.pattern_images();
+                let node_test = env.image.clone();
+                Box::new(move |name: &str| match name {
+                    "localhost/kube-leader:0.1.0" => node_test.clone(),
+                    "busybox:1.36" => images.busybox.clone(),
+                    other => panic!("deploy/patterns names an image the test does not build: {other}"),
+                })
             }
             Some(_) => {
                 let images = env.pattern_images();
@@ -747,8 +796,12 @@ impl Deployed {
         for mut object in deployed.manifest(overlay) {
             if object["kind"] == "Deployment" {
                 for_the_node(&mut object, strategy, &image, control_plane.apiserver_port());
-                if pattern.is_some() {
-                    as_the_users_program(&mut object);
+                match pattern {
+                    Some(Pattern::NativeSidecar) => {
+                        native_sidecar::for_the_node(&mut object, control_plane.apiserver_port());
+                    }
+                    Some(_) => as_the_users_program(&mut object),
+                    None => {}
                 }
                 if strategy == Strategy::ClientGo {
                     for_client_go(&mut object);

@@ -17,7 +17,7 @@ use std::{
 
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{Namespace, Pod, PodSpec},
+    core::v1::{Container, Namespace, Pod, PodSpec},
 };
 use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
@@ -147,8 +147,30 @@ fn restricted_violations(spec: &PodSpec) -> Vec<String> {
     v
 }
 
+/// The containers that run as long as the Pod: the app containers and the native sidecars
+/// (initContainers with `restartPolicy: Always`).
+fn long_running(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.containers.iter().chain(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always")),
+    )
+}
+
+/// Whether `c` runs kube-leader: its image is kube-leader's, or its command is kube-leader.
+fn runs_kube_leader(c: &Container) -> bool {
+    c.image.as_deref().is_some_and(|i| i.contains("kube-leader"))
+        || c.command
+            .as_ref()
+            .and_then(|c| c.first())
+            .is_some_and(|c| c.ends_with("kube-leader"))
+}
+
 /// What the issue asks of `deploy/` beyond Pod Security: a read-only root file system, limits,
-/// a topology spread, and the Downward API variables the sidecar needs.
+/// a topology spread, and the Downward API variables the sidecar needs (`POD_NAME` in every
+/// long-running container, for kube-leader's identity or for a program that compares its own
+/// with the leader's; `POD_NAMESPACE` too where kube-leader runs).
 fn hardening_gaps(spec: &PodSpec) -> Vec<String> {
     let mut v = Vec::new();
     if spec
@@ -166,7 +188,7 @@ fn hardening_gaps(spec: &PodSpec) -> Vec<String> {
     {
         v.push("the pod needs a numeric non-root runAsUser (the kubelet checks runAsNonRoot against it without reading the image)".into());
     }
-    for c in &spec.containers {
+    for c in long_running(spec) {
         let sc = c.security_context.clone().unwrap_or_default();
         if sc.read_only_root_filesystem != Some(true) {
             v.push(format!("{}: readOnlyRootFilesystem must be true", c.name));
@@ -181,7 +203,12 @@ fn hardening_gaps(spec: &PodSpec) -> Vec<String> {
             }
         }
         let env: Vec<_> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
-        for name in ["POD_NAME", "POD_NAMESPACE"] {
+        let needed: &[&str] = if runs_kube_leader(c) {
+            &["POD_NAME", "POD_NAMESPACE"]
+        } else {
+            &["POD_NAME"]
+        };
+        for &name in needed {
             if !env.contains(&name) {
                 v.push(format!("{}: no {name} from the Downward API", c.name));
             }
@@ -336,8 +363,28 @@ async fn restricted_namespace(cp: &ControlPlane) -> kube_leader_testenv::TestNam
     ns
 }
 
-/// Applies `deploy/<variant>` and checks everything; returns the stored Deployment.
+/// Applies `deploy/<variant>`, whose one container runs kube-leader, and checks everything;
+/// returns the stored Deployment.
 async fn check_variant(cp: &ControlPlane, variant: &str, service_account: &str) -> Deployment {
+    let d = check_applied(cp, variant, service_account).await;
+    let pod = d.spec.clone().unwrap().template.spec.unwrap();
+    // The container and its names stay as the real-node tests and users know them.
+    assert_eq!(pod.containers.len(), 1);
+    assert_eq!(pod.containers[0].name, "app");
+    // kube-leader on the PATH of the image, or installed by the initContainer pattern.
+    let command = pod.containers[0].command.clone().unwrap_or_default();
+    assert!(
+        command == ["kube-leader"] || command == ["/kube-leader/kube-leader"],
+        "deploy/{variant}: command {command:?}"
+    );
+    d
+}
+
+/// Applies `deploy/<variant>` and checks what every variant shares: its objects, the
+/// restricted level and the hardening, the ServiceAccount, three replicas, a
+/// PodDisruptionBudget that selects them, and a Pod of the template that the API server
+/// admits; returns the stored Deployment.
+async fn check_applied(cp: &ControlPlane, variant: &str, service_account: &str) -> Deployment {
     let ns = restricted_namespace(cp).await;
     let dir = deploy_dir().join(variant);
     let applied = apply_k(cp, ns.name(), &dir);
@@ -372,15 +419,6 @@ async fn check_variant(cp: &ControlPlane, variant: &str, service_account: &str) 
     assert!(gaps.is_empty(), "deploy/{variant}: {gaps:#?}");
     assert_eq!(pod.service_account_name.as_deref(), Some(service_account));
     assert_eq!(spec.replicas, Some(3));
-    // The container and its names stay as the real-node tests and users know them.
-    assert_eq!(pod.containers.len(), 1);
-    assert_eq!(pod.containers[0].name, "app");
-    // kube-leader on the PATH of the image, or installed by the initContainer pattern.
-    let command = pod.containers[0].command.clone().unwrap_or_default();
-    assert!(
-        command == ["kube-leader"] || command == ["/kube-leader/kube-leader"],
-        "deploy/{variant}: command {command:?}"
-    );
 
     // The PodDisruptionBudget selects the Deployment's Pods.
     let pdb = applied
@@ -571,6 +609,8 @@ async fn deploy_rbac_matches_kube_leader_rbac() {
     for (strategy, file, extra) in [
         ("lease", "lease", &["--watch-own-pod"][..]),
         ("for-life", "for-life", &[][..]),
+        // `kube-leader elect` has no --watch-own-pod: deploy/lease's Role without the pods rule.
+        ("lease", "patterns/native-sidecar", &[][..]),
     ] {
         // As kustomize builds it: the lock ($(KUBE_LEADER_LOCK)) is the Deployment's name.
         let built = kubectl(cp, &["kustomize", deploy_dir().join(file).to_str().unwrap()]);
@@ -638,6 +678,104 @@ async fn kubectl_apply_k_the_init_container_pattern() {
     let d = check_variant(cp, "patterns/init-container", "kube-leader-lease").await;
     assert_eq!(&args(&d)[..3], ["run", "--strategy", "lease"]);
     installs_kube_leader(&d, "localhost/my-app:1.0.0");
+}
+
+/// `deploy/patterns/native-sidecar`: `kube-leader elect` as a native sidecar (an initContainer
+/// with `restartPolicy: Always`, probed on its status server) beside an app of the public
+/// busybox image that asks it who leads on localhost and has no kube-leader of its own;
+/// restricted, deploy/lease's ServiceAccount, its Role without the pods rule
+/// (`deploy_rbac_matches_kube_leader_rbac`).
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_apply_k_the_native_sidecar_pattern() {
+    let cp = ControlPlane::shared();
+    if !cp.kubernetes_version().at_least(1, 29) {
+        eprintln!("native sidecars need Kubernetes 1.29 or later (beta, on by default; GA in 1.33): not checked on this control plane");
+        return;
+    }
+    let d = check_applied(cp, "patterns/native-sidecar", "kube-leader-lease").await;
+    let spec = d.spec.unwrap().template.spec.unwrap();
+
+    let init = spec.init_containers.clone().unwrap_or_default();
+    assert_eq!(init.len(), 1, "one initContainer, the sidecar");
+    let sidecar = &init[0];
+    assert_eq!(sidecar.name, "kube-leader");
+    assert_eq!(
+        sidecar.restart_policy.as_deref(),
+        Some("Always"),
+        "a native sidecar: restartPolicy Always (the API server kept it)"
+    );
+    assert_eq!(sidecar.image.as_deref(), Some("localhost/kube-leader:0.1.0"));
+    assert!(sidecar.command.is_none(), "the image's entry point, kube-leader");
+    let a = sidecar.args.clone().unwrap_or_default();
+    assert_eq!(
+        &a[..5],
+        ["elect", "--strategy", "lease", "--lock", "kube-leader-demo"],
+        "{a:?}"
+    );
+    let status_addr = a
+        .iter()
+        .position(|s| s == "--status-addr")
+        .map(|i| a[i + 1].as_str());
+    assert_eq!(status_addr, Some(":4040"), "the kubelet's probes reach it: {a:?}");
+    assert!(
+        !a.iter().any(|s| s == "--watch-own-pod"),
+        "elect has no --watch-own-pod"
+    );
+    let port = sidecar
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("status"))
+        .expect("the status port");
+    assert_eq!(port.container_port, 4040);
+    let probe = |probe: Option<&k8s_openapi::api::core::v1::Probe>, what: &str| {
+        let get = probe
+            .and_then(|p| p.http_get.clone())
+            .unwrap_or_else(|| panic!("the sidecar has an HTTP {what}"));
+        assert_eq!(
+            serde_json::to_value(&get.port).unwrap(),
+            "status",
+            "{what} on the status port"
+        );
+        get.path.unwrap_or_default()
+    };
+    // The app starts once the sidecar knows who leads; ready and alive as the Deployment's.
+    assert_eq!(probe(sidecar.startup_probe.as_ref(), "startupProbe"), "/readyz");
+    assert_eq!(
+        probe(sidecar.readiness_probe.as_ref(), "readinessProbe"),
+        "/readyz"
+    );
+    assert_eq!(
+        probe(sidecar.liveness_probe.as_ref(), "livenessProbe"),
+        "/healthz"
+    );
+
+    assert_eq!(spec.containers.len(), 1);
+    let app = &spec.containers[0];
+    assert_eq!(app.name, "app");
+    assert_eq!(app.image.as_deref(), Some("busybox:1.36"));
+    assert!(!runs_kube_leader(app), "the app does not run kube-leader");
+    assert!(
+        spec.volumes.iter().flatten().all(|v| v.name != "kube-leader"),
+        "no binary to install"
+    );
+    let script = app.args.clone().unwrap_or_default().concat();
+    assert!(
+        script.contains("url=http://127.0.0.1:4040/leader"),
+        "the app asks the sidecar on localhost: {script}"
+    );
+    // The app compares the answer with its own Pod's name, the sidecar's identity.
+    let pod_name = |c: &Container| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "POD_NAME")
+            .and_then(|e| e.value_from.clone()?.field_ref)
+            .map(|f| f.field_path)
+    };
+    assert_eq!(pod_name(app).as_deref(), Some("metadata.name"));
+    assert_eq!(pod_name(sidecar).as_deref(), Some("metadata.name"));
+    assert!(script.contains("$POD_NAME"), "{script}");
 }
 
 /// `deploy/lease`: the shipped images, the public busybox and kube-leader's own.

@@ -82,7 +82,8 @@ pub(crate) fn running_terms(records: &[Record]) -> BTreeMap<String, u64> {
 pub(crate) struct Record {
     /// The Pod whose log (or process) it came from.
     pub(crate) pod: String,
-    /// `start`, `stop`, `crash`, `fill`, or `gone` (the process disappeared without a record).
+    /// `start`, `stop`, `crash`, `fill`, `gone` (the process disappeared without a record), or
+    /// `sees` (the native-sidecar app's answer changed: `identity` is the leader it names).
     pub(crate) kind: String,
     /// When, CLOCK_MONOTONIC nanoseconds.
     pub(crate) mono_ns: u64,
@@ -117,8 +118,20 @@ pub(crate) struct PodLogs {
 }
 
 impl PodLogs {
-    /// Starts tailing the logs of `namespace`'s Pods under `dir`, watching `work`'s processes.
+    /// Starts tailing the logs of `namespace`'s Pods under `dir` (their [`CONTAINER`]),
+    /// watching `work`'s processes.
     pub(crate) fn tail(dir: &'static Path, namespace: &str, work: Work) -> Self {
+        Self::tail_containers(dir, namespace, Some(work), &[CONTAINER])
+    }
+
+    /// Starts tailing the logs of `containers` of `namespace`'s Pods under `dir` (their records
+    /// and kube-leader messages go to the Pod alike), watching `work`'s processes if any.
+    pub(crate) fn tail_containers(
+        dir: &'static Path,
+        namespace: &str,
+        work: Option<Work>,
+        containers: &'static [&'static str],
+    ) -> Self {
         let state = Arc::new(Mutex::new(LogState::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let prefix = format!("{namespace}_");
@@ -129,8 +142,10 @@ impl PodLogs {
                 let namespace = prefix.trim_end_matches('_').to_owned();
                 while !stop.load(Ordering::Relaxed) {
                     let mut state = state.lock().unwrap();
-                    poll_logs(dir, &prefix, &mut state);
-                    poll_processes(&namespace, work, &mut state);
+                    poll_logs(dir, &prefix, containers, &mut state);
+                    if let Some(work) = work {
+                        poll_processes(&namespace, work, &mut state);
+                    }
                     drop(state);
                     std::thread::sleep(Duration::from_millis(50));
                 }
@@ -226,7 +241,7 @@ impl Drop for PodLogs {
     }
 }
 
-fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
+fn poll_logs(dir: &Path, prefix: &str, containers: &[&str], state: &mut LogState) {
     let Ok(pods) = std::fs::read_dir(dir) else { return };
     for pod_dir in pods.flatten() {
         let name = pod_dir.file_name().to_string_lossy().into_owned();
@@ -237,10 +252,11 @@ fn poll_logs(dir: &Path, prefix: &str, state: &mut LogState) {
         let Some((pod, _uid)) = rest.rsplit_once('_') else {
             continue;
         };
-        let Ok(files) = std::fs::read_dir(pod_dir.path().join(CONTAINER)) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = files.flatten().map(|f| f.path()).collect();
+        let mut files: Vec<PathBuf> = containers
+            .iter()
+            .filter_map(|c| std::fs::read_dir(pod_dir.path().join(c)).ok())
+            .flat_map(|files| files.flatten().map(|f| f.path()))
+            .collect();
         files.sort();
         for file in files {
             let (offset, partial) = state.files.entry(file.clone()).or_default();
@@ -403,11 +419,21 @@ fn parse_event(pod: &str, event: &Value) -> Option<Record> {
 
 /// A line of the patterns' app (`scripts/images/app.sh`), which cannot read CLOCK_MONOTONIC:
 /// "app: started as POD ..." or "app: stopping as POD" (on SIGTERM), at the time the runtime
-/// read it (the CRI log line's timestamp, converted on the same host).
+/// read it (the CRI log line's timestamp, converted on the same host). The native-sidecar
+/// pattern's app (deploy/patterns/native-sidecar), which runs in every replica and asks
+/// `kube-leader elect` who leads, also writes "app: working as POD" (its work starts), "app:
+/// not working as POD ..." (it stops) and "app: sees leader NAME" (a `sees` record naming NAME,
+/// `-` for none, each time its answer changes).
 fn parse_app_line(pod: &str, text: &str, time: &str) -> Option<Record> {
     let rest = text.strip_prefix("app: ")?;
     let (kind, signal, rest) = if let Some(rest) = rest.strip_prefix("started as ") {
         ("start", None, rest)
+    } else if let Some(rest) = rest.strip_prefix("working as ") {
+        ("start", None, rest)
+    } else if let Some(rest) = rest.strip_prefix("not working as ") {
+        ("stop", None, rest)
+    } else if let Some(rest) = rest.strip_prefix("sees leader ") {
+        ("sees", None, rest)
     } else {
         ("stop", Some(15), rest.strip_prefix("stopping as ")?)
     };
@@ -472,6 +498,18 @@ fn records_parse() {
     let r = parse_app_line("p-1", "app: stopping as p-1", "2026-12-03T10:00:01Z").unwrap();
     assert_eq!((r.kind.as_str(), r.signal), ("stop", Some(15)));
     assert!(parse_app_line("p-1", "leading as p-1", "2026-12-03T10:00:01Z").is_none());
+    let r = parse_app_line("p-1", "app: working as p-1", "2026-12-03T10:00:02Z").unwrap();
+    assert_eq!((r.kind.as_str(), r.identity.as_str()), ("start", "p-1"));
+    let r = parse_app_line(
+        "p-1",
+        "app: not working as p-1 (leader p-2)",
+        "2026-12-03T10:00:03Z",
+    )
+    .unwrap();
+    assert_eq!((r.kind.as_str(), r.signal), ("stop", None));
+    let r = parse_app_line("p-1", "app: sees leader p-2", "2026-12-03T10:00:03Z").unwrap();
+    assert_eq!((r.kind.as_str(), r.identity.as_str()), ("sees", "p-2"));
+    assert!(parse_app_line("p-1", "app: p-1 asks http://x/ who leads", "2026-12-03T10:00:03Z").is_none());
     let event = serde_json::json!({"event": "new_leader", "identity": "p-1", "leader": "p-2", "mono_ns": 6});
     assert!(parse_event("p-1", &event).is_none());
 }
