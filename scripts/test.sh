@@ -37,32 +37,80 @@ if [ "$free_gb" -lt "$need_gb" ]; then
   exit 1
 fi
 
-step "control-plane and node binaries: Kubernetes 1.37.2 and 1.34.4"
+# The control planes of this run live under a directory of their own, so the final check can
+# tell their processes from any other run's.
+RUN_TMP="$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-test.XXXXXX")"
+ASSETS_PID=""
+cleanup() {
+  # A background build still running (the run failed before it was needed) stops with it.
+  if [ -n "$ASSETS_PID" ]; then kill -- "-$ASSETS_PID" 2>/dev/null || true; fi
+  rm -rf "$RUN_TMP"
+}
+trap cleanup EXIT
+
+step "control-plane and node binaries: Kubernetes 1.37.2 and 1.34.4 (built in the background)"
 # Both built from Go modules (scripts/k8s-assets.sh, pinned under tools/k8s/; one Go build cache).
 # KUBE_LEADER_KUBERNETES names the release of the main run (default 1.37.2; 1.20.2, Debian's
 # source, is the legacy release, by hand only); an inherited KUBEBUILDER_ASSETS is not used, so
 # that no test runs against another control plane than the one named here.
+#
+# On a fresh machine the Go builds take a quarter of an hour or more: they run in the background,
+# at a lower priority, beside the Rust builds and checks below (which need no control plane), and
+# the test steps wait for them. Cached, they are ready at once.
 MAIN_RELEASE=${KUBE_LEADER_KUBERNETES:-1.37.2}
 MAIN_RELEASE=${MAIN_RELEASE#v}
 OLDEST_RELEASE=1.34.4
-assets_of() {
-  env -u KUBEBUILDER_ASSETS KUBE_LEADER_KUBERNETES="$1" ./scripts/testenv-assets.sh
-}
+RELEASES=("$MAIN_RELEASE")
+if [ "$MAIN_RELEASE" != "$OLDEST_RELEASE" ] && [ "${KUBE_LEADER_SKIP_OLDEST:-}" != 1 ]; then
+  RELEASES+=("$OLDEST_RELEASE")
+fi
+ASSETS_LOG="$RUN_TMP/assets.log"
+# A process group of its own (job control on for this one job), so that it can be stopped whole.
+set -m
+(
+  for rel in "${RELEASES[@]}"; do
+    if dir=$(env -u KUBEBUILDER_ASSETS KUBE_LEADER_KUBERNETES="$rel" ./scripts/testenv-assets.sh 2>>"$ASSETS_LOG"); then
+      echo "$dir" >"$RUN_TMP/assets-$rel.tmp"
+    else
+      echo FAILED >"$RUN_TMP/assets-$rel.tmp"
+    fi
+    mv "$RUN_TMP/assets-$rel.tmp" "$RUN_TMP/assets-$rel"
+  done
+) &
+ASSETS_PID=$!
+set +m
+renice -n 10 -p "$ASSETS_PID" >/dev/null 2>&1 || true
+echo "building ${RELEASES[*]} (pid $ASSETS_PID; log: $ASSETS_LOG)"
 # The release every binary reports, checked: a cached directory of another release fails here.
 check_release() {
   local dir="$1" want="$2" got
   got=$("$dir/kube-apiserver" --version | sed -n 's/^Kubernetes v//p')
   [ "$got" = "$want" ] || { echo "$dir holds kube-apiserver $got, not $want" >&2; exit 1; }
-  echo "Kubernetes $want: $dir"
 }
-KUBEBUILDER_ASSETS="$(assets_of "$MAIN_RELEASE")"
-export KUBEBUILDER_ASSETS
-check_release "$KUBEBUILDER_ASSETS" "$MAIN_RELEASE"
-OLDEST_ASSETS=""
-if [ "$MAIN_RELEASE" != "$OLDEST_RELEASE" ] && [ "${KUBE_LEADER_SKIP_OLDEST:-}" != 1 ]; then
-  OLDEST_ASSETS="$(assets_of "$OLDEST_RELEASE")"
-  check_release "$OLDEST_ASSETS" "$OLDEST_RELEASE"
-fi
+# Waits for the background build of release $1 and prints its directory.
+assets_ready() {
+  local rel="$1" waited=0 dir
+  until [ -f "$RUN_TMP/assets-$rel" ]; do
+    sleep 5
+    waited=$((waited + 5))
+    if [ $((waited % 60)) = 0 ]; then
+      echo "waiting for Kubernetes $rel's binaries (${waited}s): $(tail -n 1 "$ASSETS_LOG" 2>/dev/null)" >&2
+    fi
+  done
+  dir=$(cat "$RUN_TMP/assets-$rel")
+  if [ "$dir" = FAILED ]; then
+    echo "building Kubernetes $rel's binaries failed:" >&2
+    cat "$ASSETS_LOG" >&2
+    exit 1
+  fi
+  check_release "$dir" "$rel"
+  echo "$dir"
+}
+# Once every release is ready, the background job is over.
+assets_done() {
+  wait "$ASSETS_PID" 2>/dev/null || true
+  ASSETS_PID=""
+}
 
 step "client-go candidate"
 KUBE_LEADER_GO_CANDIDATE="$(./scripts/go-candidate.sh)"
@@ -96,11 +144,8 @@ else
   echo "musl-gcc or aarch64-linux-gnu-gcc missing (scripts/node-deps.sh needs root): SKIPPED"
 fi
 
-# The control planes of this run live under a directory of their own, so the final check can
-# tell their processes from any other run's.
-RUN_TMP="$(mktemp -d "${TMPDIR:-/tmp}/kube-leader-test.XXXXXX")"
+# The tests' control planes and nodes live under the run's directory.
 export TMPDIR="$RUN_TMP"
-trap 'rm -rf "$RUN_TMP"' EXIT
 
 step "figures: README and docs/ cite results files that hold them"
 ./scripts/check-figures.sh README.md docs/*.md
@@ -116,6 +161,11 @@ step "example binaries (examples/tests run them as their users do)"
 # `cargo run --example` makes: build those, beside the tests that look for them.
 cargo build -p kube-leader-examples --examples
 
+step "Kubernetes $MAIN_RELEASE's binaries"
+KUBEBUILDER_ASSETS="$(assets_ready "$MAIN_RELEASE")"
+export KUBEBUILDER_ASSETS
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
+
 step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
 # Test binaries run one after another; the tests inside one binary share one control plane.
 on_release "$MAIN_RELEASE" "cargo test --workspace --all-targets" \
@@ -124,8 +174,11 @@ on_release "$MAIN_RELEASE" "cargo test --workspace --all-targets" \
 step "doc tests"
 cargo test --workspace --doc
 
-if [ -n "$OLDEST_ASSETS" ]; then
+if [ "${#RELEASES[@]}" -gt 1 ]; then
   step "Kubernetes $OLDEST_RELEASE (the oldest served release of kube 5's range): election, interop, fence, node"
+  OLDEST_ASSETS="$(assets_ready "$OLDEST_RELEASE")"
+  assets_done
+  echo "Kubernetes $OLDEST_RELEASE: $OLDEST_ASSETS"
   # The same test binaries (already built) against a control plane and node of that release:
   # both strategies' elections (library and sidecar), client-go 0.37.2 beside kube-leader, the
   # fence, and deploy/ on a real kubelet node. KUBE_LEADER_SKIP_OLDEST=1 leaves this out.
@@ -136,6 +189,7 @@ if [ -n "$OLDEST_ASSETS" ]; then
     cargo test -p kube-leader-cli --no-fail-fast --test cli --test elect -- \
     --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
 else
+  assets_done
   step "Kubernetes $OLDEST_RELEASE: SKIPPED ($( [ "$MAIN_RELEASE" = "$OLDEST_RELEASE" ] && echo "it is the main run's release" || echo "KUBE_LEADER_SKIP_OLDEST=1"))"
 fi
 
