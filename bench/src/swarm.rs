@@ -8,6 +8,8 @@
 //! candidates start), `started_leading` and `stopped_leading` (with the candidate's identity).
 //! Commands on stdin: `step-down` makes the current leader release (it campaigns again);
 //! `quit` or the end of stdin, like SIGTERM, stops every candidate (releasing the Leases held).
+//! With `--pods FILE` (a JSON object of Pod name → UID, Pods `s-<i>` the benchmark created) each
+//! candidate is told its Pod, as in a cluster: its registration is then bound to the Pod.
 
 use std::{
     io::Write,
@@ -56,6 +58,9 @@ pub(crate) struct SwarmArgs {
     pub(crate) renew_ms: u64,
     #[arg(long)]
     pub(crate) retry_ms: u64,
+    /// Pod name → UID (JSON): candidate `s-<i>` is Pod `s-<i>`.
+    #[arg(long)]
+    pub(crate) pods: Option<PathBuf>,
 }
 
 fn emit(v: serde_json::Value) {
@@ -74,6 +79,11 @@ pub(crate) async fn run(args: SwarmArgs) -> anyhow::Result<()> {
         let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
         clients.push(Client::try_from(config)?);
     }
+    let pods: std::collections::HashMap<String, String> = match &args.pods {
+        Some(path) => serde_json::from_slice(&std::fs::read(path).with_context(|| format!("read {}", path.display()))?)
+            .with_context(|| format!("parse {}", path.display()))?,
+        None => Default::default(),
+    };
     let shutdown = CancellationToken::new();
     let step_down: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
     let mut tasks = JoinSet::new();
@@ -90,6 +100,10 @@ pub(crate) async fn run(args: SwarmArgs) -> anyhow::Result<()> {
             .lease_duration(Duration::from_millis(args.lease_ms))
             .renew_deadline(Duration::from_millis(args.renew_ms))
             .retry_period(Duration::from_millis(args.retry_ms));
+        let elector = match pods.get(&identity) {
+            Some(uid) => elector.candidate_pod(kube_leader::CandidatePod::new(identity.clone(), uid.clone())),
+            None => elector,
+        };
         let (shutdown, step_down) = (shutdown.clone(), step_down.clone());
         tasks.spawn(async move {
             let result = elector

@@ -76,6 +76,24 @@ fn users_for(b: &Bench, candidates: usize) -> anyhow::Result<(usize, Vec<String>
     ))
 }
 
+/// Creates the Pods `s-0` .. `s-<n-1>` (objects only: no node runs them) and writes their UIDs
+/// to a file for `swarm --pods`: each candidate is then a Pod's, as in a cluster, and its
+/// registration bound to its Pod.
+async fn create_pods(b: &Bench, ns: &str, n: usize) -> anyhow::Result<std::path::PathBuf> {
+    let client = b.cp.client().await;
+    let mut uids = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let name = format!("s-{i}");
+        let pod = kube_leader_testenv::create_pod(&client, ns, &name)
+            .await
+            .with_context(|| format!("create Pod {name}"))?;
+        uids.insert(name, pod.metadata.uid.unwrap_or_default());
+    }
+    let path = b.log_dir.join(format!("swarm-pods-{ns}.json"));
+    std::fs::write(&path, serde_json::to_vec(&uids)?)?;
+    Ok(path)
+}
+
 async fn start_swarm(
     b: &Bench,
     fleet: &mut Fleet,
@@ -85,6 +103,12 @@ async fn start_swarm(
     locks: &str,
     t: Timings,
 ) -> anyhow::Result<()> {
+    let pods = match locks {
+        // Many candidates of one Lease: Pods, so that their registrations are bound to them
+        // and an idle follower sends nothing, as in a cluster.
+        "one" => Some(create_pods(b, ns, candidates).await?),
+        _ => None,
+    };
     let mut command = guarded(&b.bins.bench);
     command
         .args(["swarm", "--namespace", ns, "--locks", locks])
@@ -95,6 +119,9 @@ async fn start_swarm(
         .args(["--retry-ms", &t.retry.as_millis().to_string()]);
     for user in users {
         command.arg("--kubeconfig").arg(b.kubeconfig(user)?);
+    }
+    if let Some(pods) = pods {
+        command.arg("--pods").arg(pods);
     }
     fleet.spawn(SWARM, &users[0], command)
 }
