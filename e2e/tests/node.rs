@@ -443,12 +443,18 @@ async fn scenario(env: &'static NodeEnv, strategy: Strategy) {
     // SIGTERM first, kube-leader exits 0, and the Pod ends Succeeded); a leader for life
     // that saw its own Pod fail stopped COMMAND gracefully before. Its successor takes over once
     // that leader marked its lock released (after COMMAND stopped); if the SIGKILL came first,
-    // only the Pod's grace (30 s in deploy/) plus 2 s since the successor saw the Pod terminal
-    // (Failed, or Succeeded) proves the containers gone (within `leader_after`'s 90 s).
+    // the kubelet's own terminal phase proves the containers gone from 1.27 on (it writes it
+    // only once none can run), and before that only the Pod's grace (30 s in deploy/) plus 2 s
+    // since the successor saw the Pod terminal (within `leader_after`'s 90 s).
     let end = deployed
         .logs
         .end_of(&leader, filled)
         .expect("the evicted leader's COMMAND ended");
+    assert!(
+        end.mono_ns <= next_start,
+        "{s}: eviction: the next leader's COMMAND started {} before the evicted leader's ended",
+        ms(end.mono_ns - next_start)
+    );
     say(&format!(
         "{s}: eviction: limit exceeded → Pod evicted seen ({evicted_how}) {}, old COMMAND ended ({}) {}, next leader's COMMAND {} (old COMMAND ended → next leader {})",
         ms(evicted - filled),
