@@ -80,8 +80,10 @@ pub(crate) async fn run(args: SwarmArgs) -> anyhow::Result<()> {
         clients.push(Client::try_from(config)?);
     }
     let pods: std::collections::HashMap<String, String> = match &args.pods {
-        Some(path) => serde_json::from_slice(&std::fs::read(path).with_context(|| format!("read {}", path.display()))?)
-            .with_context(|| format!("parse {}", path.display()))?,
+        Some(path) => {
+            serde_json::from_slice(&std::fs::read(path).with_context(|| format!("read {}", path.display()))?)
+                .with_context(|| format!("parse {}", path.display()))?
+        }
         None => Default::default(),
     };
     let shutdown = CancellationToken::new();

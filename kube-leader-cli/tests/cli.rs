@@ -44,6 +44,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 mod support;
 
+#[path = "cli/coordinated.rs"]
+mod coordinated;
 #[path = "cli/deleted_lock.rs"]
 mod deleted_lock;
 #[path = "cli/waiting.rs"]

@@ -8,7 +8,7 @@ use super::*;
 const SLOW_STOP: &str = "sleep 3";
 
 /// `COMMAND` that records its start, and on SIGTERM sleeps, records its end and exits.
-fn slow_work(dir: &Path, id: &str) -> Vec<String> {
+pub(super) fn slow_work(dir: &Path, id: &str) -> Vec<String> {
     let d = dir.display();
     let on_term = format!("{SLOW_STOP}; date +%s%N > {d}/{id}.stopped; exit 0");
     let mut script = work_script(dir, id, &on_term);
@@ -23,7 +23,7 @@ fn ns_at(dir: &Path, file: &str) -> Option<u128> {
 
 /// Until `follower` leads (or `until` passes), checks that the leader's COMMAND is never alive
 /// while the follower's runs; returns whether the follower led.
-fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> bool {
+pub(super) fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> bool {
     let old = leader.command_pid().expect("the leader's COMMAND started");
     let start = Instant::now();
     while start.elapsed() < until {
@@ -48,7 +48,7 @@ fn never_together(leader: &Candidate, follower: &Candidate, until: Duration) -> 
 
 /// Both COMMANDs' times: the follower's start is after the leader's end. Prints the wait the
 /// safe rule costs, from `deleted` (ns since the epoch, when the lock was deleted).
-fn started_after_stop(dir: &Path, leader: &str, follower: &str, deleted: u128) {
+pub(super) fn started_after_stop(dir: &Path, leader: &str, follower: &str, deleted: u128) {
     let stopped = ns_at(dir, &format!("{leader}.stopped")).expect("the old COMMAND recorded its end");
     let started = ns_at(dir, &format!("{follower}.started")).expect("the new COMMAND recorded its start");
     assert!(
@@ -65,7 +65,7 @@ fn started_after_stop(dir: &Path, leader: &str, follower: &str, deleted: u128) {
     );
 }
 
-fn epoch_now() -> u128 {
+pub(super) fn epoch_now() -> u128 {
     epoch_ns(SystemTime::now())
 }
 
