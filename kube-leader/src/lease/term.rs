@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use tokio::time::Instant;
 
 use crate::{
@@ -191,8 +191,9 @@ impl<P: Pace> Term<P> {
         })
     }
 
-    /// A renewal is to be sent at `now`: the write, unless the renew deadline has passed.
-    pub(crate) fn renew(&mut self, now: Instant) -> Step {
+    /// A renewal is to be sent at `now` (`wall_now`: the wall clock then, the renewTime to
+    /// write): the write, unless the renew deadline has passed.
+    pub(crate) fn renew(&mut self, now: Instant, wall_now: Timestamp) -> Step {
         if let end @ Step::End(_) = self.deadline_reached(now) {
             return end;
         }
@@ -204,6 +205,7 @@ impl<P: Pace> Term<P> {
             &w.identity,
             self.fencing_token,
             &w.instance,
+            wall_now,
         );
         self.pending = Some(record);
         Step::Renew {
@@ -280,13 +282,15 @@ impl<P: Pace> Term<P> {
         ) && now < self.confirmed_until()
     }
 
-    /// The release to write, naming `successor` as the preferred next holder.
-    pub(crate) fn release_write(&self, successor: Option<&str>) -> Lease {
+    /// The release to write at the wall time `wall_now`, naming `successor` as the preferred
+    /// next holder.
+    pub(crate) fn release_write(&self, successor: Option<&str>, wall_now: Timestamp) -> Lease {
         let (lease, _) = release_write(
             &self.lease,
             self.record.transitions,
             &self.writer.instance,
             successor,
+            wall_now,
         );
         lease
     }
