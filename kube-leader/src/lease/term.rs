@@ -176,6 +176,13 @@ impl<P: Pace> Term<P> {
         self.last_sent + self.writer.renew_deadline
     }
 
+    /// What the model checker tells states apart by, beyond the public accessors: the record of
+    /// the renewal in flight and the preferred holder last seen (`src/model`).
+    #[cfg(test)]
+    pub(crate) fn model_rest(&self) -> (Option<&LeaseRecord>, Option<&str>) {
+        (self.pending.as_ref(), self.preferred_seen.as_deref())
+    }
+
     /// When the next renewal is due.
     pub(crate) fn next_renewal(&self) -> Instant {
         self.pace.next()
