@@ -71,3 +71,22 @@ fn a_term_confirmed_from_the_answer_lets_two_work() {
 fn tokens_from_lease_transitions_go_back() {
     refuted(Mutant::TokenFromTransitions, TOKENS_INCREASE);
 }
+
+/// The documented limit (docs/safety.md, "Known limits"), found when a deletion may come while a
+/// candidate never saw the Lease: a restarted candidate creates it at once beside the deleted
+/// Lease's holder.
+#[test]
+fn a_candidate_that_never_saw_a_deleted_lease_creates_it_at_once() {
+    let checker = LeaseModel::new(Settings {
+        blind_deletes: true,
+        deletes: 1,
+        crashes: 1,
+        horizon: 4,
+        ..Settings::small()
+    })
+    .check(THREADS);
+    let path = checker.discovery(ONE_ALLOWED).expect("the known limit");
+    let trace = trace(path);
+    println!("the known limit:\n{trace}");
+    assert!(trace.contains("Delete") && trace.contains("Restart"), "{trace}");
+}
