@@ -80,6 +80,8 @@ pub mod lock;
 #[cfg(feature = "prometheus-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus-client")))]
 pub mod metrics;
+#[cfg(test)]
+mod model;
 mod object_watch;
 pub mod observer;
 pub mod options;

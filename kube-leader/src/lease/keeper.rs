@@ -16,7 +16,7 @@ use crate::{
     leadership::{KeeperHandle, LossReason},
     lease::{
         config::LeaseConfig,
-        record::{stored_fencing_token, LeaseRecord},
+        record::{now_micro, stored_fencing_token, LeaseRecord},
         shared::{lease_op, Shared},
         term::{Every, Step, Term},
     },
@@ -178,7 +178,7 @@ impl Keeper {
 
     /// One renewal, when the term says it is due; a conflict is read again.
     async fn renew(&mut self, handle: &KeeperHandle) -> Turn {
-        let (lease, deadline) = match self.term.renew(Instant::now()) {
+        let (lease, deadline) = match self.term.renew(Instant::now(), now_micro()) {
             Step::Renew { lease, until } => (lease, until),
             step => return self.renewal_over(handle, step),
         };
@@ -268,7 +268,7 @@ impl Keeper {
             _ => self.successor().await,
         };
         for _ in 0..2 {
-            let lease = self.term.release_write(successor.as_deref());
+            let lease = self.term.release_write(successor.as_deref(), now_micro());
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
             match call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await {

@@ -288,9 +288,9 @@ pub(crate) fn now_micro() -> Timestamp {
 
 /// The one place a term's writes are assembled (the single-Lease keeper's and every shard's).
 ///
-/// The renewal of a held term: `record` with `renewTime` now, written into a copy of `lease`
-/// with the term's fencing token and this writer's instance. Returns the object to send and
-/// the record it carries.
+/// The renewal of a held term: `record` with `renewTime` `wall_now` (the wall clock, as
+/// [`now_micro`] reads it), written into a copy of `lease` with the term's fencing token and
+/// this writer's instance. Returns the object to send and the record it carries.
 pub(crate) fn renewal_write(
     lease: &Lease,
     record: &LeaseRecord,
@@ -298,9 +298,10 @@ pub(crate) fn renewal_write(
     holder: &str,
     fencing_token: u64,
     instance: &str,
+    wall_now: Timestamp,
 ) -> (Lease, LeaseRecord) {
     let mut record = record.clone();
-    record.renew_time = Some(now_micro());
+    record.renew_time = Some(wall_now);
     let mut lease = lease.clone();
     record.write_to(
         lease.spec.get_or_insert_with(LeaseSpec::default),
@@ -314,14 +315,16 @@ pub(crate) fn renewal_write(
 
 /// The release of a term: no holder, a one-second duration (client-go's release), no fencing
 /// token, the count of transitions kept, and the preferred successor (`None`: none) with the
-/// release time. Returns the object to send and the record it carries.
+/// release time `wall_now` (the wall clock, as [`now_micro`] reads it). Returns the object to
+/// send and the record it carries.
 pub(crate) fn release_write(
     lease: &Lease,
     transitions: u32,
     instance: &str,
     successor: Option<&str>,
+    wall_now: Timestamp,
 ) -> (Lease, LeaseRecord) {
-    let now = now_micro();
+    let now = wall_now;
     let record = LeaseRecord {
         holder: None,
         lease_duration: Some(std::time::Duration::from_secs(1)),

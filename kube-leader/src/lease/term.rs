@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use tokio::time::Instant;
 
 use crate::{
@@ -176,6 +176,13 @@ impl<P: Pace> Term<P> {
         self.last_sent + self.writer.renew_deadline
     }
 
+    /// What the model checker tells states apart by, beyond the public accessors: the record of
+    /// the renewal in flight and the preferred holder last seen (`src/model`).
+    #[cfg(test)]
+    pub(crate) fn model_rest(&self) -> (Option<&LeaseRecord>, Option<&str>) {
+        (self.pending.as_ref(), self.preferred_seen.as_deref())
+    }
+
     /// When the next renewal is due.
     pub(crate) fn next_renewal(&self) -> Instant {
         self.pace.next()
@@ -191,8 +198,9 @@ impl<P: Pace> Term<P> {
         })
     }
 
-    /// A renewal is to be sent at `now`: the write, unless the renew deadline has passed.
-    pub(crate) fn renew(&mut self, now: Instant) -> Step {
+    /// A renewal is to be sent at `now` (`wall_now`: the wall clock then, the renewTime to
+    /// write): the write, unless the renew deadline has passed.
+    pub(crate) fn renew(&mut self, now: Instant, wall_now: Timestamp) -> Step {
         if let end @ Step::End(_) = self.deadline_reached(now) {
             return end;
         }
@@ -204,6 +212,7 @@ impl<P: Pace> Term<P> {
             &w.identity,
             self.fencing_token,
             &w.instance,
+            wall_now,
         );
         self.pending = Some(record);
         Step::Renew {
@@ -280,13 +289,15 @@ impl<P: Pace> Term<P> {
         ) && now < self.confirmed_until()
     }
 
-    /// The release to write, naming `successor` as the preferred next holder.
-    pub(crate) fn release_write(&self, successor: Option<&str>) -> Lease {
+    /// The release to write at the wall time `wall_now`, naming `successor` as the preferred
+    /// next holder.
+    pub(crate) fn release_write(&self, successor: Option<&str>, wall_now: Timestamp) -> Lease {
         let (lease, _) = release_write(
             &self.lease,
             self.record.transitions,
             &self.writer.instance,
             successor,
+            wall_now,
         );
         lease
     }

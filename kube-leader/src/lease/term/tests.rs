@@ -66,7 +66,7 @@ fn a_new_term_is_confirmed_until_its_renew_deadline_and_renews_a_retry_period_on
 fn a_renewal_carries_the_token_and_the_writer_and_confirms_from_when_it_was_sent() {
     let t0 = Instant::now();
     let mut t = term(t0);
-    let Step::Renew { lease, until } = t.renew(t0 + RETRY) else {
+    let Step::Renew { lease, until } = t.renew(t0 + RETRY, now_micro()) else {
         panic!("a renewal is due");
     };
     assert_eq!(until, t0 + RENEW, "bounded by the renew deadline");
@@ -103,7 +103,7 @@ fn past_the_renew_deadline_the_term_ends_and_nothing_is_sent() {
         since_last_renewal: RENEW + Duration::from_secs(1),
     });
     assert_eq!(t.deadline_reached(late), end);
-    assert_eq!(t.renew(late), end);
+    assert_eq!(t.renew(late, now_micro()), end);
     assert_eq!(
         t.deadline_reached(t0 + RENEW),
         Step::End(LossReason::RenewDeadline {
@@ -157,7 +157,7 @@ fn a_conflict_is_read_again_ours_goes_on_anothers_ends() {
     let t0 = Instant::now();
     let mut t = term(t0);
     let now = t0 + RETRY;
-    assert!(matches!(t.renew(now), Step::Renew { .. }));
+    assert!(matches!(t.renew(now, now_micro()), Step::Renew { .. }));
     assert_eq!(
         t.write_failed(&Failure::Conflict, now),
         Step::Reread { until: t0 + RENEW }
@@ -195,7 +195,7 @@ fn failed_renewals_are_retried_and_a_deleted_lease_ends_the_term() {
     let t0 = Instant::now();
     let mut t = term(t0);
     let now = t0 + RETRY;
-    assert!(matches!(t.renew(now), Step::Renew { .. }));
+    assert!(matches!(t.renew(now, now_micro()), Step::Renew { .. }));
     let before = t.record().clone();
     assert_eq!(t.write_failed(&transient(), now), Step::Keep);
     assert_eq!(t.next_renewal(), now + RETRY);
@@ -230,7 +230,7 @@ fn a_release_is_written_only_in_time_and_after_no_loss_but_a_cancellation() {
         assert!(!t.may_release(now, Some(&lost)), "{lost:?}");
     }
     assert!(!t.may_release(t0 + RENEW, None), "not after the renew deadline");
-    let release = t.release_write(Some("next"));
+    let release = t.release_write(Some("next"), now_micro());
     let record = LeaseRecord::from_lease(&release);
     assert_eq!(record.holder, None);
     assert_eq!(record.transitions, 3, "the count of transitions is kept");

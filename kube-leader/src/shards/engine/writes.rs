@@ -103,7 +103,7 @@ impl Engine {
         let Step::Renew {
             lease,
             until: deadline,
-        } = t.term.renew(now)
+        } = t.term.renew(now, now_micro())
         else {
             return;
         };
@@ -141,7 +141,7 @@ impl Engine {
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };
-        let lease = t.term.release_write(None);
+        let lease = t.term.release_write(None, now_micro());
         let gen = t.gen;
         let op = OwnedOp {
             verb: "update",
