@@ -30,7 +30,7 @@ pub(crate) enum Impl {
     KubeLeader,
     /// `lease-candidate ... http2`: the same over `kube_leader::client::http2` (feature `http2`).
     KubeLeaderHttp2,
-    /// `kube-leader-go-candidate`: client-go 1.20's `leaderelection` with a `LeaseLock`.
+    /// `kube-leader-go-candidate`: client-go 0.37.2's `leaderelection` with a `LeaseLock`.
     ClientGo,
 }
 

@@ -1,6 +1,6 @@
 //! `kube-leader-bench`: kube-leader's benchmarks against client-go, on a real local control plane.
 //!
-//! It starts a private control plane (etcd, kube-apiserver and kube-controller-manager 1.20.2,
+//! It starts a private control plane (etcd, kube-apiserver and kube-controller-manager of the release the tests use, 1.37.2,
 //! from `kube-leader-testenv`), runs the scenarios of issue 4 and prints a Markdown table:
 //!
 //! - **for-life failover**: three `ForLife` candidates with Pod objects; the leader's Pod is
