@@ -337,8 +337,11 @@ impl PodView {
     }
 }
 
-/// The field manager of the kubelet's status writes (the API server names a manager after
-/// its client's user agent, `kubelet/v1.37.2 ...`).
+/// The field manager of the kubelet's status writes: the API server names a manager after the
+/// first part of its client's user agent (`prefixFromUserAgent`), and the kubelet's is its
+/// binary's name (client-go's `DefaultKubernetesUserAgent`: `kubelet/v1.37.2 (linux/amd64) ...`).
+/// A kubelet built into a binary of another name records another manager: its terminal phase
+/// is then not taken as proof, and the other proofs apply (slower, never unsafe).
 pub(crate) const KUBELET_FIELD_MANAGER: &str = "kubelet";
 
 /// See [`PodView::phase_by_kubelet`].
