@@ -16,7 +16,9 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            if path.file_name().is_some_and(|n| n != "tests") {
+            // Test code is not a room of the house: `tests/` and `tests.rs`, and the model
+            // checker (`model/`, compiled only under `cfg(test)`).
+            if path.file_name().is_some_and(|n| n != "tests" && n != "model") {
                 sources(&path, out);
             }
         } else if path.extension().is_some_and(|e| e == "rs")

@@ -18,14 +18,15 @@ use tracing::{debug, info, warn};
 
 use super::{
     config::LeaseConfig,
+    coordinated::{coordinated_strategy, written_by_any},
     decide::{
         decide, decide_absent, decide_coordinated, defer_to_controller, defer_to_preferred, record_for,
         Absent, Decision, Observed,
     },
     keeper::Keeper,
     record::{
-        coordinated_strategy, now_micro, preferred_in, set_fencing_token, set_preferred, set_writer,
-        stored_fencing_token, written_by, written_by_any, LeaseRecord,
+        now_micro, preferred_in, set_fencing_token, set_preferred, set_writer, stored_fencing_token,
+        written_by, LeaseRecord,
     },
     shared::{lease_op, Shared},
     term::{Every, Term as HeldTerm, Writer},

@@ -20,7 +20,10 @@
 use std::time::Duration;
 
 use k8s_openapi::{
-    api::coordination::v1beta1::{LeaseCandidate, LeaseCandidateSpec},
+    api::coordination::{
+        v1::Lease,
+        v1beta1::{LeaseCandidate, LeaseCandidateSpec},
+    },
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
@@ -111,6 +114,42 @@ fn is_version(v: &str) -> bool {
         && parts
             .iter()
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A Lease that Kubernetes' coordinated leader election manages: its `spec.strategy` (the
+/// controller writes it, `OldestEmulationVersion` for its own strategy) is set. `None` for a
+/// Lease without one: kube-leader's own rules alone apply.
+pub(crate) fn coordinated_strategy(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.strategy.as_deref().filter(|s| !s.is_empty())
+}
+
+/// The candidate a coordinated Lease names its preferred holder (`spec.preferredHolder`), if it
+/// is a coordinated Lease ([`coordinated_strategy`]) and names one other than `identity`: the
+/// controller's choice, to which the holder gives way. A `preferredHolder` on a Lease without a
+/// strategy has no controller behind it and is ignored (nobody would clear it, and every holder
+/// would give way in turn).
+pub(crate) fn preferred_other(lease: &Lease, identity: &str) -> Option<String> {
+    coordinated_strategy(lease)?;
+    lease
+        .spec
+        .as_ref()?
+        .preferred_holder
+        .clone()
+        .filter(|p| !p.is_empty() && p != identity)
+}
+
+/// Whether some kube-leader process wrote `lease`'s record (`record`): its writer annotation
+/// carries the record's renewTime, whatever the instance.
+pub(crate) fn written_by_any(lease: &Lease, record: &super::record::LeaseRecord) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::record::INSTANCE_ANNOTATION))
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(_, time)| {
+            record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
+        })
 }
 
 /// This candidate's `LeaseCandidate`, kept in the background until it is withdrawn or dropped.

@@ -128,20 +128,6 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
     id == instance && record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
 }
 
-/// Whether some kube-leader process wrote `lease`'s record (`record`): its writer annotation
-/// carries the record's renewTime, whatever the instance.
-pub(crate) fn written_by_any(lease: &Lease, record: &LeaseRecord) -> bool {
-    lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(INSTANCE_ANNOTATION))
-        .and_then(|v| v.split_once(' '))
-        .is_some_and(|(_, time)| {
-            record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
-        })
-}
-
 /// Whose a Lease's record is, as a candidate that holds (or held) a term on it judges it: the
 /// one judgement of "is this term still mine" of the single-Lease keeper and of every shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,28 +138,6 @@ pub(crate) enum Owner {
     Twin,
     /// Held by another identity, or by nobody (`""`: released).
     Other(String),
-}
-
-/// A Lease that Kubernetes' coordinated leader election manages: its `spec.strategy` (the
-/// controller writes it, `OldestEmulationVersion` for its own strategy) is set. `None` for a
-/// Lease without one: kube-leader's own rules alone apply.
-pub(crate) fn coordinated_strategy(lease: &Lease) -> Option<&str> {
-    lease.spec.as_ref()?.strategy.as_deref().filter(|s| !s.is_empty())
-}
-
-/// The candidate a coordinated Lease names its preferred holder (`spec.preferredHolder`), if it
-/// is a coordinated Lease ([`coordinated_strategy`]) and names one other than `identity`: the
-/// controller's choice, to which the holder gives way. A `preferredHolder` on a Lease without a
-/// strategy has no controller behind it and is ignored (nobody would clear it, and every holder
-/// would give way in turn).
-pub(crate) fn preferred_other(lease: &Lease, identity: &str) -> Option<String> {
-    coordinated_strategy(lease)?;
-    lease
-        .spec
-        .as_ref()?
-        .preferred_holder
-        .clone()
-        .filter(|p| !p.is_empty() && p != identity)
 }
 
 impl Owner {

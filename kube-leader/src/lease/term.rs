@@ -20,7 +20,10 @@ use tokio::time::Instant;
 use crate::{
     api::Failure,
     leadership::LossReason,
-    lease::record::{preferred_other, release_write, renewal_write, LeaseRecord, Owner},
+    lease::{
+        coordinated::preferred_other,
+        record::{release_write, renewal_write, LeaseRecord, Owner},
+    },
     lock,
 };
 

@@ -47,13 +47,14 @@ use tokio::time::Instant;
 use crate::{
     api::Failure,
     lease::{
+        coordinated::{coordinated_strategy, written_by_any},
         decide::{
             decide, decide_absent, defer_to_controller, defer_to_preferred, record_for, Absent, Decision,
             Observed,
         },
         record::{
-            coordinated_strategy, preferred_in, set_fencing_token, set_preferred, set_writer, written_by,
-            written_by_any, LeaseRecord, INSTANCE_ANNOTATION,
+            preferred_in, set_fencing_token, set_preferred, set_writer, written_by, LeaseRecord,
+            INSTANCE_ANNOTATION,
         },
         term::{Every, Step, Term, Writer},
     },

@@ -1,5 +1,7 @@
 //! Unit tests of the successor choice, the preference annotation and the registration names.
 
+use k8s_openapi::jiff::SignedDuration;
+
 use super::*;
 
 fn reg(identity: &str, since_s: i64, renewed_s: i64) -> Lease {
