@@ -92,6 +92,17 @@ impl Observed {
     pub(crate) fn expires_at(&self, fallback: Duration) -> Instant {
         self.observed_at + self.record.lease_duration.unwrap_or(fallback)
     }
+
+    /// A holder's record waited out: taken over once it has expired at `now`, else waited for
+    /// until then.
+    pub(crate) fn take_once_expired(&self, now: Instant, fallback: Duration) -> Decision {
+        let expiry = self.expires_at(fallback);
+        if now >= expiry {
+            Decision::Takeover
+        } else {
+            Decision::WaitUntil(expiry)
+        }
+    }
 }
 
 /// What to do.
@@ -128,14 +139,7 @@ pub(crate) fn decide(
         Some(h) if h == identity && obs.mine => Decision::Renew,
         // Another holder, or a record under our identity written by another process (two
         // candidates with one identity, or this one before a restart): wait it out.
-        Some(_) => {
-            let expiry = obs.expires_at(fallback);
-            if now >= expiry {
-                Decision::Takeover
-            } else {
-                Decision::WaitUntil(expiry)
-            }
-        }
+        Some(_) => obs.take_once_expired(now, fallback),
     }
 }
 
@@ -158,14 +162,7 @@ pub(crate) fn decide_coordinated(
     match obs.record.holder.as_deref() {
         Some(h) if h == identity && obs.mine => Decision::Renew,
         Some(h) if h == identity && !obs.by_kube_leader => Decision::Takeover,
-        Some(h) if h == identity => {
-            let expiry = obs.expires_at(fallback);
-            if now >= expiry {
-                Decision::Takeover
-            } else {
-                Decision::WaitUntil(expiry)
-            }
-        }
+        Some(h) if h == identity => obs.take_once_expired(now, fallback),
         _ => Decision::Follow,
     }
 }

@@ -56,14 +56,7 @@ impl Engine {
                 let d = decide(Some(obs), identity, now, fallback);
                 match (d, obs.record.holder.as_deref()) {
                     // `decide` with an empty identity takes an empty holder for ours.
-                    (Decision::Renew, Some(_)) if identity.is_empty() => {
-                        let expiry = obs.expires_at(fallback);
-                        if now >= expiry {
-                            Decision::Takeover
-                        } else {
-                            Decision::WaitUntil(expiry)
-                        }
-                    }
+                    (Decision::Renew, Some(_)) if identity.is_empty() => obs.take_once_expired(now, fallback),
                     (d, _) => d,
                 }
             }
