@@ -18,7 +18,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -40,32 +40,12 @@ use kube_leader_e2e::{
     interop::{Fleet, Implementation, Stop, LEASE, PATIENCE, RENEW, RETRY},
     short_lease_elector, wait_for,
 };
-use kube_leader_testenv::{Assets, ControlPlane, ControlPlaneOptions};
+use kube_leader_testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;
 
 /// This binary's control plane, with coordinated leader election, started on first use.
 fn control_plane() -> &'static ControlPlane {
-    static CP: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-    let cp = CP.get_or_init(|| {
-        let options = ControlPlaneOptions::new().coordinated_leader_election();
-        Assets::from_env()
-            .and_then(|assets| ControlPlane::start_with_options(assets, options))
-            .map_err(|e| chain(&e))
-    });
-    match cp {
-        Ok(cp) => cp,
-        Err(e) => panic!("coordinated leader election needs a control plane with it: {e}"),
-    }
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
+    ControlPlane::shared_coordinated()
 }
 
 // === coordinated election beside kube-leader ===

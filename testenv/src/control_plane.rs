@@ -259,6 +259,27 @@ impl ControlPlane {
         }
     }
 
+    /// A second control plane shared by every test in this process, with coordinated leader
+    /// election on ([`ControlPlaneOptions::coordinated_leader_election`]), started on first use.
+    ///
+    /// # Panics
+    ///
+    /// As [`shared`](Self::shared), and where the release lacks coordinated leader election
+    /// (the message names it).
+    pub fn shared_coordinated() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            let options = ControlPlaneOptions::new().coordinated_leader_election();
+            Assets::from_env()
+                .and_then(|assets| ControlPlane::start_with_options(assets, options))
+                .map_err(|e| report(&e))
+        });
+        match shared {
+            Ok(control_plane) => control_plane,
+            Err(message) => panic!("coordinated leader election needs a control plane with it: {message}"),
+        }
+    }
+
     /// Starts a control plane of its own, with the binaries found by [`Assets::from_env`].
     ///
     /// Blocks until it is ready: etcd is healthy, kube-apiserver's `/readyz` passes and it stores

@@ -4,10 +4,6 @@
 //! when it prefers another candidate, the leader's COMMAND stops before the Lease is released,
 //! and the next COMMAND starts only after it ended.
 
-use std::sync::OnceLock;
-
-use kube_leader_testenv::{Assets, ControlPlaneOptions};
-
 use super::{
     deleted_lock::{epoch_now, never_together, started_after_stop},
     *,
@@ -24,24 +20,9 @@ fn work(dir: &Path, id: &str) -> Vec<String> {
     script
 }
 
-/// This test's control plane, with coordinated leader election, started on first use.
-fn control_plane() -> &'static ControlPlane {
-    static CP: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-    let cp = CP.get_or_init(|| {
-        let options = ControlPlaneOptions::new().coordinated_leader_election();
-        Assets::from_env()
-            .and_then(|assets| ControlPlane::start_with_options(assets, options))
-            .map_err(|e| e.to_string())
-    });
-    match cp {
-        Ok(cp) => cp,
-        Err(e) => panic!("coordinated leader election needs a control plane with it: {e}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_coordinated_sidecar_gives_way_to_the_controllers_choice_and_commands_never_overlap() {
-    let cp = control_plane();
+    let cp = ControlPlane::shared_coordinated();
     let ns = cp.namespace().await;
     let dir = scratch_dir("coordinated");
     let mut flags = lease_flags("co", ns.name());
