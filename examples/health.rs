@@ -109,10 +109,12 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let client = kube::Client::try_default().await?;
-    let elector = LeaseElector::new(client, &args.lease)
-        .lease_duration(args.lease_duration)
-        .renew_deadline(args.renew_deadline)
-        .retry_period(args.retry_period);
+    let elector = LeaseElector::new(client, &args.lease).config(
+        kube_leader::LeaseConfig::default()
+            .lease_duration(args.lease_duration)
+            .renew_deadline(args.renew_deadline)
+            .retry_period(args.retry_period),
+    );
     let role = Arc::new(Mutex::new(Role::Following {
         leader: elector.observe(),
     }));

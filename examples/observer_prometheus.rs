@@ -71,11 +71,12 @@ async fn main() -> anyhow::Result<()> {
     info!(addr = %listener.local_addr()?, "serving /metrics");
     tokio::spawn(serve(listener, Arc::new(registry)));
 
-    let elector = LeaseElector::new(client, &args.lease)
-        .lease_duration(args.lease_duration)
-        .renew_deadline(args.renew_deadline)
-        .retry_period(args.retry_period)
-        .observer(metrics);
+    let elector = LeaseElector::new(client, &args.lease).observer(metrics).config(
+        kube_leader::LeaseConfig::default()
+            .lease_duration(args.lease_duration)
+            .renew_deadline(args.renew_deadline)
+            .retry_period(args.retry_period),
+    );
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
     tokio::spawn(async move {

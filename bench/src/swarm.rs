@@ -99,9 +99,12 @@ pub(crate) async fn run(args: SwarmArgs) -> anyhow::Result<()> {
         let elector = LeaseElector::new(clients[i / args.per_client.max(1)].clone(), lock)
             .namespace(args.namespace.clone())
             .identity(identity.clone())
-            .lease_duration(Duration::from_millis(args.lease_ms))
-            .renew_deadline(Duration::from_millis(args.renew_ms))
-            .retry_period(Duration::from_millis(args.retry_ms));
+            .config(
+                kube_leader::LeaseConfig::default()
+                    .lease_duration(Duration::from_millis(args.lease_ms))
+                    .renew_deadline(Duration::from_millis(args.renew_ms))
+                    .retry_period(Duration::from_millis(args.retry_ms)),
+            );
         let elector = match pods.get(&identity) {
             Some(uid) => elector.candidate_pod(kube_leader::CandidatePod::new(identity.clone(), uid.clone())),
             None => elector,

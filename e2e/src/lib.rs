@@ -30,9 +30,12 @@ pub fn short_lease_elector(
     kube_leader::LeaseElector::new(client.clone(), lease)
         .namespace(ns)
         .identity(id)
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(Duration::from_secs(2))
+                .renew_deadline(Duration::from_secs(1))
+                .retry_period(Duration::from_millis(200)),
+        )
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `timeout` naming `what`.
@@ -87,4 +90,30 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// Changes one setting of a candidate built by a helper (the tests' shorthand for
+/// `e.config(e.settings().clone().successor(..))`).
+pub trait Tune: Sized {
+    /// The candidate's settings type.
+    type Config;
+    /// The candidate with `f` applied to its settings.
+    #[must_use]
+    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self;
+}
+
+impl Tune for kube_leader::LeaseElector {
+    type Config = kube_leader::LeaseConfig;
+    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self {
+        let config = f(self.settings().clone());
+        self.config(config)
+    }
+}
+
+impl Tune for kube_leader::ForLife {
+    type Config = kube_leader::ForLifeConfig;
+    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self {
+        let config = f(self.settings().clone());
+        self.config(config)
+    }
 }

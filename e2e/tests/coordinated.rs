@@ -32,8 +32,8 @@ use kube::{
     Api,
 };
 use kube_leader::{
-    lease::LeaseConfig,
-    shards::{Shards, ROLE_LABEL, SHARDS_LABEL},
+    internal::labels::{ROLE_LABEL, SHARDS_LABEL},
+    LeaseConfig, Shards,
 };
 use kube_leader_e2e::{
     init_tracing,
@@ -481,7 +481,14 @@ async fn a_shard_lease_keeps_unowned_fields() {
     let shards = Shards::new(client.clone(), "set", 1)
         .namespace(ns.name())
         .identity("kl-shards")
-        .lease_config(LeaseConfig::new(LEASE, RENEW, RETRY));
+        .config(
+            kube_leader::ShardsConfig::default().lease(
+                LeaseConfig::default()
+                    .lease_duration(LEASE)
+                    .renew_deadline(RENEW)
+                    .retry_period(RETRY),
+            ),
+        );
     let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
     let s = shutdown.clone();
     let run = tokio::spawn(async move {

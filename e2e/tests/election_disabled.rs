@@ -2,9 +2,10 @@
 //! single request (counted in the API server's audit log), has no fencing token, and ends its
 //! term on shutdown; a shard set hands this replica every shard.
 
+use kube_leader_e2e::Tune;
 use std::time::Duration;
 
-use kube_leader::{for_life::Environment, Election, ForLife, LossReason, Shards};
+use kube_leader::{internal::Environment, Election, ForLife, LossReason, Shards};
 use kube_leader_e2e::short_lease_elector;
 use kube_leader_testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,8 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let client = cp.user_client(&user).await;
     let shutdown = CancellationToken::new();
 
-    let elector = short_lease_elector(&client, ns.name(), "lock", "me").election(Election::Disabled);
+    let elector =
+        short_lease_elector(&client, ns.name(), "lock", "me").tune(|c| c.election(Election::Disabled));
     let lease = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
         .await
         .unwrap()
@@ -39,7 +41,7 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     };
     let elector = ForLife::new(client.clone(), "lock")
         .environment(env)
-        .election(Election::Disabled);
+        .config(kube_leader::ForLifeConfig::default().election(Election::Disabled));
     let for_life = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
         .await
         .unwrap()
@@ -50,7 +52,10 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let mut shards = Shards::new(client.clone(), "work", 3)
         .namespace(ns.name())
         .identity("me")
-        .election(Election::Disabled)
+        .config(
+            kube_leader::ShardsConfig::default()
+                .lease(kube_leader::LeaseConfig::default().election(Election::Disabled)),
+        )
         .start(&shutdown)
         .unwrap();
     let mut got = Vec::new();
@@ -96,9 +101,10 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
 async fn a_disabled_election_still_validates_its_settings() {
     let cp = ControlPlane::shared();
     let client = cp.client().await;
-    let e = short_lease_elector(&client, "default", "lock", "me")
-        .renew_deadline(Duration::from_secs(5))
-        .election(Election::Disabled);
+    let e = short_lease_elector(&client, "default", "lock", "me").tune(|c| {
+        c.renew_deadline(Duration::from_secs(5))
+            .election(Election::Disabled)
+    });
     let err = e.become_leader(&CancellationToken::new()).await.unwrap_err();
     assert!(err.to_string().contains("renew"), "{err}");
 }

@@ -949,11 +949,10 @@ async fn wait_token(leases: &Api<k8s_openapi::api::coordination::v1::Lease>, nam
     let deadline = Instant::now() + SOON;
     loop {
         let lease = leases.get(name).await.unwrap();
-        if let Some(t) = lease
-            .metadata
-            .annotations
-            .and_then(|a| a.get(kube_leader::lock::FENCING_TOKEN_ANNOTATION).cloned())
-        {
+        if let Some(t) = lease.metadata.annotations.and_then(|a| {
+            a.get(kube_leader::internal::labels::FENCING_TOKEN_ANNOTATION)
+                .cloned()
+        }) {
             return t;
         }
         assert!(Instant::now() < deadline, "{name} records no fencing token");

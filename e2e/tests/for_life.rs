@@ -11,6 +11,7 @@ mod liveness;
 #[path = "for_life/proof.rs"]
 mod proof;
 
+use kube_leader_e2e::Tune;
 use std::{
     io::Write,
     sync::{Arc, Mutex},
@@ -30,8 +31,8 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use kube_leader::{
-    for_life::{self, Environment},
-    lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    internal::labels::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    internal::Environment,
     DeadLeaderPod, Error, ForLife, Leadership, LockRef, LossReason, OutsideCluster, Strategy,
 };
 use kube_leader_e2e::{init_tracing, wait_for};
@@ -60,10 +61,13 @@ type Campaign = JoinHandle<(String, kube_leader::Result<Leadership>, Instant)>;
 fn candidate(client: &Client, ns: &str, lock: &str, pod: &str) -> ForLife {
     ForLife::new(client.clone(), lock)
         .namespace(ns)
-        .pod_name(pod)
-        .backoff_cap(Duration::from_secs(2))
-        .api_timeout(Duration::from_secs(5))
+        .identity(pod)
         .environment(Environment::default())
+        .config(
+            kube_leader::ForLifeConfig::default()
+                .backoff_cap(Duration::from_secs(2))
+                .api_timeout(Duration::from_secs(5)),
+        )
 }
 
 fn spawn(elector: ForLife, pod: &str, cancel: &CancellationToken) -> Campaign {
@@ -432,12 +436,12 @@ async fn dead_leader(phase: &str, reason: Option<&str>, policy: DeadLeaderPod, p
     create_pods(&admin, ns, &["a", "b"]).await;
     let cancel = CancellationToken::new();
     let a = candidate(&admin, ns, "lock", "a")
-        .dead_leader_pod(policy)
+        .tune(|c| c.dead_leader_pod(policy))
         .become_leader(&cancel)
         .await
         .unwrap();
     let b = spawn(
-        candidate(&admin, ns, "lock", "b").dead_leader_pod(policy),
+        candidate(&admin, ns, "lock", "b").tune(|c| c.dead_leader_pod(policy)),
         "b",
         &cancel,
     );
@@ -693,7 +697,7 @@ async fn outside_a_pod_the_election_is_skipped_or_fails_and_errors_are_clear() {
     assert!(skipped.is_leader());
     assert_eq!(skipped.fencing_token(), 0);
     let err = outside
-        .outside_cluster(OutsideCluster::Fail)
+        .tune(|c| c.outside_cluster(OutsideCluster::Fail))
         .become_leader(&cancel)
         .await
         .unwrap_err();
@@ -809,7 +813,7 @@ async fn restricted_user_elects(logs: Logs) {
         .await
         .unwrap();
     let b = spawn(
-        candidate(&client, ns, DEMO_LOCK, "b").not_ready_takeover(Some(Duration::from_millis(500))),
+        candidate(&client, ns, DEMO_LOCK, "b").tune(|c| c.not_ready_takeover(Duration::from_millis(500))),
         "b",
         &cancel,
     );
@@ -987,7 +991,7 @@ async fn a_leader_on_a_not_ready_node_is_replaced_only_by_opt_in() {
     let grace = Duration::from_secs(1);
     let started = Instant::now();
     let b = spawn(
-        candidate(&admin, ns, "lock", "b").not_ready_takeover(Some(grace)),
+        candidate(&admin, ns, "lock", "b").tune(|c| c.not_ready_takeover(grace)),
         "b",
         &cancel,
     );
@@ -1017,17 +1021,19 @@ async fn followers_can_read_and_watch_the_leader() {
     create_pods(&admin, ns, &["a"]).await;
     let lock = LockRef::new(ns, "lock").unwrap();
     assert_eq!(
-        for_life::current_leader(admin.clone(), &lock).await.unwrap(),
+        kube_leader::internal::leader::for_life_current(admin.clone(), &lock)
+            .await
+            .unwrap(),
         None
     );
-    let mut watch = for_life::watch_leader(admin.clone(), lock.clone());
+    let mut watch = kube_leader::internal::leader::for_life_watch(admin.clone(), lock.clone());
 
     let cancel = CancellationToken::new();
     let a = candidate(&admin, ns, "lock", "a")
         .become_leader(&cancel)
         .await
         .unwrap();
-    let info = for_life::current_leader(admin.clone(), &lock)
+    let info = kube_leader::internal::leader::for_life_current(admin.clone(), &lock)
         .await
         .unwrap()
         .expect("a leader");

@@ -3,6 +3,7 @@
 //! certificate's expiry), kube's retry of 503, the proxy fallback, and a handover between two
 //! electors on it.
 
+use kube_leader_e2e::Tune;
 use std::{
     os::unix::fs::PermissionsExt as _,
     path::PathBuf,
@@ -290,7 +291,7 @@ async fn releases(client: &Client, ns: &str, successor: kube_leader::Successor) 
         let shutdown = CancellationToken::new();
         let lease = format!("release-{successor:?}-{}", round % 2).to_lowercase();
         let leadership = short_lease_elector(client, ns, &lease, "a")
-            .successor(successor)
+            .tune(|c| c.successor(successor))
             .become_leader(&shutdown)
             .await
             .unwrap();

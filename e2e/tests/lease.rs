@@ -10,7 +10,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     Api, Client,
 };
-use kube_leader::{lease::LeaseRecord, Error, Leadership, LeaseElector, LossReason};
+use kube_leader::{internal::LeaseRecord, Error, Leadership, LeaseElector, LossReason};
 use kube_leader_e2e::{init_tracing, short_lease_elector as elector, wait_for};
 use kube_leader_testenv::ControlPlane;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -232,7 +232,7 @@ async fn fencing_tokens_grow_across_deletion_and_recreation_and_are_published() 
         .await
         .unwrap();
     // Observers learn the token from the first renewal.
-    let mut leader = kube_leader::lease::watch_leader(client.clone(), lock.clone());
+    let mut leader = kube_leader::internal::leader::lease_watch(client.clone(), lock.clone());
     let token_a = a.fencing_token();
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -241,7 +241,7 @@ async fn fencing_tokens_grow_across_deletion_and_recreation_and_are_published() 
     .await
     .expect("the token is published")
     .unwrap();
-    let once = kube_leader::lease::current_leader(client.clone(), &lock)
+    let once = kube_leader::internal::leader::lease_current(client.clone(), &lock)
         .await
         .unwrap()
         .unwrap();
@@ -276,7 +276,7 @@ async fn fencing_tokens_grow_across_deletion_and_recreation_and_are_published() 
     .expect("the new token is published")
     .unwrap();
     b.release().await.unwrap();
-    let released = kube_leader::lease::current_leader(client.clone(), &lock)
+    let released = kube_leader::internal::leader::lease_current(client.clone(), &lock)
         .await
         .unwrap()
         .unwrap();
@@ -541,8 +541,11 @@ async fn invalid_config_is_a_typed_error() {
     let e = LeaseElector::new(client.clone(), "x")
         .namespace("default")
         .identity("me")
-        .lease_duration(Duration::from_secs(1))
-        .renew_deadline(Duration::from_secs(2))
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(Duration::from_secs(1))
+                .renew_deadline(Duration::from_secs(2)),
+        )
         .become_leader(&shutdown)
         .await
         .unwrap_err();

@@ -34,9 +34,12 @@ fn elector(client: Client, ns: &str, lease: &str, id: &str, t: Timings) -> Lease
     LeaseElector::new(client, lease)
         .namespace(ns)
         .identity(id)
-        .lease_duration(Duration::from_millis(t.0))
-        .renew_deadline(Duration::from_millis(t.1))
-        .retry_period(Duration::from_millis(t.2))
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(Duration::from_millis(t.0))
+                .renew_deadline(Duration::from_millis(t.1))
+                .retry_period(Duration::from_millis(t.2)),
+        )
 }
 
 /// What a candidate did, with CLOCK_MONOTONIC nanoseconds.

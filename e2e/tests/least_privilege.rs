@@ -28,10 +28,8 @@ use kube::{
     Api, Client,
 };
 use kube_leader::{
-    for_life::{self, Environment},
-    lease,
-    lock::FENCING_TOKEN_ANNOTATION,
-    Error, ForLife, LeaseElector, LockRef, LossReason,
+    internal::labels::FENCING_TOKEN_ANNOTATION, internal::Environment, Error, ForLife, LeaseElector, LockRef,
+    LossReason,
 };
 use kube_leader_testenv::{bind_role, create_pod, set_pod_phase, ControlPlane, Fault, FaultProxy, ADMIN};
 use tokio_util::sync::CancellationToken;
@@ -223,9 +221,12 @@ fn lease_elector(client: Client, ns: &str, lock: &str) -> LeaseElector {
     LeaseElector::new(client, lock)
         .namespace(ns)
         .identity(format!("{lock}-candidate"))
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(Duration::from_secs(2))
+                .renew_deadline(Duration::from_secs(1))
+                .retry_period(Duration::from_millis(200)),
+        )
 }
 
 /// A Lease nobody holds, as an earlier candidate that released it would leave it.
@@ -312,7 +313,7 @@ async fn lease_without(
             tokio::time::sleep(Duration::from_millis(2500)).await;
             assert!(l.is_leader(), "renewals need no get");
             let named = assert_names(
-                lease::current_leader(client, &lock_ref).await,
+                kube_leader::internal::leader::lease_current(client, &lock_ref).await,
                 "get",
                 RESOURCE,
                 &ns,
@@ -406,10 +407,13 @@ async fn lease_role_each_permission_is_needed_and_named() {
 fn for_life_candidate(client: Client, ns: &str, lock: &str, pod: &str) -> ForLife {
     ForLife::new(client, lock)
         .namespace(ns)
-        .pod_name(pod)
-        .backoff_cap(Duration::from_secs(2))
-        .api_timeout(Duration::from_secs(5))
+        .identity(pod)
         .environment(Environment::default())
+        .config(
+            kube_leader::ForLifeConfig::default()
+                .backoff_cap(Duration::from_secs(2))
+                .api_timeout(Duration::from_secs(5)),
+        )
 }
 
 /// The lock `lock` held by the Pod `holder` (created here), elected with the admin's rights.
@@ -480,7 +484,7 @@ async fn for_life_without(
         ("configmaps", "get") => {
             let _l = elect().await.expect("elects without get configmaps");
             let named = assert_names(
-                for_life::current_leader(client.clone(), &lock_ref).await,
+                kube_leader::internal::leader::for_life_current(client.clone(), &lock_ref).await,
                 "get",
                 "configmaps",
                 &ns,

@@ -13,8 +13,8 @@ use k8s_openapi::api::{
 };
 use kube::{api::ListParams, Api, Client};
 use kube_leader::{
-    events::REASON,
-    for_life::Environment,
+    internal::labels::EVENT_REASON as REASON,
+    internal::Environment,
     observer::{Observation, Observer},
     ForLife, LeaseElector, LossReason, Strategy,
 };
@@ -93,10 +93,13 @@ async fn lease_records_client_go_events_and_reports_to_the_observer() {
     let elector = LeaseElector::new(client.clone(), "obs")
         .namespace(ns.name())
         .identity("cand-a")
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_secs(1))
-        .retry_period(Duration::from_millis(200))
-        .observer(seen.observer());
+        .observer(seen.observer())
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(Duration::from_secs(2))
+                .renew_deadline(Duration::from_secs(1))
+                .retry_period(Duration::from_millis(200)),
+        );
     let l = elector.become_leader(&CancellationToken::new()).await.unwrap();
     seen.wait_for("Leading", |o| {
         matches!(o, Observation::Leading { term } if term.identity == "cand-a" && term.strategy == Strategy::Lease)
@@ -168,7 +171,7 @@ async fn for_life_records_client_go_events_and_reports_to_the_observer() {
     let seen = Seen::default();
     let l = ForLife::new(client.clone(), "fl-obs")
         .namespace(ns.name())
-        .pod_name("pod-a")
+        .identity("pod-a")
         .environment(Environment::default())
         .observer(seen.observer())
         .become_leader(&CancellationToken::new())

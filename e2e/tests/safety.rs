@@ -12,7 +12,7 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
-use kube_leader::{for_life::Environment, lease::LeaseRecord, ForLife, LossReason};
+use kube_leader::{internal::Environment, internal::LeaseRecord, ForLife, LossReason};
 use kube_leader_e2e::{
     faults::{Fault, Faulty, Matcher},
     init_tracing, short_lease_elector as elector, wait_for,
@@ -331,10 +331,13 @@ async fn one_hung_renewal_does_not_cost_the_term() {
 fn for_life_candidate(client: &Client, ns: &str, lock: &str, pod: &str) -> ForLife {
     ForLife::new(client.clone(), lock)
         .namespace(ns)
-        .pod_name(pod)
-        .backoff_cap(Duration::from_secs(1))
-        .api_timeout(Duration::from_secs(2))
+        .identity(pod)
         .environment(Environment::default())
+        .config(
+            kube_leader::ForLifeConfig::default()
+                .backoff_cap(Duration::from_secs(1))
+                .api_timeout(Duration::from_secs(2)),
+        )
 }
 
 /// A waiting candidate whose Pod watch fails keeps the leader Pod as it last saw it. When the

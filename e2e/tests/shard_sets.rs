@@ -9,7 +9,7 @@ use k8s_openapi::api::{
     rbac::v1::{PolicyRule, Role},
 };
 use kube::Api;
-use kube_leader::{lease::LeaseRecord, shards::Shards};
+use kube_leader::{internal::LeaseRecord, Shards};
 use kube_leader_e2e::shard_fleet::Timings;
 use kube_leader_testenv::{bind_role, ControlPlane};
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,10 @@ const SOON: Duration = Duration::from_secs(30);
 
 /// Lease timings of the in-process candidates below: those of the fleet.
 fn short_lease() -> kube_leader::LeaseConfig {
-    kube_leader::LeaseConfig::new(T.lease, T.renew, T.retry)
+    kube_leader::LeaseConfig::default()
+        .lease_duration(T.lease)
+        .renew_deadline(T.renew)
+        .retry_period(T.retry)
 }
 
 /// An in-process candidate of the set `set` with `count` shards.
@@ -31,7 +34,7 @@ fn counted(client: &kube::Client, ns: &str, set: &str, identity: &str, count: u3
     Shards::new(client.clone(), set, count)
         .namespace(ns)
         .identity(identity)
-        .lease_config(short_lease())
+        .config(kube_leader::ShardsConfig::default().lease(short_lease()))
 }
 
 /// Candidates of one set with different shard counts (issue 21, item 7) used to hold nothing
@@ -249,7 +252,7 @@ async fn the_printed_shards_role_is_sufficient_and_a_missing_rule_is_named() {
     }
     assert!(
         leases
-            .get_opt(&kube_leader::shards::member_lease_name("ranked", "me"))
+            .get_opt(&kube_leader::internal::member_lease_name("ranked", "me"))
             .await
             .unwrap()
             .is_none(),

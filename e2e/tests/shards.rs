@@ -9,8 +9,8 @@ use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{api::ListParams, Api};
 use kube_leader::{
-    lease::LeaseRecord,
-    shards::{ROLE_LABEL, SHARDS_LABEL},
+    internal::labels::{ROLE_LABEL, SHARDS_LABEL},
+    internal::LeaseRecord,
 };
 use kube_leader_e2e::shard_fleet::{ShardFleet, Timings};
 use kube_leader_testenv::ControlPlane;

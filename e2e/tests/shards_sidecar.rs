@@ -15,7 +15,7 @@ use std::{
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube_leader::lease::LeaseRecord;
+use kube_leader::internal::LeaseRecord;
 use kube_leader_testenv::ControlPlane;
 use nix::{sys::signal::Signal, unistd::Pid};
 use tokio::process::{Child, Command};

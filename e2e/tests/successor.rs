@@ -5,6 +5,7 @@
 //! Leader for life's candidates are Pod objects (no kubelet), created a second apart: a Pod's
 //! `creationTimestamp` has whole seconds.
 
+use kube_leader_e2e::Tune;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::{
@@ -20,9 +21,9 @@ use kube::{
     Api, Client,
 };
 use kube_leader::{
-    for_life::Environment,
-    lease::LeaseRecord,
-    successor::{CANDIDATE_FOR_LABEL, LOCK_KIND_LABEL, PREFERRED_HOLDER_ANNOTATION},
+    internal::labels::{CANDIDATE_FOR_LABEL, LOCK_KIND_LABEL, PREFERRED_HOLDER_ANNOTATION},
+    internal::Environment,
+    internal::LeaseRecord,
     Error, ForLife, Leadership, Successor,
 };
 use kube_leader_e2e::{init_tracing, short_lease_elector, wait_for};
@@ -71,7 +72,7 @@ async fn wait_registered(
 }
 
 fn lease_candidate(client: &Client, ns: &str, id: &str, shutdown: &CancellationToken) -> Campaign {
-    let e = short_lease_elector(client, ns, "lock", id).successor_wait(Duration::from_secs(1));
+    let e = short_lease_elector(client, ns, "lock", id).tune(|c| c.successor_wait(Duration::from_secs(1)));
     let s = shutdown.clone();
     tokio::spawn(async move { e.become_leader(&s).await })
 }
@@ -416,7 +417,7 @@ async fn with_successor_any_nobody_registers_or_defers() {
     let ns = cp.namespace().await;
     let client = cp.client().await;
     let shutdown = CancellationToken::new();
-    let e = short_lease_elector(&client, ns.name(), "lock", "a").successor(Successor::Any);
+    let e = short_lease_elector(&client, ns.name(), "lock", "a").tune(|c| c.successor(Successor::Any));
     let a = e.become_leader(&shutdown).await.unwrap();
     assert!(registered(&client, ns.name(), "lock", "Lease").await.is_empty());
     a.release().await.unwrap();
@@ -431,11 +432,14 @@ async fn with_successor_any_nobody_registers_or_defers() {
 fn for_life_candidate(client: &Client, ns: &str, pod: &str, shutdown: &CancellationToken) -> Campaign {
     let e = ForLife::new(client.clone(), "lock")
         .namespace(ns)
-        .pod_name(pod)
-        .backoff_cap(Duration::from_secs(2))
-        .api_timeout(Duration::from_secs(5))
+        .identity(pod)
         .environment(Environment::default())
-        .successor_wait(Duration::from_secs(1));
+        .config(
+            kube_leader::ForLifeConfig::default()
+                .backoff_cap(Duration::from_secs(2))
+                .api_timeout(Duration::from_secs(5))
+                .successor_wait(Duration::from_secs(1)),
+        );
     let s = shutdown.clone();
     tokio::spawn(async move { e.become_leader(&s).await })
 }
@@ -515,13 +519,10 @@ async fn an_idle_follower_with_a_pod_sends_no_request_for_its_registration() {
     let mut pods = Vec::new();
     for name in ["leader", "with-pod"] {
         let p = create_pod(&admin, ns.name(), name).await.unwrap();
-        pods.push(kube_leader::successor::CandidatePod::new(
-            name,
-            p.metadata.uid.unwrap(),
-        ));
+        pods.push(kube_leader::CandidatePod::new(name, p.metadata.uid.unwrap()));
     }
     let shutdown = CancellationToken::new();
-    let candidate = |user: &str, id: &str, pod: Option<kube_leader::successor::CandidatePod>| {
+    let candidate = |user: &str, id: &str, pod: Option<kube_leader::CandidatePod>| {
         let (user, id, ns, s) = (
             user.to_string(),
             id.to_string(),
@@ -558,7 +559,7 @@ async fn an_idle_follower_with_a_pod_sends_no_request_for_its_registration() {
     let count = |u: &str| cp.request_count(u).unwrap();
     let before: Vec<usize> = users.iter().map(|u| count(u)).collect();
     // Longer than a heartbeat (15 s): a heartbeat would show.
-    let window = kube_leader::successor::REGISTRATION_HEARTBEAT + Duration::from_secs(3);
+    let window = kube_leader::internal::labels::REGISTRATION_HEARTBEAT + Duration::from_secs(3);
     tokio::time::sleep(window).await;
     let sent: Vec<usize> = users.iter().zip(&before).map(|(u, b)| count(u) - b).collect();
     eprintln!(

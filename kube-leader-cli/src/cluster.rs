@@ -7,7 +7,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     Client, Config,
 };
-use kube_leader::discovery;
+use kube_leader::internal::discovery;
 use tokio::time::Instant;
 use tracing::debug;
 

@@ -1,14 +1,14 @@
-//! The candidate `run` campaigns as: the library's [`ElectorOptions`] from the flags, the one
-//! place the flags meet the library. It names no strategy: the options refuse those a strategy
-//! does not have (`validate`), and build the [`Elector`].
+//! The candidate `run` campaigns as: the flags as one [`Candidate`], the one place the flags
+//! meet the library. It names no strategy: the candidate refuses the options a strategy does
+//! not have (`validate`), and builds the [`Elector`].
 
 use kube::Client;
-use kube_leader::{
-    lease::Coordinated, options::ElectorOptions, CandidatePod, DeadLeaderPod, Elector, OutsideCluster,
-    Successor,
-};
+use kube_leader::{CandidatePod, Coordinated, DeadLeaderPod, Elector, OutsideCluster, Successor};
 
-use crate::cli::{DeadLeaderPodArg, OutsideClusterArg, RbacArgs, RunArgs, SuccessorArg, DEFAULT_LIVENESS};
+use crate::{
+    candidate::{Candidate, Liveness},
+    cli::{DeadLeaderPodArg, OutsideClusterArg, RbacArgs, RunArgs, SuccessorArg, DEFAULT_LIVENESS},
+};
 
 impl From<DeadLeaderPodArg> for DeadLeaderPod {
     fn from(p: DeadLeaderPodArg) -> Self {
@@ -26,11 +26,13 @@ impl RunArgs {
     /// and the client, as `run` does, and leader for life finding none is how it knows it runs
     /// outside a cluster), the identity (`None`: the library's rule, as `run`'s), the timings and
     /// every strategy's own options as given.
-    pub(crate) fn options(&self) -> ElectorOptions {
-        let mut options = ElectorOptions::new(self.lock.strategy, self.lock.lock.clone());
+    pub(crate) fn options(&self) -> Candidate {
+        let mut options = Candidate::new(self.lock.strategy, self.lock.lock.clone());
         options.namespace = self.lock.namespace.clone();
         options.identity = self.identity.clone();
-        options.timings = (self.lease_duration, self.renew_deadline, self.retry_period);
+        options.lease_duration = self.lease_duration;
+        options.renew_deadline = self.renew_deadline;
+        options.retry_period = self.retry_period;
         options.successor = self.successor.into();
         options.successor_wait = self.successor_wait;
         options.grace = self.grace;
@@ -38,8 +40,8 @@ impl RunArgs {
         // The sidecar's liveness heartbeat is on by default where the lock does not expire
         // by itself (COMMAND then stops when kube-leader cannot reach the API server).
         options.liveness = match self.liveness {
-            Some(l) => Some(l.0),
-            None => (!self.lock.strategy.expires()).then_some(Some(DEFAULT_LIVENESS)),
+            Some(l) => Some(l.0.map_or(Liveness::Off, Liveness::Every)),
+            None => (!self.lock.strategy.expires()).then_some(Liveness::Every(DEFAULT_LIVENESS)),
         };
         options.not_ready_takeover = self.not_ready_takeover;
         options.dead_leader_pod = self.dead_leader_pod.map(Into::into);
@@ -55,10 +57,10 @@ impl RunArgs {
 impl RbacArgs {
     /// The options of the `run` a Role is printed for: a shard set's (`--shards`: Leases,
     /// whatever `--strategy` says), or a candidate's.
-    pub(crate) fn options(&self) -> ElectorOptions {
+    pub(crate) fn options(&self) -> Candidate {
         let mut options = match self.shards {
-            Some(_) => ElectorOptions::shard_set(self.lock.lock.clone()),
-            None => ElectorOptions::new(self.lock.strategy, self.lock.lock.clone()),
+            Some(_) => Candidate::shard_set(self.lock.lock.clone()),
+            None => Candidate::new(self.lock.strategy, self.lock.lock.clone()),
         };
         options.successor = self.successor.into();
         options.dead_leader_pod = self.dead_leader_pod.map(Into::into);

@@ -15,6 +15,7 @@
 //! kube-leader itself is frozen. The runtime is single-threaded: the sidecar does little work,
 //! and its memory matters.
 
+mod candidate;
 mod cli;
 mod client;
 mod cluster;

@@ -7,7 +7,9 @@
 
 use std::fmt::Write as _;
 
-use kube_leader::{options::ElectorOptions, rbac::PolicyRule, Strategy};
+use kube_leader::{internal::rbac::PolicyRule, Strategy};
+
+use crate::candidate::Candidate;
 
 use crate::cli::{DeadLeaderPodArg, RbacArgs, SuccessorArg};
 
@@ -89,7 +91,7 @@ fn role_of(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<Pol
 /// rules (the library's), before the options that add to them.
 fn base_role(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<PolicyRule>) {
     let lock = &args.lock.lock;
-    let options: ElectorOptions = args.options();
+    let options: Candidate = args.options();
     match args.shards {
         Some(m) => (
             format!("kube-leader-shards-{lock}"),
@@ -98,7 +100,7 @@ fn base_role(args: &RbacArgs, namespace: &str) -> (String, String, String, Vec<P
                 "kube-leader run --strategy {} --lock {lock} --shards {m}",
                 options.strategy
             ),
-            kube_leader::rbac::shards_rules(lock, m, &args.identities),
+            kube_leader::internal::rbac::shards_rules(lock, m, &args.identities),
         ),
         None => {
             let dead = match args.dead_leader_pod {
@@ -233,7 +235,7 @@ fn dead_leader_pod_str(p: DeadLeaderPodArg) -> &'static str {
 /// `POD_NAMESPACE`, else the service-account file, else the kubeconfig context, else `default`;
 /// no cluster is contacted.
 pub(crate) fn rbac(args: &RbacArgs) -> u8 {
-    let namespace = kube_leader::discovery::discover_namespace(args.lock.namespace.as_deref())
+    let namespace = kube_leader::internal::discovery::discover_namespace(args.lock.namespace.as_deref())
         .map(|(ns, _)| ns)
         .or_else(kubeconfig_namespace)
         .unwrap_or_else(|| "default".into());

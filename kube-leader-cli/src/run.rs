@@ -99,8 +99,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
 /// This candidate's Pod: its namespace (POD_NAMESPACE, else the service-account namespace,
 /// else the client's) and name (POD_NAME, else the identity).
 fn own_pod_name(identity: &str, client: &Client) -> (String, String) {
-    let namespace = kube_leader::discovery::namespace_or_default(None, client);
-    let name = kube_leader::discovery::pod_name_from_env().unwrap_or_else(|| identity.to_owned());
+    let namespace = kube_leader::internal::discovery::namespace_or_default(None, client);
+    let name = kube_leader::internal::discovery::pod_name_from_env().unwrap_or_else(|| identity.to_owned());
     (namespace, name)
 }
 
@@ -141,7 +141,7 @@ pub(crate) fn pod_label(args: &RunArgs, client: &Client, lock: &LockRef, identit
         PodLabel::new(
             client.clone(),
             &lock.namespace,
-            kube_leader::discovery::pod_name_from_env().unwrap_or(identity.to_string()),
+            kube_leader::internal::discovery::pod_name_from_env().unwrap_or(identity.to_string()),
         )
     });
     if let Some(label) = &label {

@@ -33,7 +33,7 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use kube_leader::shards::{Shards, ShardsConfig};
+use kube_leader::{Shards, ShardsConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -128,7 +128,11 @@ fn candidate(
     let shards = Shards::new(client, args.lock.lock.clone(), count)
         .namespace(namespace)
         .identity(identity)
-        .config(ShardsConfig::new(args.lease_config()).with_handover_grace(args.grace()));
+        .config(
+            ShardsConfig::default()
+                .lease(args.lease_config())
+                .handover_grace(args.grace()),
+        );
     shards.validate().map_err(|e| Fail::new(exit::USAGE, e))?;
     Ok(shards)
 }

@@ -1211,7 +1211,7 @@ async fn for_life_outside_a_cluster_fails_by_default_and_skips_loudly_when_told(
     let cp = ControlPlane::shared();
     let dir = scratch_dir("outside");
     // No --namespace, no POD_NAMESPACE, no service-account file: not in a cluster.
-    assert!(!Path::new(kube_leader::discovery::SERVICE_ACCOUNT_NAMESPACE_FILE).exists());
+    assert!(!Path::new(kube_leader::internal::discovery::SERVICE_ACCOUNT_NAMESPACE_FILE).exists());
     let mut fail = Candidate::spawn(cp, &dir, "f", &["--lock", "outside"], &["true".into()]);
     assert_eq!(fail.wait_exit(WAIT).code(), Some(125), "{}", fail.log_text());
     assert!(fail.log_text().contains("no namespace"), "{}", fail.log_text());

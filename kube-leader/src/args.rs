@@ -7,8 +7,14 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::{
-    election::Election, elector::Elector, error::Result, leadership::Strategy, options::ElectorOptions,
-    shards::Shards,
+    election::Election,
+    elector::Elector,
+    error::{invalid, Result},
+    for_life::{ForLife, ForLifeConfig},
+    leadership::Strategy,
+    lease::{LeaseConfig, LeaseElector},
+    lock,
+    shards::{Shards, ShardsConfig},
 };
 
 /// The lock kinds of `--leader-elect-resource-lock`.
@@ -133,27 +139,58 @@ impl LeaderElectionArgs {
         Election::from_enabled(self.leader_elect)
     }
 
-    /// The settings, for a lock named `default_name` unless `--leader-elect-resource-name`
-    /// names another.
-    pub fn options(&self, default_name: &str) -> ElectorOptions {
-        let mut o = ElectorOptions::new(
-            self.strategy(),
-            self.resource_name.as_deref().unwrap_or(default_name),
-        );
-        o.namespace.clone_from(&self.resource_namespace);
-        o.identity.clone_from(&self.identity);
-        o.election = self.election();
-        o.timings = (self.lease_duration, self.renew_deadline, self.retry_period);
-        o
+    /// The lock's name: `--leader-elect-resource-name`, else `default_name`.
+    pub fn lock_name<'a>(&'a self, default_name: &'a str) -> &'a str {
+        self.resource_name.as_deref().unwrap_or(default_name)
     }
 
-    /// The candidate these flags describe (see [`ElectorOptions::elector`]).
+    /// The Lease settings: the three timings and `--leader-elect`.
+    pub fn lease_config(&self) -> LeaseConfig {
+        LeaseConfig::default()
+            .lease_duration(self.lease_duration)
+            .renew_deadline(self.renew_deadline)
+            .retry_period(self.retry_period)
+            .election(self.election())
+    }
+
+    /// The leader-for-life settings: `--leader-elect`. Leader for life has no timings.
+    pub fn for_life_config(&self) -> ForLifeConfig {
+        ForLifeConfig::default().election(self.election())
+    }
+
+    /// The candidate these flags describe, for a lock named `default_name` unless
+    /// `--leader-elect-resource-name` names another.
     ///
     /// # Errors
-    /// A setting that is not valid, named (for example a renew deadline not below the lease
-    /// duration).
+    /// A setting that is not valid, named: a bad lock name, or (Lease) a renew deadline not
+    /// below the lease duration.
     pub fn elector(&self, client: Client, default_name: &str) -> Result<Elector> {
-        self.options(default_name).elector(client)
+        let name = self.lock_name(default_name);
+        lock::validate_name(name)?;
+        Ok(match self.strategy() {
+            Strategy::Lease => {
+                let config = self.lease_config();
+                config.validate()?;
+                let mut e = LeaseElector::new(client, name).config(config);
+                if let Some(ns) = &self.resource_namespace {
+                    e = e.namespace(ns.clone());
+                }
+                if let Some(id) = &self.identity {
+                    e = e.identity(id.clone());
+                }
+                e.into()
+            }
+            Strategy::ForLife => {
+                let mut e = ForLife::new(client, name).config(self.for_life_config());
+                if let Some(ns) = &self.resource_namespace {
+                    e = e.namespace(ns.clone());
+                }
+                if let Some(id) = &self.identity {
+                    e = e.identity(id.clone());
+                }
+                e.into()
+            }
+        })
     }
 
     /// A [shard set](Shards) of `count` Leases named after the lock (`<name>-0` ..), with these
@@ -162,7 +199,24 @@ impl LeaderElectionArgs {
     /// # Errors
     /// As [`elector`](Self::elector); leader for life has no shards.
     pub fn shards(&self, client: Client, default_name: &str, count: u32) -> Result<Shards> {
-        self.options(default_name).shards(client, count)
+        if self.strategy() != Strategy::Lease {
+            return Err(invalid(
+                "leader-elect-resource-lock",
+                "shards are Leases, not a for-life lock: choose `--leader-elect-resource-lock leases`",
+            ));
+        }
+        let name = self.lock_name(default_name);
+        lock::validate_name(name)?;
+        let config = ShardsConfig::default().lease(self.lease_config());
+        config.validate()?;
+        let mut shards = Shards::new(client, name, count).config(config);
+        if let Some(ns) = &self.resource_namespace {
+            shards = shards.namespace(ns.clone());
+        }
+        if let Some(id) = &self.identity {
+            shards = shards.identity(id.clone());
+        }
+        Ok(shards)
     }
 }
 
@@ -186,8 +240,9 @@ mod tests {
     fn the_defaults_are_kubernetes_components() {
         let a = LeaderElectionArgs::default();
         assert!(a.leader_elect);
-        let o = a.options("my-operator");
-        assert_eq!(o, ElectorOptions::new(Strategy::Lease, "my-operator"));
+        assert_eq!(a.strategy(), Strategy::Lease);
+        assert_eq!(a.lock_name("my-operator"), "my-operator");
+        assert_eq!(a.lease_config(), LeaseConfig::default());
     }
 
     #[test]
@@ -203,15 +258,22 @@ mod tests {
             "--leader-elect-identity=me",
         ])
         .unwrap();
-        let o = a.options("ignored");
-        assert_eq!(o.strategy, Strategy::ForLife);
+        assert_eq!(a.strategy(), Strategy::ForLife);
         assert_eq!(
-            (o.lock.as_str(), o.namespace.as_deref(), o.identity.as_deref()),
+            (
+                a.lock_name("ignored"),
+                a.resource_namespace.as_deref(),
+                a.identity.as_deref()
+            ),
             ("lock", Some("ops"), Some("me"))
         );
-        assert_eq!(o.election, Election::Disabled);
+        assert_eq!(a.for_life_config().election, Election::Disabled);
         let secs = Duration::from_secs;
-        assert_eq!(o.timings, (secs(60), secs(40), secs(5)));
+        let l = a.lease_config();
+        assert_eq!(
+            (l.lease_duration, l.renew_deadline, l.retry_period, l.election),
+            (secs(60), secs(40), secs(5), Election::Disabled)
+        );
         // A bare `--leader-elect` is `true`.
         assert!(parse(&["--leader-elect"]).unwrap().leader_elect);
     }
@@ -227,7 +289,7 @@ mod tests {
             .to_string();
         assert!(e.contains("leases") && e.contains("for-life"), "{e}");
         let a = parse(&["--leader-elect-renew-deadline=20s"]).unwrap();
-        let e = a.options("op").validate().unwrap_err().to_string();
+        let e = a.lease_config().validate().unwrap_err().to_string();
         assert!(e.contains("renew"), "{e}");
     }
 }

@@ -31,13 +31,14 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use kube_leader::LeaseElector;
+//! use kube_leader::{LeaseConfig, LeaseElector};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let renew_deadline = Duration::from_secs(10);
 //! let config = kube::Config::infer().await?;
 //! let client = kube_leader::client::http2(config, renew_deadline)?;
-//! let elector = LeaseElector::new(client, "my-operator").renew_deadline(renew_deadline);
+//! let elector = LeaseElector::new(client, "my-operator")
+//!     .config(LeaseConfig::default().renew_deadline(renew_deadline));
 //! # let _ = elector;
 //! # Ok(())
 //! # }

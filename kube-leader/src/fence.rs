@@ -24,9 +24,7 @@
 //! A token is a claim: the fence protects against honest writers that are paused, partitioned
 //! or late, not against a malicious one, which can send any number. See docs/fence.md.
 
-mod lock;
-
-pub use lock::{for_life_state, lease_state, read_lock, LockReadError, LockState};
+pub(crate) mod lock;
 
 use std::{
     fmt,

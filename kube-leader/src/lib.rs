@@ -67,16 +67,18 @@ mod backoff;
 #[cfg(feature = "http2")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http2")))]
 pub mod client;
-pub mod discovery;
+mod discovery;
 mod election;
 mod elector;
-pub mod error;
-pub mod events;
+mod error;
+mod events;
 pub mod fence;
-pub mod for_life;
-pub mod leadership;
-pub mod lease;
-pub mod lock;
+mod for_life;
+#[doc(hidden)]
+pub mod internal;
+mod leadership;
+mod lease;
+mod lock;
 #[cfg(feature = "prometheus-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus-client")))]
 pub mod metrics;
@@ -84,12 +86,11 @@ pub mod metrics;
 mod model;
 mod object_watch;
 pub mod observer;
-pub mod options;
-pub mod rbac;
+mod rbac;
 mod renewals;
-pub mod shards;
+mod shards;
 mod strategy;
-pub mod successor;
+mod successor;
 mod time;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
@@ -113,7 +114,7 @@ pub use elector::Elector;
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
-pub use lease::{LeaseConfig, LeaseElector, Recampaign};
+pub use lease::{Coordinated, LeaseConfig, LeaseElector, Recampaign, Unhealthy};
 pub use lock::LockRef;
-pub use shards::{ShardSet, Shards, ShardsConfig};
+pub use shards::{Assignments, Shard, ShardSet, Shards, ShardsConfig};
 pub use successor::{CandidatePod, Successor};

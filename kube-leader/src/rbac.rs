@@ -144,7 +144,7 @@ fn registration_rules(strategy: Strategy) -> Vec<PolicyRule> {
 
 /// Adds the rules of the candidates' registrations to `rules` (of `strategy`). The Lease's
 /// namespace-wide `list` and `watch` then cover the lock's too: the lock's rule loses them.
-pub(crate) fn with_registrations(strategy: Strategy, rules: &mut Vec<PolicyRule>) {
+pub fn with_registrations(strategy: Strategy, rules: &mut Vec<PolicyRule>) {
     if strategy == Strategy::Lease {
         for rule in rules
             .iter_mut()
@@ -162,7 +162,7 @@ pub(crate) fn with_registrations(strategy: Strategy, rules: &mut Vec<PolicyRule>
 /// What a coordinated candidate adds ([`LeaseConfig::coordinated`](crate::LeaseConfig)): its
 /// `LeaseCandidate`, named after its identity (so the name is not known when the Role is
 /// written).
-pub(crate) fn coordinated_rules() -> Vec<PolicyRule> {
+pub fn coordinated_rules() -> Vec<PolicyRule> {
     vec![PolicyRule {
         why: "a coordinated candidate's LeaseCandidate: create it, watch it for the controller's \
               pings (get, list, watch), answer them and renew it (patch), delete it when stopping",
@@ -174,7 +174,7 @@ pub(crate) fn coordinated_rules() -> Vec<PolicyRule> {
 }
 
 /// The rules of the Lease strategy.
-pub(crate) fn lease_rules(lock: &str) -> Vec<PolicyRule> {
+pub fn lease_rules(lock: &str) -> Vec<PolicyRule> {
     vec![
         PolicyRule {
             why: "create: the first candidate creates the Lease (create cannot be limited by name)",
@@ -204,7 +204,7 @@ pub(crate) fn lease_rules(lock: &str) -> Vec<PolicyRule> {
 
 // The same rules as deploy/for-life/rbac-for-life.yaml, which explains each verb.
 /// The rules of leader for life with `--dead-leader-pod dead`: `keep` deletes no Pod.
-pub(crate) fn for_life_rules(lock: &str, dead: DeadLeaderPod) -> Vec<PolicyRule> {
+pub fn for_life_rules(lock: &str, dead: DeadLeaderPod) -> Vec<PolicyRule> {
     let pods = match dead {
         DeadLeaderPod::Keep => PolicyRule {
             why: "get: the candidate's own Pod (its UID owns the lock) and the leader Pod; list, \

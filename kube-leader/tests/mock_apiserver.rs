@@ -9,7 +9,7 @@ use std::{
 use bytes::Bytes;
 use http::{Method, Response};
 use kube_leader::{
-    successor::{PREFERRED_HOLDER_ANNOTATION, REGISTRATION_HEARTBEAT},
+    internal::labels::{PREFERRED_HOLDER_ANNOTATION, REGISTRATION_HEARTBEAT},
     LeaseConfig, LeaseElector, LossReason, Successor,
 };
 use serde_json::{json, Value};
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod support;
+use support::Tune;
 
 use support::{respond, status, Body};
 
@@ -51,8 +52,7 @@ impl Mock {
         LeaseElector::new(self.client(), "lock")
             .namespace("ns")
             .identity("me")
-            .config(config)
-            .successor(Successor::Any)
+            .config(config.successor(Successor::Any))
     }
 
     /// The Lease exists at revision `revision`, held by "other" for `seconds`, after
@@ -202,11 +202,10 @@ fn is_lock(body: &[u8]) -> bool {
 
 /// 2 s / 1 s / 200 ms.
 fn short_timings() -> LeaseConfig {
-    LeaseConfig::new(
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-        Duration::from_millis(200),
-    )
+    LeaseConfig::default()
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200))
 }
 
 /// A renewal answered 409, then a re-read that never returns: the leader must still stop by its
@@ -354,11 +353,10 @@ async fn a_release_seen_by_the_watch_is_taken_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_leader_deposed_by_a_write_learns_it_from_the_watch() {
     let mock = Mock::default();
-    let timings = LeaseConfig::new(
-        Duration::from_secs(20),
-        Duration::from_secs(15),
-        Duration::from_secs(10),
-    );
+    let timings = LeaseConfig::default()
+        .lease_duration(Duration::from_secs(20))
+        .renew_deadline(Duration::from_secs(15))
+        .retry_period(Duration::from_secs(10));
     let elector = mock.candidate(timings).events(false);
     let leadership = elector.become_leader(&CancellationToken::new()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -399,7 +397,9 @@ async fn a_registered_candidate_heartbeats_and_its_release_names_the_youngest() 
         registration("old", "2026-01-01T00:00:00.000000Z"),
         registration("young", "2026-01-02T00:00:00.000000Z"),
     ];
-    let elector = mock.candidate(short_timings()).successor(Successor::Youngest);
+    let elector = mock
+        .candidate(short_timings())
+        .tune(|c| c.successor(Successor::Youngest));
     let shutdown = CancellationToken::new();
     let leadership = elector.become_leader(&shutdown).await.unwrap();
     let requests = |m: &Mock, what: &str| {

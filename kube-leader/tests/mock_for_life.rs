@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{for_life::Environment, ForLife, LossReason};
+use kube_leader::{internal::Environment, ForLife, LossReason};
 use serde_json::{json, Value};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -185,7 +185,7 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
         .events(false)
         // The lock's and the Pods' requests only (the registrations are tested in
         // mock_apiserver.rs and e2e/tests/successor.rs).
-        .successor(kube_leader::Successor::Any)
+        .config(kube_leader::ForLifeConfig::default().successor(kube_leader::Successor::Any))
 }
 
 /// A waiting candidate sends nothing while the lock is held. The lock deleted under its live

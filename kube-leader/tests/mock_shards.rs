@@ -13,10 +13,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{
-    shards::{Assignments, Shard, Shards},
-    LeaseConfig, LossReason,
-};
+use kube_leader::{Assignments, LeaseConfig, LossReason, Shard, Shards};
 use serde_json::{json, Value};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -200,16 +197,15 @@ impl Mock {
 #[tokio::test(start_paused = true)]
 async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired() {
     let mock = Mock::default();
-    let lease = LeaseConfig::new(
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-        Duration::from_millis(200),
-    );
+    let lease = LeaseConfig::default()
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200));
     let shutdown = CancellationToken::new();
     let mut assignments = Shards::new(mock.client(), "set", 1)
         .namespace("ns")
         .identity("me")
-        .lease_config(lease)
+        .config(kube_leader::ShardsConfig::default().lease(lease))
         .start(&shutdown)
         .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), assignments.next())
@@ -267,15 +263,14 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
 /// The candidate "me" of a set of one shard (lease 2 s, renew deadline 1 s, retry 200 ms) and
 /// its first shard.
 async fn start(mock: &Mock, shutdown: &CancellationToken) -> (Assignments, Shard) {
-    let lease = LeaseConfig::new(
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-        Duration::from_millis(200),
-    );
+    let lease = LeaseConfig::default()
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200));
     let mut assignments = Shards::new(mock.client(), "set", 1)
         .namespace("ns")
         .identity("me")
-        .lease_config(lease)
+        .config(kube_leader::ShardsConfig::default().lease(lease))
         .start(shutdown)
         .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(10), assignments.next())

@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{shards::Shards, LeaseConfig};
+use kube_leader::{LeaseConfig, Shards};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -130,16 +130,15 @@ impl Mock {
 async fn a_member_that_renews_again_after_it_expired_counts_again() {
     let mock = Mock::default();
     mock.member("set-member-other", "other", "2026-01-01T00:00:00.000000Z");
-    let lease = LeaseConfig::new(
-        Duration::from_secs(2),
-        Duration::from_secs(1),
-        Duration::from_millis(200),
-    );
+    let lease = LeaseConfig::default()
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_secs(1))
+        .retry_period(Duration::from_millis(200));
     let shutdown = CancellationToken::new();
     let mut assignments = Shards::new(mock.client(), "set", 2)
         .namespace("ns")
         .identity("me")
-        .lease_config(lease)
+        .config(kube_leader::ShardsConfig::default().lease(lease))
         .start(&shutdown)
         .unwrap();
     let held = assignments.held();

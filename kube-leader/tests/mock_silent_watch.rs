@@ -10,12 +10,13 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{for_life::Environment, ForLife};
+use kube_leader::{internal::Environment, ForLife};
 use serde_json::{json, Value};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 mod support;
+use support::Tune;
 
 use support::{respond, status, Body};
 
@@ -150,7 +151,7 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
         .events(false)
         // The lock's and the Pods' requests only (the registrations are tested in
         // mock_apiserver.rs and e2e/tests/successor.rs).
-        .successor(kube_leader::Successor::Any)
+        .tune(|c| c.successor(kube_leader::Successor::Any))
 }
 
 /// A follower whose watches went silent reads the lock and the leader's Pod when they stay

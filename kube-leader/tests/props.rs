@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube_leader::{lease::LeaseRecord, lock::validate_name, Error, LeaseConfig};
+use kube_leader::{
+    internal::{validate_name, LeaseRecord},
+    Error, LeaseConfig,
+};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -257,7 +260,7 @@ proptest! {
         lease in duration(), renew in duration(), retry in duration(),
         grace in duration(), timeout in prop::option::of(duration()),
     ) {
-        let mut c = LeaseConfig::new(lease, renew, retry);
+        let mut c = LeaseConfig::default().lease_duration(lease).renew_deadline(renew).retry_period(retry);
         c.shutdown_grace = grace;
         c.api_timeout = timeout;
         let got = c.validate();
@@ -274,7 +277,7 @@ proptest! {
         let retry = Duration::from_millis(retry_ms);
         let boundary = (1.2 * retry.as_nanos() as f64) as i128;
         let renew = Duration::from_nanos((boundary + delta_ns as i128).max(1) as u64);
-        let c = LeaseConfig::new(Duration::from_secs(3600), renew, retry);
+        let c = LeaseConfig::default().lease_duration(Duration::from_secs(3600)).renew_deadline(renew).retry_period(retry);
         prop_assert_eq!(c.validate().is_ok(), reference_valid(&c));
     }
 }

@@ -17,7 +17,7 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
-use kube_leader::{for_life::Environment, ForLife, Leadership};
+use kube_leader::{internal::Environment, ForLife, Leadership};
 use kube_leader_testenv::create_pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -76,7 +76,7 @@ impl Candidates {
     fn campaign(&self, slot: usize, pod: &str) {
         let elector = ForLife::new(self.clients[slot].clone(), LOCK)
             .namespace(self.ns.clone())
-            .pod_name(pod)
+            .identity(pod)
             // Not the process's POD_NAME / POD_NAMESPACE: every candidate is named explicitly.
             .environment(Environment::default());
         let (cancel, tx, pod) = (self.cancel.clone(), self.won_tx.clone(), pod.to_owned());

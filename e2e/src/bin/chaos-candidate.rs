@@ -25,7 +25,7 @@
 use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use kube::Client;
-use kube_leader::{for_life::Environment, ForLife, LeaseElector, Recampaign};
+use kube_leader::{internal::Environment, ForLife, LeaseElector, Recampaign};
 use kube_leader_e2e::{
     chaos::{Ledger, Outcome},
     mono_ns,
@@ -129,9 +129,12 @@ async fn lease(args: &[String]) -> Result<u8> {
     let elector = LeaseElector::new(client, lock)
         .namespace(namespace)
         .identity(identity)
-        .lease_duration(ms(lease_ms)?)
-        .renew_deadline(ms(renew_ms)?)
-        .retry_period(ms(retry_ms)?);
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(ms(lease_ms)?)
+                .renew_deadline(ms(renew_ms)?)
+                .retry_period(ms(retry_ms)?),
+        );
     let shutdown = on_sigterm()?;
     elector
         .run(&shutdown, Recampaign::Always, |term, lost| {
@@ -156,10 +159,13 @@ async fn for_life(args: &[String]) -> Result<u8> {
     let ledger = Ledger::new(client.clone(), namespace, LEDGER_TIMEOUT);
     let elector = ForLife::new(client, lock)
         .namespace(namespace)
-        .pod_name(pod)
-        .backoff_cap(Duration::from_secs(2))
-        .api_timeout(Duration::from_secs(5))
-        .environment(Environment::default());
+        .identity(pod)
+        .environment(Environment::default())
+        .config(
+            kube_leader::ForLifeConfig::default()
+                .backoff_cap(Duration::from_secs(2))
+                .api_timeout(Duration::from_secs(5)),
+        );
     let shutdown = on_sigterm()?;
     let leadership = match elector.become_leader(&shutdown).await {
         Ok(l) => l,

@@ -99,9 +99,12 @@ async fn lease(args: &[String]) -> Result<()> {
     let elector = LeaseElector::new(client.clone(), lock)
         .namespace(namespace)
         .identity(identity)
-        .lease_duration(ms(lease_ms)?)
-        .renew_deadline(ms(renew_ms)?)
-        .retry_period(ms(retry_ms)?);
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(ms(lease_ms)?)
+                .renew_deadline(ms(renew_ms)?)
+                .retry_period(ms(retry_ms)?),
+        );
     let shutdown = on_sigterm()?;
     let writer = Writer {
         identity: identity.clone(),

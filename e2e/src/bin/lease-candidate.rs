@@ -7,6 +7,7 @@
 //! Campaigns again after a loss; SIGTERM releases and exits 0. With `KUBE_LEADER_COORDINATED`
 //! set to a version, it takes part in coordinated leader election as a candidate of that version.
 
+use kube_leader_e2e::Tune;
 use std::{io::Write, time::Duration};
 
 use kube_leader::{LeaseElector, Recampaign};
@@ -43,14 +44,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut elector = LeaseElector::new(client, lease)
         .namespace(namespace)
         .identity(identity)
-        .lease_duration(ms(lease_ms)?)
-        .renew_deadline(ms(renew_ms)?)
-        .retry_period(ms(retry_ms)?);
+        .config(
+            kube_leader::LeaseConfig::default()
+                .lease_duration(ms(lease_ms)?)
+                .renew_deadline(ms(renew_ms)?)
+                .retry_period(ms(retry_ms)?),
+        );
     if let Some(version) = std::env::var("KUBE_LEADER_COORDINATED")
         .ok()
         .filter(|v| !v.is_empty())
     {
-        elector = elector.coordinated(kube_leader::lease::Coordinated::new(version));
+        elector = elector.tune(|c| c.coordinated(kube_leader::Coordinated::new(version)));
     }
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();

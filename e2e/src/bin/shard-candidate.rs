@@ -14,7 +14,7 @@
 use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use kube::Client;
-use kube_leader::{shards::Shards, LeaseConfig};
+use kube_leader::{LeaseConfig, Shards};
 use kube_leader_e2e::mono_ns;
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
@@ -57,7 +57,14 @@ async fn run(args: &[String]) -> Result<()> {
     let shards = Shards::new(client, name, count.parse()?)
         .namespace(namespace)
         .identity(identity)
-        .lease_config(LeaseConfig::new(ms(lease_ms)?, ms(renew_ms)?, ms(retry_ms)?));
+        .config(
+            kube_leader::ShardsConfig::default().lease(
+                LeaseConfig::default()
+                    .lease_duration(ms(lease_ms)?)
+                    .renew_deadline(ms(renew_ms)?)
+                    .retry_period(ms(retry_ms)?),
+            ),
+        );
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();

@@ -19,7 +19,7 @@ use kube::{
 };
 use kube_leader::{
     fence::FENCED_TOKEN_ANNOTATION,
-    lock::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    internal::labels::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
 };
 use tokio::task::JoinHandle;
 

@@ -4,7 +4,7 @@
 //! write its heartbeat stops being confirmed, without losing its term.
 
 use http::Method;
-use kube_leader::lock::{LIVENESS_ANNOTATION, RENEW_TIME_ANNOTATION};
+use kube_leader::internal::labels::{LIVENESS_ANNOTATION, RENEW_TIME_ANNOTATION};
 use kube_leader_e2e::faults::{Fault, Faulty, Matcher};
 
 use super::*;
@@ -18,7 +18,7 @@ const LONG_GRACE_S: i64 = 30;
 const SLACK: Duration = Duration::from_secs(3);
 
 fn live(elector: ForLife) -> ForLife {
-    elector.liveness(Some(LIVENESS))
+    elector.tune(|c| c.liveness(LIVENESS))
 }
 
 /// The kubelet's eviction on a real node, with the sidecar SIGKILLed together with COMMAND:

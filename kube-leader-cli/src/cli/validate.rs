@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kube_leader::{lease::check_renew_deadline, Error, LeaseConfig};
+use kube_leader::{internal::check_renew_deadline, Error, LeaseConfig};
 
 use super::{RbacArgs, RunArgs, FOR_LIFE_GRACE};
 
@@ -73,7 +73,7 @@ impl RunArgs {
     /// The SIGTERM → SIGKILL grace: `--grace`, else where the lock expires lease duration −
     /// renew deadline (the supervisor's SIGTERM comes a renew deadline after the last renewal
     /// was sent at the latest, so COMMAND is gone a lease duration after it, before any
-    /// successor can take the expired lease over: `ElectorOptions::stop_bound`), else (no lease
+    /// successor can take the expired lease over: `Candidate::stop_bound`), else (no lease
     /// to outlast) [`FOR_LIFE_GRACE`].
     pub(crate) fn grace(&self) -> Duration {
         self.options().grace_or(FOR_LIFE_GRACE)
@@ -84,12 +84,18 @@ impl RunArgs {
     /// expires by itself (a Lease has its renewals).
     #[cfg(test)]
     pub(crate) fn liveness(&self) -> Option<Duration> {
-        self.options().liveness.flatten()
+        match self.options().liveness {
+            Some(crate::candidate::Liveness::Every(l)) => Some(l),
+            _ => None,
+        }
     }
 
     /// The Lease timings.
     pub(crate) fn lease_config(&self) -> LeaseConfig {
-        LeaseConfig::new(self.lease_duration, self.renew_deadline, self.retry_period)
+        LeaseConfig::default()
+            .lease_duration(self.lease_duration)
+            .renew_deadline(self.renew_deadline)
+            .retry_period(self.retry_period)
     }
 }
 

@@ -45,7 +45,7 @@ pub(crate) fn parse_liveness(s: &str) -> Result<LivenessArg, String> {
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub(super) fn parse_lock_name(s: &str) -> Result<String, String> {
-    kube_leader::lock::validate_name(s).map_err(|e| e.to_string())?;
+    kube_leader::internal::validate_name(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
@@ -54,7 +54,7 @@ pub(super) fn parse_namespace(s: &str) -> Result<String, String> {
     if s.contains('.') || s.len() > 63 {
         return Err("a namespace is at most 63 lower-case letters, digits and '-'".into());
     }
-    kube_leader::lock::validate_name(s)
+    kube_leader::internal::validate_name(s)
         .map_err(|_| "a namespace is at most 63 lower-case letters, digits and '-'".to_string())?;
     Ok(s.to_string())
 }

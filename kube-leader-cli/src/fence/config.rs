@@ -28,7 +28,7 @@ pub(crate) const KUBE_SYSTEM: &str = "kube-system";
 /// The label Kubernetes 1.21 and later put on every namespace, with its name.
 pub(crate) const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// The label every kube-leader lock carries (`app.kubernetes.io/managed-by=kube-leader`).
-pub(crate) const MANAGED_BY_LABEL: &str = kube_leader::lock::MANAGED_BY_LABEL;
+pub(crate) const MANAGED_BY_LABEL: &str = kube_leader::internal::labels::MANAGED_BY_LABEL;
 
 /// The rules file.
 #[derive(Debug, Clone, Deserialize)]
@@ -176,11 +176,11 @@ impl Rule {
             }
             (Some(lock), None) => {
                 check_name("lock.namespace", &lock.namespace)?;
-                kube_leader::lock::validate_name(&lock.name).map_err(|e| format!("lock.name: {e}"))?;
+                kube_leader::internal::validate_name(&lock.name).map_err(|e| format!("lock.name: {e}"))?;
             }
             (None, Some(shards)) => {
                 check_name("shards.namespace", &shards.namespace)?;
-                kube_leader::lock::validate_name(&shards.set).map_err(|e| format!("shards.set: {e}"))?;
+                kube_leader::internal::validate_name(&shards.set).map_err(|e| format!("shards.set: {e}"))?;
                 if shards.label.is_empty() {
                     return Err("shards.label: name the label that holds an object's shard".into());
                 }

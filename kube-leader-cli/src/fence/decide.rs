@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use kube_leader::fence::{LockState, FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA};
+use kube_leader::{
+    fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA},
+    internal::fence::LockState,
+};
 
 use super::config::KUBE_SYSTEM;
 

@@ -15,7 +15,7 @@ use kube::{
     Client,
 };
 use kube_leader::{
-    fence::{self, LockReadError, LockState},
+    internal::fence::{self, LockReadError, LockState},
     LockRef, Strategy,
 };
 use tokio::net::TcpListener;

@@ -114,7 +114,7 @@ fn shards_rules_name_the_shard_and_membership_leases() {
         y.contains("resourceNames: [\"work-0\", \"work-1\", \"work-2\"]"),
         "{y}"
     );
-    let member = kube_leader::shards::member_lease_name("work", "a");
+    let member = kube_leader::internal::member_lease_name("work", "a");
     assert!(y.contains(&format!("resourceNames: [\"{member}\"]")), "{y}");
     assert!(y.contains("verbs: [\"list\", \"watch\"]"), "{y}");
     assert!(!y.contains("events"), "shards write no Events: {y}");

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kube_leader::{lease::Renewals, Leadership, LossReason};
+use kube_leader::{internal::Renewals, Leadership, LossReason};
 use tokio::{
     signal::unix::SignalKind,
     sync::watch,

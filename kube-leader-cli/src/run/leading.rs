@@ -1,7 +1,7 @@
 //! The leader's side of `run`: from starting COMMAND until it has exited, then stepping down
 //! as the way COMMAND ended asks ([`StepDown`]).
 
-use kube_leader::{lease::Renewals, Leadership};
+use kube_leader::{internal::Renewals, Leadership};
 use tokio::sync::watch;
 use tracing::{info, warn};
 

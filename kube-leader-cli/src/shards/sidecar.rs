@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
 
-use kube_leader::shards::{Assignments, Shard, ShardSet};
+use kube_leader::{Assignments, Shard, ShardSet};
 use tokio::{
     signal::unix::{signal, Signal as UnixSignal, SignalKind},
     sync::watch,

@@ -14,7 +14,7 @@ use crate::{
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The shortest [`ForLifeConfig::liveness`]: a heartbeat every 333 ms at most.
-pub(crate) const MIN_LIVENESS: Duration = Duration::from_secs(1);
+pub const MIN_LIVENESS: Duration = Duration::from_secs(1);
 
 /// What [`ForLife::become_leader`](crate::ForLife::become_leader) does when no namespace can be
 /// found, which means that the process does not run in a cluster.
@@ -93,11 +93,6 @@ impl Environment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ForLifeConfig {
-    /// The namespace of the lock and of this candidate's Pod. Default: none, which means
-    /// `POD_NAMESPACE`, else the service-account namespace file.
-    pub namespace: Option<String>,
-    /// This candidate's Pod name. Default: none, which means `POD_NAME`.
-    pub pod_name: Option<String>,
     /// The longest delay of the fallback backoff, which starts at 1 s and doubles up to exactly
     /// this cap, with 20% jitter. Default 16 s: operator-sdk's `maxBackoffInterval`. The backoff
     /// only paces retries after transient API errors, re-reads while a watch is failing, and
@@ -123,8 +118,6 @@ pub struct ForLifeConfig {
     /// connection costs one retry, not five minutes, and far above a healthy API server's
     /// latency.
     pub api_timeout: Duration,
-    /// Where the namespace and Pod name come from when not set. Default: this process.
-    pub environment: Option<Environment>,
     /// The liveness heartbeat, opt-in. `Some(liveness)`: the leader writes the lock's
     /// [`RENEW_TIME_ANNOTATION`](crate::lock::RENEW_TIME_ANNOTATION) every third of
     /// `liveness` (the first with the lock's create), and
@@ -166,15 +159,12 @@ pub struct ForLifeConfig {
 impl Default for ForLifeConfig {
     fn default() -> Self {
         Self {
-            namespace: None,
-            pod_name: None,
             // operator-sdk's maxBackoffInterval.
             backoff_cap: Duration::from_secs(16),
             outside_cluster: OutsideCluster::Skip,
             dead_leader_pod: DeadLeaderPod::DeleteEvicted,
             not_ready_takeover: None,
             api_timeout: Duration::from_secs(10),
-            environment: None,
             liveness: None,
             liveness_grace: Duration::ZERO,
             successor: Successor::Youngest,
@@ -185,6 +175,79 @@ impl Default for ForLifeConfig {
 }
 
 // === impl ForLifeConfig ===
+
+/// Setters, in the style of kube-runtime's `watcher::Config`: `ForLifeConfig::default().liveness(d)`.
+impl ForLifeConfig {
+    /// Sets [`backoff_cap`](Self::backoff_cap).
+    #[must_use]
+    pub fn backoff_cap(mut self, backoff_cap: Duration) -> Self {
+        self.backoff_cap = backoff_cap;
+        self
+    }
+
+    /// Sets [`outside_cluster`](Self::outside_cluster).
+    #[must_use]
+    pub fn outside_cluster(mut self, outside_cluster: OutsideCluster) -> Self {
+        self.outside_cluster = outside_cluster;
+        self
+    }
+
+    /// Sets [`dead_leader_pod`](Self::dead_leader_pod).
+    #[must_use]
+    pub fn dead_leader_pod(mut self, dead_leader_pod: DeadLeaderPod) -> Self {
+        self.dead_leader_pod = dead_leader_pod;
+        self
+    }
+
+    /// Sets [`not_ready_takeover`](Self::not_ready_takeover).
+    #[must_use]
+    pub fn not_ready_takeover(mut self, not_ready_takeover: Duration) -> Self {
+        self.not_ready_takeover = Some(not_ready_takeover);
+        self
+    }
+
+    /// Sets [`api_timeout`](Self::api_timeout).
+    #[must_use]
+    pub fn api_timeout(mut self, api_timeout: Duration) -> Self {
+        self.api_timeout = api_timeout;
+        self
+    }
+
+    /// Sets [`liveness`](Self::liveness).
+    #[must_use]
+    pub fn liveness(mut self, liveness: Duration) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
+    /// Sets [`liveness_grace`](Self::liveness_grace).
+    #[must_use]
+    pub fn liveness_grace(mut self, liveness_grace: Duration) -> Self {
+        self.liveness_grace = liveness_grace;
+        self
+    }
+
+    /// Sets [`successor`](Self::successor).
+    #[must_use]
+    pub fn successor(mut self, successor: Successor) -> Self {
+        self.successor = successor;
+        self
+    }
+
+    /// Sets [`successor_wait`](Self::successor_wait).
+    #[must_use]
+    pub fn successor_wait(mut self, successor_wait: Duration) -> Self {
+        self.successor_wait = successor_wait;
+        self
+    }
+
+    /// Sets [`election`](Self::election).
+    #[must_use]
+    pub fn election(mut self, election: Election) -> Self {
+        self.election = election;
+        self
+    }
+}
 
 impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
@@ -235,12 +298,6 @@ impl ForLifeConfig {
                     "liveness must be at least {MIN_LIVENESS:?} (a heartbeat every third of it), got {l:?}"
                 ),
             );
-        }
-        if self.namespace.as_deref().is_some_and(|n| n.trim().is_empty()) {
-            return bad("namespace", "namespace must not be empty".into());
-        }
-        if self.pod_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
-            return bad("pod_name", "Pod name must not be empty".into());
         }
         Ok(())
     }
@@ -323,20 +380,6 @@ mod tests {
                     ..Default::default()
                 },
                 "liveness must be at most",
-            ),
-            (
-                ForLifeConfig {
-                    namespace: Some(" ".into()),
-                    ..Default::default()
-                },
-                "namespace",
-            ),
-            (
-                ForLifeConfig {
-                    pod_name: Some(String::new()),
-                    ..Default::default()
-                },
-                "Pod name",
             ),
         ];
         for (c, want) in cases {

@@ -6,7 +6,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -18,7 +18,7 @@ mod lead;
 
 use super::{
     campaign::{Election, Settings},
-    config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster},
+    config::{Environment, ForLifeConfig, OutsideCluster},
     keeper::OwnPodWatch,
     kubelet,
     own_pod::own_pod,
@@ -120,6 +120,11 @@ use crate::{
 pub struct ForLife {
     pub(crate) client: Client,
     name: String,
+    namespace: Option<String>,
+    /// This candidate's Pod name.
+    identity: Option<String>,
+    /// Where the namespace and Pod name come from when not set (tests: not this process).
+    environment: Option<Environment>,
     pub(super) config: ForLifeConfig,
     /// Set once reading Nodes was refused: the NotReady takeover is off from then on.
     pub(super) node_check_disabled: Arc<AtomicBool>,
@@ -137,6 +142,8 @@ impl std::fmt::Debug for ForLife {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ForLife")
             .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
             .field("config", &self.config)
             .field(
                 "node_check_disabled",
@@ -157,6 +164,9 @@ impl ForLife {
             hooks: Hooks::new(&client),
             client,
             name: name.into(),
+            namespace: None,
+            identity: None,
+            environment: None,
             config: ForLifeConfig::default(),
             node_check_disabled: Arc::new(AtomicBool::new(false)),
             kubelet_terminal_proof: Arc::default(),
@@ -206,112 +216,25 @@ impl ForLife {
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.node_check_disabled = Arc::default();
-        self.config.namespace = Some(namespace.into());
+        self.namespace = Some(namespace.into());
         self
     }
 
-    /// Sets this candidate's Pod name (instead of `POD_NAME`).
+    /// Sets this candidate's identity: for leader for life, its Pod's name (instead of
+    /// `POD_NAME`).
     #[must_use]
-    pub fn pod_name(mut self, pod_name: impl Into<String>) -> Self {
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.node_check_disabled = Arc::default();
-        self.config.pod_name = Some(pod_name.into());
+        self.identity = Some(identity.into());
         self
     }
 
-    /// Sets this candidate's identity: for leader for life, its Pod's name (the same as
-    /// [`pod_name`](Self::pod_name); the name every elector takes).
-    #[must_use]
-    pub fn identity(self, identity: impl Into<String>) -> Self {
-        self.pod_name(identity)
-    }
-
-    /// Sets the cap of the fallback backoff (see [`ForLifeConfig::backoff_cap`]).
-    #[must_use]
-    pub fn backoff_cap(mut self, cap: Duration) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.backoff_cap = cap;
-        self
-    }
-
-    /// Whether to campaign at all (default [`Election::Enabled`](crate::Election::Enabled);
-    /// see [`Election`](crate::Election)).
-    #[must_use]
-    pub fn election(mut self, election: crate::election::Election) -> Self {
-        self.config.election = election;
-        self
-    }
-
-    /// Sets what to do outside a cluster (see [`OutsideCluster`]).
-    #[must_use]
-    pub fn outside_cluster(mut self, outside_cluster: OutsideCluster) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.outside_cluster = outside_cluster;
-        self
-    }
-
-    /// Sets what to do with a dead leader's Pod (see [`DeadLeaderPod`]).
-    #[must_use]
-    pub fn dead_leader_pod(mut self, policy: DeadLeaderPod) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.dead_leader_pod = policy;
-        self
-    }
-
-    /// Opts in to taking over from a leader whose Node has not been `Ready` for `grace`; read
-    /// the risk in [`ForLifeConfig::not_ready_takeover`] first. `None` (the default) never does.
-    #[must_use]
-    pub fn not_ready_takeover(mut self, grace: Option<Duration>) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.not_ready_takeover = grace;
-        self
-    }
-
-    /// Sets the bound on each API call (see [`ForLifeConfig::api_timeout`]).
-    #[must_use]
-    pub fn api_timeout(mut self, timeout: Duration) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.api_timeout = timeout;
-        self
-    }
-
-    /// Sets the liveness heartbeat (see [`ForLifeConfig::liveness`]); `None` (the default): off.
-    #[must_use]
-    pub fn liveness(mut self, liveness: Option<Duration>) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.liveness = liveness;
-        self
-    }
-
-    /// Sets how long the work may run past its confirmation (see
-    /// [`ForLifeConfig::liveness_grace`]).
-    #[must_use]
-    pub fn liveness_grace(mut self, grace: Duration) -> Self {
-        self.node_check_disabled = Arc::default();
-        self.config.liveness_grace = grace;
-        self
-    }
-
-    /// Sets where the namespace and Pod name come from when not set (see [`Environment`]).
+    /// Sets where the namespace and Pod name come from when not set (tests).
+    #[doc(hidden)]
     #[must_use]
     pub fn environment(mut self, environment: Environment) -> Self {
         self.node_check_disabled = Arc::default();
-        self.config.environment = Some(environment);
-        self
-    }
-
-    /// Which candidate this one hands over to when it steps down; see [`Successor`] and
-    /// [`ForLifeConfig::successor`]. Default [`Successor::Youngest`].
-    #[must_use]
-    pub fn successor(mut self, successor: Successor) -> Self {
-        self.config.successor = successor;
-        self
-    }
-
-    /// How long a candidate that is not the preferred successor defers to it after a release;
-    /// see [`ForLifeConfig::successor_wait`]. Default 2 s.
-    #[must_use]
-    pub fn successor_wait(mut self, wait: Duration) -> Self {
-        self.config.successor_wait = wait;
+        self.environment = Some(environment);
         self
     }
 
@@ -323,7 +246,7 @@ impl ForLife {
     pub fn lock(&self) -> Result<LockRef> {
         let env = self.environment_in_force();
         let (namespace, _) =
-            discover_namespace(self.config.namespace.as_deref(), &env).ok_or_else(|| Error::NoNamespace {
+            discover_namespace(self.namespace.as_deref(), &env).ok_or_else(|| Error::NoNamespace {
                 path: namespace_file(&env),
             })?;
         LockRef::new(namespace, self.name.clone())
@@ -341,16 +264,26 @@ impl ForLife {
 
     /// The environment namespace and Pod name come from (see [`environment`](Self::environment)).
     fn environment_in_force(&self) -> Environment {
-        self.config
-            .environment
-            .clone()
-            .unwrap_or_else(Environment::from_process)
+        self.environment.clone().unwrap_or_else(Environment::from_process)
+    }
+
+    /// The namespace and Pod name set must not be empty, the lock's name must be valid.
+    fn validate_names(&self) -> Result<()> {
+        if self.namespace.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return Err(crate::error::invalid("namespace", "namespace must not be empty"));
+        }
+        if self.identity.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return Err(crate::error::invalid(
+                "identity",
+                "the Pod name must not be empty",
+            ));
+        }
+        lock::validate_name(&self.name)
     }
 
     /// This candidate's Pod name, trimmed: set, else from `env`.
     fn pod_name_in(&self, env: &Environment) -> Option<String> {
-        self.config
-            .pod_name
+        self.identity
             .clone()
             .or_else(|| env.pod_name.clone())
             .map(|n| n.trim().to_string())
@@ -389,10 +322,10 @@ impl ForLife {
     /// from this Pod finds it and continues as leader, and it goes with the Pod otherwise.
     pub async fn become_leader(&self, shutdown: &CancellationToken) -> Result<Leadership> {
         self.config.validate()?;
-        lock::validate_name(&self.name)?;
+        self.validate_names()?;
         let env = self.environment_in_force();
         let pod_name = self.pod_name_in(&env);
-        let found = discover_namespace(self.config.namespace.as_deref(), &env);
+        let found = discover_namespace(self.namespace.as_deref(), &env);
         if self.config.election == crate::election::Election::Disabled {
             let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
             let identity = discovery::resolve_identity(pod_name.as_deref()).unwrap_or_default();

@@ -71,7 +71,7 @@ mod leader;
 mod own_pod;
 mod record;
 
-pub(crate) use config::MIN_LIVENESS;
+pub use config::MIN_LIVENESS;
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
 pub use elector::ForLife;
 pub use leader::{current_leader, watch_leader};

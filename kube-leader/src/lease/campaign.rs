@@ -232,7 +232,7 @@ impl Campaign {
             set_writer(&mut lease, &self.shared.instance, record);
             let params = PostParams::default();
             let create = self.api.create(&params, &lease);
-            return call(lease_op(&self.lock, "create"), self.cfg.api_timeout(), create).await;
+            return call(lease_op(&self.lock, "create"), self.cfg.call_timeout(), create).await;
         }
         let mut lease = self
             .watch
@@ -255,7 +255,7 @@ impl Campaign {
         set_writer(&mut lease, &self.shared.instance, record);
         let params = PostParams::default();
         let replace = self.api.replace(&self.lock.name, &params, &lease);
-        call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await
+        call(lease_op(&self.lock, "update"), self.cfg.call_timeout(), replace).await
     }
 
     /// Waits for shutdown, a watch event or `until`; `true` if `until` came.

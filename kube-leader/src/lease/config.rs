@@ -128,18 +128,80 @@ impl Default for LeaseConfig {
 
 // === impl LeaseConfig ===
 
+/// Setters, in the style of kube-runtime's `watcher::Config`: `LeaseConfig::default().renew_deadline(d)`.
 impl LeaseConfig {
-    /// client-go's three timings; the other fields as in [`Default`].
+    /// Sets [`lease_duration`](Self::lease_duration).
     #[must_use]
-    pub fn new(lease_duration: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
-        Self {
-            lease_duration,
-            renew_deadline,
-            retry_period,
-            ..Self::default()
-        }
+    pub fn lease_duration(mut self, lease_duration: Duration) -> Self {
+        self.lease_duration = lease_duration;
+        self
+    }
+
+    /// Sets [`renew_deadline`](Self::renew_deadline).
+    #[must_use]
+    pub fn renew_deadline(mut self, renew_deadline: Duration) -> Self {
+        self.renew_deadline = renew_deadline;
+        self
+    }
+
+    /// Sets [`retry_period`](Self::retry_period).
+    #[must_use]
+    pub fn retry_period(mut self, retry_period: Duration) -> Self {
+        self.retry_period = retry_period;
+        self
+    }
+
+    /// Sets [`release_on_cancel`](Self::release_on_cancel).
+    #[must_use]
+    pub fn release_on_cancel(mut self, release_on_cancel: bool) -> Self {
+        self.release_on_cancel = release_on_cancel;
+        self
+    }
+
+    /// Sets [`shutdown_grace`](Self::shutdown_grace).
+    #[must_use]
+    pub fn shutdown_grace(mut self, shutdown_grace: Duration) -> Self {
+        self.shutdown_grace = shutdown_grace;
+        self
+    }
+
+    /// Sets [`api_timeout`](Self::api_timeout).
+    #[must_use]
+    pub fn api_timeout(mut self, api_timeout: Duration) -> Self {
+        self.api_timeout = Some(api_timeout);
+        self
+    }
+
+    /// Sets [`successor`](Self::successor).
+    #[must_use]
+    pub fn successor(mut self, successor: Successor) -> Self {
+        self.successor = successor;
+        self
+    }
+
+    /// Sets [`successor_wait`](Self::successor_wait).
+    #[must_use]
+    pub fn successor_wait(mut self, successor_wait: Duration) -> Self {
+        self.successor_wait = successor_wait;
+        self
+    }
+
+    /// Sets [`election`](Self::election).
+    #[must_use]
+    pub fn election(mut self, election: Election) -> Self {
+        self.election = election;
+        self
+    }
+
+    /// Sets [`coordinated`](Self::coordinated).
+    #[must_use]
+    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
+        self.coordinated = Some(coordinated);
+        self
     }
 }
+
+impl LeaseConfig {}
 
 impl LeaseConfig {
     /// Checks the timings with client-go's rules: all positive, `lease_duration >
@@ -241,7 +303,7 @@ impl LeaseConfig {
     }
 
     /// The bound on each API call: [`api_timeout`](Self::api_timeout), or half the renew deadline.
-    pub(crate) fn api_timeout(&self) -> Duration {
+    pub(crate) fn call_timeout(&self) -> Duration {
         self.api_timeout.unwrap_or(self.renew_deadline / 2)
     }
 }
@@ -254,12 +316,16 @@ mod tests {
     #[test]
     fn one_hung_request_leaves_time_for_another_attempt() {
         let c = LeaseConfig::default();
-        assert_eq!(c.api_timeout(), Duration::from_secs(5), "half the renew deadline");
+        assert_eq!(
+            c.call_timeout(),
+            Duration::from_secs(5),
+            "half the renew deadline"
+        );
         let explicit = LeaseConfig {
             api_timeout: Some(Duration::from_secs(3)),
             ..LeaseConfig::default()
         };
-        assert_eq!(explicit.api_timeout(), Duration::from_secs(3));
+        assert_eq!(explicit.call_timeout(), Duration::from_secs(3));
     }
 
     fn cfg(l: u64, r: u64, p: u64) -> LeaseConfig {

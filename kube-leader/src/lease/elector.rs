@@ -10,7 +10,7 @@ use tracing::{info_span, Instrument};
 use super::{
     campaign::Campaign,
     config::LeaseConfig,
-    coordinated::{self, Coordinated},
+    coordinated::{self},
     shared::{Renewals, Shared},
 };
 use crate::{
@@ -177,31 +177,6 @@ impl LeaseElector {
         self
     }
 
-    /// Sets the bound on each API call (`api_timeout` of [`LeaseConfig`]; by default half the
-    /// renew deadline). The same option, with the same type, as [`ForLife::api_timeout`](crate::ForLife::api_timeout).
-    #[must_use]
-    pub fn api_timeout(mut self, timeout: Duration) -> Self {
-        self.shared = Shared::new();
-        self.config.api_timeout = Some(timeout);
-        self
-    }
-
-    /// Which candidate this one hands over to when it steps down; see [`Successor`] and
-    /// [`LeaseConfig::successor`]. Default [`Successor::Youngest`].
-    #[must_use]
-    pub fn successor(mut self, successor: Successor) -> Self {
-        self.config.successor = successor;
-        self
-    }
-
-    /// How long a candidate that is not the preferred successor defers to it after a release;
-    /// see [`LeaseConfig::successor_wait`]. Default 2 s.
-    #[must_use]
-    pub fn successor_wait(mut self, wait: Duration) -> Self {
-        self.config.successor_wait = wait;
-        self
-    }
-
     /// This candidate's Pod: its registration is owned by the Pod (deleted with it) and ordered
     /// by the Pod's creation time, if set. Without it the registration stays until this candidate
     /// withdraws it (a stale one is ignored) and counts from when it was first written.
@@ -216,30 +191,6 @@ impl LeaseElector {
     pub fn config(mut self, config: LeaseConfig) -> Self {
         self.shared = Shared::new();
         self.config = config;
-        self
-    }
-
-    /// Sets the lease duration (see [`LeaseConfig::lease_duration`]).
-    #[must_use]
-    pub fn lease_duration(mut self, d: Duration) -> Self {
-        self.shared = Shared::new();
-        self.config.lease_duration = d;
-        self
-    }
-
-    /// Sets the renew deadline (see [`LeaseConfig::renew_deadline`]).
-    #[must_use]
-    pub fn renew_deadline(mut self, d: Duration) -> Self {
-        self.shared = Shared::new();
-        self.config.renew_deadline = d;
-        self
-    }
-
-    /// Sets the retry period (see [`LeaseConfig::retry_period`]).
-    #[must_use]
-    pub fn retry_period(mut self, d: Duration) -> Self {
-        self.shared = Shared::new();
-        self.config.retry_period = d;
         self
     }
 
@@ -270,29 +221,6 @@ impl LeaseElector {
         self.shared = Shared::new();
         self.hooks
             .set_event_reporter(reporter.into().into(), &self.client);
-        self
-    }
-
-    /// Whether to clear the holder on shutdown or release (default `true`).
-    #[must_use]
-    pub fn release_on_cancel(mut self, release: bool) -> Self {
-        self.shared = Shared::new();
-        self.config.release_on_cancel = release;
-        self
-    }
-
-    /// Whether to campaign at all (default [`Election::Enabled`]; see [`Election`]).
-    #[must_use]
-    pub fn election(mut self, election: Election) -> Self {
-        self.config.election = election;
-        self
-    }
-
-    /// Takes part in Kubernetes' coordinated leader election with these versions; see
-    /// [`LeaseConfig::coordinated`] and [`coordinated`](super::coordinated).
-    #[must_use]
-    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
-        self.config.coordinated = Some(coordinated);
         self
     }
 
@@ -371,7 +299,7 @@ impl LeaseElector {
             let coordinated = match &self.config.coordinated {
                 Some(c) if !shutdown.is_cancelled() => {
                     let pod = self.pod.as_ref();
-                    let timeout = self.config.api_timeout();
+                    let timeout = self.config.call_timeout();
                     let register =
                         coordinated::register(&self.client, &lock, &identity, c, pod, timeout, shutdown);
                     self.shared.take_part(register).await?
@@ -379,7 +307,7 @@ impl LeaseElector {
                 _ => false,
             };
             let registry = (!coordinated && self.config.successor == Successor::Youngest)
-                .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.api_timeout()));
+                .then(|| Registry::new(self.client.clone(), &lock, "Lease", self.config.call_timeout()));
             if let Some(registry) = &registry {
                 let pod = self.pod.as_ref();
                 self.shared.register(registry, &identity, pod, shutdown).await;

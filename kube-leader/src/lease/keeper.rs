@@ -182,7 +182,7 @@ impl Keeper {
             Step::Renew { lease, until } => (lease, until),
             step => return self.renewal_over(handle, step),
         };
-        let timeout = until_deadline(self.cfg.api_timeout(), deadline);
+        let timeout = until_deadline(self.cfg.call_timeout(), deadline);
         let sent = Instant::now();
         let params = PostParams::default();
         let replace = self.api.replace(&self.lock.name, &params, &lease);
@@ -208,7 +208,7 @@ impl Keeper {
             // it runs, nothing else can end leadership, and fail-stop must hold if the API
             // server stops answering.
             Step::Reread { until } => {
-                let timeout = until_deadline(self.cfg.api_timeout(), until);
+                let timeout = until_deadline(self.cfg.call_timeout(), until);
                 let get = self.api.get(&self.lock.name);
                 let current = call(lease_op(&self.lock, "get"), timeout, get).await;
                 if let Err(e) = &current {
@@ -246,7 +246,7 @@ impl Keeper {
     async fn successor(&mut self) -> Option<String> {
         self.look_up_successor();
         let lookup = self.successor.take()?;
-        let found = tokio::time::timeout(self.cfg.api_timeout(), lookup).await;
+        let found = tokio::time::timeout(self.cfg.call_timeout(), lookup).await;
         found.ok().and_then(|r| r.ok()).flatten()
     }
 
@@ -271,7 +271,7 @@ impl Keeper {
             let lease = self.term.release_write(successor.as_deref(), now_micro());
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
-            match call(lease_op(&self.lock, "update"), self.cfg.api_timeout(), replace).await {
+            match call(lease_op(&self.lock, "update"), self.cfg.call_timeout(), replace).await {
                 Ok(_) => {
                     let successor = successor.as_deref().unwrap_or("(none)");
                     info!(lock = %self.lock, identity = %self.identity, %successor, "released the lease");
@@ -279,7 +279,7 @@ impl Keeper {
                 }
                 Err(Failure::Conflict) => {
                     let get = self.api.get(&self.lock.name);
-                    let current = call(lease_op(&self.lock, "get"), self.cfg.api_timeout(), get).await;
+                    let current = call(lease_op(&self.lock, "get"), self.cfg.call_timeout(), get).await;
                     if current.is_err() || self.term.reread(current, Instant::now()) != Step::Keep {
                         return Ok(()); // not ours any more: nothing to release
                     }

@@ -7,7 +7,7 @@
 
 mod campaign;
 mod config;
-pub mod coordinated;
+pub(crate) mod coordinated;
 pub(crate) mod decide;
 mod elector;
 mod keeper;

@@ -2,7 +2,7 @@
 //! and the two ways to start it ([`Shards::start`], [`Shards::run`]). The campaign itself runs
 //! in the background [`engine`](super::engine).
 
-use std::{future::Future, time::Duration};
+use std::future::Future;
 
 use futures::{stream::FuturesUnordered, StreamExt};
 use kube::Client;
@@ -20,7 +20,6 @@ use crate::{
     election::{self, Election},
     error::{invalid, Error, Result},
     leadership::{Strategy, Term},
-    lease::LeaseConfig,
     lock::{self, LockRef},
 };
 
@@ -153,36 +152,6 @@ impl Shards {
     #[must_use]
     pub fn config(mut self, config: ShardsConfig) -> Self {
         self.config = config;
-        self
-    }
-
-    /// Sets the Lease timings (see [`ShardsConfig::lease`]).
-    #[must_use]
-    pub fn lease_config(mut self, lease: LeaseConfig) -> Self {
-        self.config.lease = lease;
-        self
-    }
-
-    /// Whether to campaign at all (default [`Election::Enabled`]): with
-    /// [`Election::Disabled`] this replica gets every shard at once, each without a fencing
-    /// token, until shutdown (local runs; see [`Election`]).
-    #[must_use]
-    pub fn election(mut self, election: Election) -> Self {
-        self.config.lease.election = election;
-        self
-    }
-
-    /// Sets the most API calls in flight (see [`ShardsConfig::max_in_flight`]).
-    #[must_use]
-    pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.config.max_in_flight = n;
-        self
-    }
-
-    /// Sets the handover grace (see [`ShardsConfig::handover_grace`]).
-    #[must_use]
-    pub fn handover_grace(mut self, d: Duration) -> Self {
-        self.config.handover_grace = d;
         self
     }
 

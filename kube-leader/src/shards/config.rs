@@ -25,8 +25,8 @@ pub const MAX_SHARDS: u32 = 100_000;
 /// use std::time::Duration;
 /// use kube_leader::{LeaseConfig, ShardsConfig};
 ///
-/// let lease = LeaseConfig::new(Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2));
-/// let config = ShardsConfig::new(lease).with_max_in_flight(16);
+/// let lease = LeaseConfig::default().lease_duration(Duration::from_secs(15)).renew_deadline(Duration::from_secs(10)).retry_period(Duration::from_secs(2));
+/// let config = ShardsConfig::default().lease(lease).max_in_flight(16);
 /// config.validate().unwrap();
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,25 +70,16 @@ impl Default for ShardsConfig {
 // === impl ShardsConfig ===
 
 impl ShardsConfig {
-    /// The given Lease timings; the other fields as in [`Default`].
-    #[must_use]
-    pub fn new(lease: LeaseConfig) -> Self {
-        Self {
-            lease,
-            ..Self::default()
-        }
-    }
-
     /// Sets [`lease`](Self::lease): the timings of every shard Lease and of the membership Lease.
     #[must_use]
-    pub fn with_lease(mut self, lease: LeaseConfig) -> Self {
+    pub fn lease(mut self, lease: LeaseConfig) -> Self {
         self.lease = lease;
         self
     }
 
     /// Sets [`max_in_flight`](Self::max_in_flight): most API calls in flight at once.
     #[must_use]
-    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.max_in_flight = max_in_flight;
         self
     }
@@ -96,7 +87,7 @@ impl ShardsConfig {
     /// Sets [`handover_grace`](Self::handover_grace): how long a handed-over shard's work may
     /// take to stop.
     #[must_use]
-    pub fn with_handover_grace(mut self, handover_grace: Duration) -> Self {
+    pub fn handover_grace(mut self, handover_grace: Duration) -> Self {
         self.handover_grace = handover_grace;
         self
     }
@@ -104,7 +95,7 @@ impl ShardsConfig {
     /// Sets the `join_settle` field: how long a new candidate waits before it takes
     /// free shards.
     #[must_use]
-    pub fn with_join_settle(mut self, join_settle: Duration) -> Self {
+    pub fn join_settle(mut self, join_settle: Duration) -> Self {
         self.join_settle = Some(join_settle);
         self
     }
@@ -145,11 +136,11 @@ impl ShardsConfig {
     }
 
     /// The bound on each API call.
-    pub(crate) fn api_timeout(&self) -> Duration {
-        self.lease.api_timeout()
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.lease.call_timeout()
     }
 
-    pub(crate) fn join_settle(&self) -> Duration {
+    pub(crate) fn settle_in_force(&self) -> Duration {
         self.join_settle.unwrap_or(self.lease.retry_period)
     }
 }
@@ -163,8 +154,8 @@ mod tests {
         let c = ShardsConfig::default();
         c.validate().unwrap();
         assert_eq!(c.lease, LeaseConfig::default());
-        assert_eq!(c.api_timeout(), Duration::from_secs(5));
-        assert_eq!(c.join_settle(), Duration::from_secs(2));
+        assert_eq!(c.call_timeout(), Duration::from_secs(5));
+        assert_eq!(c.settle_in_force(), Duration::from_secs(2));
     }
 
     #[test]

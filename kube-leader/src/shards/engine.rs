@@ -298,7 +298,7 @@ impl Engine {
         let op = self.set.op_on("delete", &name);
         match call(
             op.op(),
-            self.set.cfg.api_timeout(),
+            self.set.cfg.call_timeout(),
             self.io.api.delete(&name, &params),
         )
         .await

@@ -13,8 +13,6 @@ mod engine;
 mod names;
 mod scheduler;
 
-/// The annotation telling which process wrote a Lease (shared with the Lease strategy).
-pub use crate::lease::INSTANCE_ANNOTATION;
 pub use assignments::{Assignments, Shard, ShardSet};
 pub use candidate::Shards;
 pub use config::{ShardsConfig, MAX_SHARDS};

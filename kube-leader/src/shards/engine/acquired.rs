@@ -81,7 +81,7 @@ impl Engine {
             Failure::Conflict if *decision == Decision::Create => {
                 // It exists: maybe unlabelled (never seen by our watch). Read it.
                 self.hold_off(index, now + retry);
-                self.read(index, self.set.cfg.api_timeout());
+                self.read(index, self.set.cfg.call_timeout());
             }
             Failure::Conflict | Failure::NotFound => {
                 debug!(shard = index, "lost a race for the shard");
@@ -138,7 +138,7 @@ impl Engine {
             renew_deadline: self.set.renew_deadline(),
             yields_to_coordinated: false,
         };
-        let last_try = self.set.cfg.api_timeout().min(self.set.renew_deadline() / 4);
+        let last_try = self.set.cfg.call_timeout().min(self.set.renew_deadline() / 4);
         let pace = Phased::new(&self.set.phases, index, sent, last_try);
         let term = LeaseTerm::new(writer, lease, record, fencing_token, sent, pace);
         self.io.wake_at(term.next_renewal(), Key::Shard(index));

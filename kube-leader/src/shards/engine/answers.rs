@@ -273,7 +273,7 @@ impl Engine {
     /// Renewing shard `index` failed: retried until its renew deadline; a conflict is read
     /// again first.
     fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
-        let timeout = self.set.cfg.api_timeout();
+        let timeout = self.set.cfg.call_timeout();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
             return;
         };

@@ -73,7 +73,7 @@ impl Engine {
         let settle = if established {
             Duration::ZERO
         } else {
-            self.set.cfg.join_settle()
+            self.set.cfg.settle_in_force()
         };
         self.campaign_to(Campaign::From(now + settle));
         self.io.wake_at(now + settle, Key::Rebalance);

@@ -38,7 +38,7 @@ impl Engine {
         };
         let secs = self.set.cfg.lease.lease_duration_seconds();
         let api = self.io.api.clone();
-        let timeout = self.set.cfg.api_timeout();
+        let timeout = self.set.cfg.call_timeout();
         let op = OwnedOp {
             name: self.member.name.clone(),
             ..self.set.op("update")
@@ -94,7 +94,7 @@ impl Engine {
     /// Renews held shard `index`, unless its renew deadline has passed (its timer ends the
     /// term then); the call is bounded by that deadline.
     fn send_renewal(&mut self, index: u32, now: Instant) {
-        let timeout_cap = self.set.cfg.api_timeout();
+        let timeout_cap = self.set.cfg.call_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
@@ -135,7 +135,7 @@ impl Engine {
 
     /// Releases shard `index`: no holder, a one-second duration, no fencing token.
     fn send_release(&mut self, index: u32) {
-        let timeout_cap = self.set.cfg.api_timeout();
+        let timeout_cap = self.set.cfg.call_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
         let Some(t) = self.slots[index as usize].term.as_mut() else {
@@ -192,7 +192,7 @@ impl Engine {
         record: &mut LeaseRecord,
     ) -> BoxFuture<'static, Result<Lease, Failure>> {
         let secs = self.set.cfg.lease.lease_duration_seconds();
-        let timeout = self.set.cfg.api_timeout();
+        let timeout = self.set.cfg.call_timeout();
         let name = self.set.shard_name(index);
         let slot = &self.slots[index as usize];
         let api = self.io.api.clone();
@@ -256,7 +256,7 @@ impl Engine {
             name: name.clone(),
             ..self.set.op("get")
         };
-        let timeout = self.set.cfg.api_timeout();
+        let timeout = self.set.cfg.call_timeout();
         self.io.push(Key::Member, async move {
             let result = call(op.op(), timeout, api.get_opt(&name)).await;
             Reply::MemberRead { result }

@@ -1,94 +1,101 @@
-//! [`ElectorOptions`]: the settings both strategies share, turned into an [`Elector`] in one
-//! place (the `kube-leader` sidecar's flags and the `clap` feature's
-//! `args::LeaderElectionArgs`, with the `clap` feature, both build on it).
+//! [`Candidate`]: the flags of `run` and `rbac` as one candidate of either strategy, mapped into
+//! the library's configs ([`LeaseConfig`], [`ForLifeConfig`], [`ShardsConfig`]) in one place.
+//! It names no strategy to its callers: it refuses the options a strategy does not have
+//! (`validate`), builds the [`Elector`] or the [`Shards`], and the Role ([`Candidate::role_rules`]).
+
+// The library's `Error`, as the library returns it (its size is the library's concern).
+#![allow(clippy::result_large_err)]
 
 use std::time::Duration;
 
 use kube::Client;
-
-use crate::{
-    election::Election,
-    elector::Elector,
-    error::{invalid, Result},
-    for_life::{DeadLeaderPod, ForLife, OutsideCluster},
-    leadership::Strategy,
-    lease::{Coordinated, LeaseConfig, LeaseElector},
-    lock,
-    rbac::{self, PolicyRule},
-    shards::Shards,
-    successor::Successor,
+use kube_leader::{
+    internal::{
+        rbac::{self, PolicyRule},
+        MIN_LIVENESS,
+    },
+    Coordinated, DeadLeaderPod, Election, Elector, Error, ForLife, ForLifeConfig, LeaseConfig, LeaseElector,
+    OutsideCluster, Strategy, Successor,
 };
 
-/// What a candidate of either strategy is, as plain settings: which lock, which strategy,
-/// which identity, whether to campaign, the Lease timings, and the options that only one
-/// strategy has. [`validate`](Self::validate) checks them together, naming the setting (an
-/// option the strategy does not have is refused, not ignored); [`elector`](Self::elector)
-/// builds the [`Elector`], [`role_rules`](Self::role_rules) the Role it needs. A program that
-/// lets its users choose the strategy (the `kube-leader` sidecar, the `clap` feature's
-/// `args::LeaderElectionArgs`) maps its flags here and names no strategy itself.
-///
-/// ```no_run
-/// # fn doc(client: kube::Client) -> kube_leader::Result<()> {
-/// use kube_leader::{options::ElectorOptions, Strategy};
-///
-/// let mut options = ElectorOptions::new(Strategy::Lease, "my-operator");
-/// options.namespace = Some("operators".into());
-/// let elector = options.elector(client)?;
-/// # let _ = elector; Ok(()) }
-/// ```
+type Result<T> = std::result::Result<T, Error>;
+
+/// A configuration error naming the setting (`cli` names the flag that set it).
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidConfig {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Leader for life's liveness heartbeat, as `--liveness` sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// `--liveness off`.
+    Off,
+    /// A heartbeat every third of this.
+    Every(Duration),
+}
+
+/// A candidate of either strategy, as plain settings: which lock, which strategy, which
+/// identity, whether to campaign, the Lease timings, and the options that only one strategy
+/// has. [`validate`](Self::validate) checks them together, naming the setting (an option the
+/// strategy does not have is refused, not ignored).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ElectorOptions {
+pub(crate) struct Candidate {
     /// Lease or leader for life.
-    pub strategy: Strategy,
+    pub(crate) strategy: Strategy,
     /// The lock's name (a Lease, or the leader-for-life ConfigMap).
-    pub lock: String,
+    pub(crate) lock: String,
     /// The lock's namespace. Default: `POD_NAMESPACE`, the service-account namespace, then (Lease)
     /// the client's; leader for life without one runs outside a cluster
     /// ([`OutsideCluster`]).
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// This candidate's identity. Default: `POD_NAME`, else the host name. Leader for life:
     /// the name of this candidate's Pod.
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
     /// Whether to campaign at all (see [`Election`]).
-    pub election: Election,
-    /// Lease timings: lease duration, renew deadline, retry period (client-go's 15 s / 10 s /
-    /// 2 s). Leader for life has none.
-    pub timings: (Duration, Duration, Duration),
+    pub(crate) election: Election,
+    /// The Lease's duration (client-go's 15 s). Leader for life has none.
+    pub(crate) lease_duration: Duration,
+    /// The Lease's renew deadline (client-go's 10 s).
+    pub(crate) renew_deadline: Duration,
+    /// The Lease's retry period (client-go's 2 s).
+    pub(crate) retry_period: Duration,
     /// Whom a leader that steps down hands over to (see [`Successor`]).
-    pub successor: Successor,
+    pub(crate) successor: Successor,
     /// How long the others defer to the preferred successor (default 2 s).
-    pub successor_wait: Duration,
+    pub(crate) successor_wait: Duration,
     /// How long work gated on a term may take to stop once the term is lost (a sidecar's
     /// SIGTERM → SIGKILL). Default: [`stop_bound`](Self::stop_bound), where the lock expires;
     /// a Lease refuses more unless [`allow_grace_beyond_lease`](Self::allow_grace_beyond_lease).
-    /// Leader for life advertises it with its liveness heartbeat ([`ForLife::liveness_grace`]).
-    pub grace: Option<Duration>,
+    /// Leader for life advertises it with its liveness heartbeat ([`ForLifeConfig::liveness_grace`]).
+    pub(crate) grace: Option<Duration>,
     /// Accept a [`grace`](Self::grace) beyond the Lease's [`stop_bound`](Self::stop_bound): work
     /// slow to stop may then still run when another candidate has taken the expired lease.
-    pub allow_grace_beyond_lease: bool,
-    /// Leader for life only: its liveness heartbeat ([`ForLife::liveness`]). `None`: the
-    /// strategy's default (off); `Some(None)`: off; `Some(Some(l))`: a write every `l / 3`.
-    pub liveness: Option<Option<Duration>>,
+    pub(crate) allow_grace_beyond_lease: bool,
+    /// Leader for life only: its liveness heartbeat ([`ForLifeConfig::liveness`]). `None`: not
+    /// set (off).
+    pub(crate) liveness: Option<Liveness>,
     /// Leader for life only: take over from a leader whose Node has not been Ready for this
-    /// long ([`ForLife::not_ready_takeover`]).
-    pub not_ready_takeover: Option<Duration>,
-    /// Leader for life only: what becomes of a dead leader's Pod ([`ForLife::dead_leader_pod`];
+    /// long ([`ForLifeConfig::not_ready_takeover`]).
+    pub(crate) not_ready_takeover: Option<Duration>,
+    /// Leader for life only: what becomes of a dead leader's Pod ([`ForLifeConfig::dead_leader_pod`];
     /// `None`: its default). It also decides whether the Role grants `delete pods`.
-    pub dead_leader_pod: Option<DeadLeaderPod>,
-    /// Leader for life: what to do outside a cluster ([`ForLife::outside_cluster`]; `None`: its
+    pub(crate) dead_leader_pod: Option<DeadLeaderPod>,
+    /// Leader for life: what to do outside a cluster ([`ForLifeConfig::outside_cluster`]; `None`: its
     /// default). A Lease candidate has no such case (it uses the client's namespace).
-    pub outside_cluster: Option<OutsideCluster>,
+    pub(crate) outside_cluster: Option<OutsideCluster>,
     /// Lease only, not shard sets: take part in Kubernetes' coordinated leader election with
     /// these versions ([`LeaseConfig::coordinated`]).
-    pub coordinated: Option<Coordinated>,
+    pub(crate) coordinated: Option<Coordinated>,
 }
 
-// === impl ElectorOptions ===
+// === impl Candidate ===
 
-impl ElectorOptions {
+impl Candidate {
     /// A candidate for `lock` with every default.
-    pub fn new(strategy: Strategy, lock: impl Into<String>) -> Self {
+    pub(crate) fn new(strategy: Strategy, lock: impl Into<String>) -> Self {
         let lease = LeaseConfig::default();
         Self {
             strategy,
@@ -96,7 +103,9 @@ impl ElectorOptions {
             namespace: None,
             identity: None,
             election: Election::Enabled,
-            timings: (lease.lease_duration, lease.renew_deadline, lease.retry_period),
+            lease_duration: lease.lease_duration,
+            renew_deadline: lease.renew_deadline,
+            retry_period: lease.retry_period,
             successor: lease.successor,
             successor_wait: lease.successor_wait,
             grace: None,
@@ -111,7 +120,7 @@ impl ElectorOptions {
 
     /// The options of a [shard set](Shards) named `set` (its Leases `<set>-0` ..): shards are
     /// Leases, with every default.
-    pub fn shard_set(set: impl Into<String>) -> Self {
+    pub(crate) fn shard_set(set: impl Into<String>) -> Self {
         Self::new(Strategy::Lease, set)
     }
 
@@ -120,37 +129,61 @@ impl ElectorOptions {
     /// expired lock, `lease_duration − renew_deadline` (the leader stops leading a renew deadline
     /// after its last renewal was sent, and the lease is valid a lease duration after it).
     /// `None` where the lock does not expire.
-    pub fn stop_bound(&self) -> Option<Duration> {
-        let (lease_duration, renew_deadline, _) = self.timings;
+    pub(crate) fn stop_bound(&self) -> Option<Duration> {
         self.strategy
             .expires()
-            .then(|| lease_duration.saturating_sub(renew_deadline))
+            .then(|| self.lease_duration.saturating_sub(self.renew_deadline))
     }
 
     /// The [`grace`](Self::grace) in force: as set, else the [`stop_bound`](Self::stop_bound),
     /// else `otherwise` (a lock that does not expire sets no bound).
-    pub fn grace_or(&self, otherwise: Duration) -> Duration {
+    pub(crate) fn grace_or(&self, otherwise: Duration) -> Duration {
         self.grace.or(self.stop_bound()).unwrap_or(otherwise)
     }
 
     /// The Lease settings these options give (timings, successor, election; the rest default).
-    pub fn lease_config(&self) -> LeaseConfig {
-        let (lease_duration, renew_deadline, retry_period) = self.timings;
-        let mut config = LeaseConfig::new(lease_duration, renew_deadline, retry_period);
-        config.successor = self.successor;
-        config.successor_wait = self.successor_wait;
-        config.election = self.election;
-        config.coordinated = self.coordinated.clone();
+    pub(crate) fn lease_config(&self) -> LeaseConfig {
+        let mut config = LeaseConfig::default()
+            .lease_duration(self.lease_duration)
+            .renew_deadline(self.renew_deadline)
+            .retry_period(self.retry_period)
+            .successor(self.successor)
+            .successor_wait(self.successor_wait)
+            .election(self.election);
+        config.coordinated.clone_from(&self.coordinated);
+        config
+    }
+
+    /// Leader for life's settings from these options (the rest default).
+    pub(crate) fn for_life_config(&self) -> ForLifeConfig {
+        let mut config = ForLifeConfig::default()
+            .election(self.election)
+            .successor(self.successor)
+            .successor_wait(self.successor_wait);
+        if let Some(Liveness::Every(l)) = self.liveness {
+            config.liveness = Some(l);
+        }
+        if let Some(grace) = self.grace {
+            // The work's SIGKILL comes `grace` after its confirmation lapsed: advertised too.
+            config.liveness_grace = grace;
+        }
+        config.not_ready_takeover = self.not_ready_takeover;
+        if let Some(p) = self.dead_leader_pod {
+            config.dead_leader_pod = p;
+        }
+        if let Some(o) = self.outside_cluster {
+            config.outside_cluster = o;
+        }
         config
     }
 
     /// Checks the lock's name, the namespace's, and (Lease) client-go's timing rules.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting, or
-    /// [`Error::InvalidLockName`](crate::Error::InvalidLockName).
-    pub fn validate(&self) -> Result<()> {
-        lock::validate_name(&self.lock)?;
+    /// [`Error::InvalidConfig`](Error::InvalidConfig) naming the setting, or
+    /// [`Error::InvalidLockName`](Error::InvalidLockName).
+    pub(crate) fn validate(&self) -> Result<()> {
+        kube_leader::internal::validate_name(&self.lock)?;
         if self.coordinated.is_some() && self.strategy != Strategy::Lease {
             return Err(invalid(
                 "coordinated",
@@ -174,8 +207,8 @@ impl ElectorOptions {
     /// Checks that a [shard set](Shards) can be built from these options: shards are Leases.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for `shards`.
-    pub fn validate_shards(&self) -> Result<()> {
+    /// [`Error::InvalidConfig`](Error::InvalidConfig) for `shards`.
+    pub(crate) fn validate_shards(&self) -> Result<()> {
         if self.coordinated.is_some() {
             return Err(invalid(
                 "coordinated",
@@ -195,31 +228,13 @@ impl ElectorOptions {
         Ok(())
     }
 
-    /// A [shard set](Shards) of `count` Leases named after the lock (`<lock>-0` ..), with these
-    /// timings, namespace, identity and election.
-    ///
-    /// # Errors
-    /// As [`validate`](Self::validate) and [`validate_shards`](Self::validate_shards).
-    pub fn shards(&self, client: Client, count: u32) -> Result<Shards> {
-        self.validate_shards()?;
-        self.validate()?;
-        let mut shards = Shards::new(client, self.lock.clone(), count).lease_config(self.lease_config());
-        if let Some(ns) = &self.namespace {
-            shards = shards.namespace(ns.clone());
-        }
-        if let Some(id) = &self.identity {
-            shards = shards.identity(id.clone());
-        }
-        Ok(shards)
-    }
-
     /// The rules of the Role this candidate needs in the lock's namespace, least privilege, each
     /// with why it is there (the `kube-leader rbac` command prints them; the end-to-end tests
     /// run elections with nothing more).
-    pub fn role_rules(&self) -> Vec<PolicyRule> {
+    pub(crate) fn role_rules(&self) -> Vec<PolicyRule> {
         let mut rules = match self.strategy {
             Strategy::ForLife => rbac::for_life_rules(&self.lock, self.dead_leader_pod.unwrap_or_default()),
-            Strategy::Lease => rbac::lease_rules(&self.lock),
+            _ => rbac::lease_rules(&self.lock),
         };
         if self.coordinated.is_some() {
             rules.extend(rbac::coordinated_rules());
@@ -272,7 +287,7 @@ impl ElectorOptions {
             }
         }
         match (self.liveness, self.not_ready_takeover) {
-            (Some(Some(l)), _) if l < crate::for_life::MIN_LIVENESS => Err(invalid(
+            (Some(Liveness::Every(l)), _) if l < MIN_LIVENESS => Err(invalid(
                 "liveness",
                 format!("at least 1s (a heartbeat every third of it), or off; got {l:?}"),
             )),
@@ -285,23 +300,20 @@ impl ElectorOptions {
     ///
     /// # Errors
     /// As [`validate`](Self::validate).
-    pub fn elector(&self, client: Client) -> Result<Elector> {
+    pub(crate) fn elector(&self, client: Client) -> Result<Elector> {
         self.validate()?;
         Ok(match self.strategy {
             Strategy::ForLife => {
-                let mut e = ForLife::new(client, self.lock.clone())
-                    .election(self.election)
-                    .successor(self.successor)
-                    .successor_wait(self.successor_wait);
+                let mut e = ForLife::new(client, self.lock.clone()).config(self.for_life_config());
                 if let Some(ns) = &self.namespace {
                     e = e.namespace(ns.clone());
                 }
                 if let Some(id) = &self.identity {
-                    e = e.pod_name(id.clone());
+                    e = e.identity(id.clone());
                 }
-                self.for_life_options(e).into()
+                e.into()
             }
-            Strategy::Lease => {
+            _ => {
                 let mut e = LeaseElector::new(client, self.lock.clone()).config(self.lease_config());
                 if let Some(ns) = &self.namespace {
                     e = e.namespace(ns.clone());
@@ -312,31 +324,6 @@ impl ElectorOptions {
                 e.into()
             }
         })
-    }
-}
-
-// === impl ElectorOptions: leader for life ===
-
-impl ElectorOptions {
-    /// Leader for life's own options, where set.
-    fn for_life_options(&self, mut e: ForLife) -> ForLife {
-        if let Some(liveness) = self.liveness {
-            e = e.liveness(liveness);
-        }
-        if let Some(grace) = self.grace {
-            // The work's SIGKILL comes `grace` after its confirmation lapsed: advertised too.
-            e = e.liveness_grace(grace);
-        }
-        if let Some(d) = self.not_ready_takeover {
-            e = e.not_ready_takeover(Some(d));
-        }
-        if let Some(p) = self.dead_leader_pod {
-            e = e.dead_leader_pod(p);
-        }
-        if let Some(o) = self.outside_cluster {
-            e = e.outside_cluster(o);
-        }
-        e
     }
 }
 
@@ -364,42 +351,42 @@ mod tests {
 
     #[test]
     fn the_defaults_are_client_go_s() {
-        let o = ElectorOptions::new(Strategy::Lease, "lock");
+        let o = Candidate::new(Strategy::Lease, "lock");
         assert_eq!(o.lease_config(), LeaseConfig::default());
         o.validate().unwrap();
     }
 
     #[test]
     fn bad_settings_are_named() {
-        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
-        o.timings.1 = Duration::from_secs(20);
+        let mut o = Candidate::new(Strategy::Lease, "lock");
+        o.renew_deadline = Duration::from_secs(20);
         assert!(o.validate().unwrap_err().to_string().contains("renew"));
         // Leader for life has no timings to check.
         o.strategy = Strategy::ForLife;
         o.validate().unwrap();
         o.lock = "Not_A_Name".into();
         assert!(o.validate().is_err());
-        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        let mut o = Candidate::new(Strategy::Lease, "lock");
         o.namespace = Some("Bad NS".into());
         assert!(o.validate().is_err());
     }
 
     #[test]
     fn an_option_the_strategy_lacks_is_refused_by_name() {
-        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
-        o.liveness = Some(None);
+        let mut o = Candidate::new(Strategy::Lease, "lock");
+        o.liveness = Some(Liveness::Off);
         assert!(matches!(
             o.validate(),
-            Err(crate::Error::InvalidConfig {
+            Err(Error::InvalidConfig {
                 field: "liveness",
                 ..
             })
         ));
-        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        let mut o = Candidate::new(Strategy::Lease, "lock");
         o.dead_leader_pod = Some(DeadLeaderPod::Keep);
         assert!(matches!(
             o.validate(),
-            Err(crate::Error::InvalidConfig {
+            Err(Error::InvalidConfig {
                 field: "dead_leader_pod",
                 ..
             })
@@ -408,27 +395,27 @@ mod tests {
         o.validate().unwrap();
         o.not_ready_takeover = Some(Duration::ZERO);
         assert!(o.validate().is_err());
-        let o = ElectorOptions::new(Strategy::ForLife, "lock");
+        let o = Candidate::new(Strategy::ForLife, "lock");
         assert!(matches!(
             o.validate_shards(),
-            Err(crate::Error::InvalidConfig { field: "shards", .. })
+            Err(Error::InvalidConfig { field: "shards", .. })
         ));
-        ElectorOptions::shard_set("set").validate_shards().unwrap();
+        Candidate::shard_set("set").validate_shards().unwrap();
     }
 
     #[test]
     fn the_grace_is_bounded_where_the_lock_expires() {
-        let mut o = ElectorOptions::new(Strategy::Lease, "lock");
+        let mut o = Candidate::new(Strategy::Lease, "lock");
         assert_eq!(o.stop_bound(), Some(Duration::from_secs(5)), "15 s − 10 s");
         assert_eq!(o.grace_or(Duration::from_secs(10)), Duration::from_secs(5));
         o.grace = Some(Duration::from_secs(6));
         assert!(matches!(
             o.validate(),
-            Err(crate::Error::InvalidConfig { field: "grace", .. })
+            Err(Error::InvalidConfig { field: "grace", .. })
         ));
         o.allow_grace_beyond_lease = true;
         o.validate().unwrap();
-        let mut o = ElectorOptions::new(Strategy::ForLife, "lock");
+        let mut o = Candidate::new(Strategy::ForLife, "lock");
         assert_eq!(o.stop_bound(), None);
         assert_eq!(o.grace_or(Duration::from_secs(10)), Duration::from_secs(10));
         o.grace = Some(Duration::from_secs(60));
@@ -437,8 +424,8 @@ mod tests {
 
     #[test]
     fn the_role_follows_the_options() {
-        let mut o = ElectorOptions::new(Strategy::ForLife, "lock");
-        let deletes_pods = |o: &ElectorOptions| {
+        let mut o = Candidate::new(Strategy::ForLife, "lock");
+        let deletes_pods = |o: &Candidate| {
             o.role_rules()
                 .iter()
                 .any(|r| r.resource == "pods" && r.verbs.contains(&"delete"))
@@ -446,12 +433,11 @@ mod tests {
         assert!(deletes_pods(&o), "delete-evicted by default");
         o.dead_leader_pod = Some(DeadLeaderPod::Keep);
         assert!(!deletes_pods(&o));
-        let registrations =
-            |o: &ElectorOptions| o.role_rules().iter().any(|r| r.why.contains("registration"));
+        let registrations = |o: &Candidate| o.role_rules().iter().any(|r| r.why.contains("registration"));
         assert!(registrations(&o));
         o.successor = Successor::Any;
         assert!(!registrations(&o));
-        let o = ElectorOptions::new(Strategy::Lease, "lock");
+        let o = Candidate::new(Strategy::Lease, "lock");
         assert!(o.role_rules().iter().all(|r| r.resource != "configmaps"));
     }
 }
