@@ -13,9 +13,9 @@ use crate::{
 /// Whether a candidate campaigns for its lock at all: Kubernetes components'
 /// `--leader-elect=false`, for local runs and single-replica tests.
 ///
-/// Set it with [`LeaseElector::election`](crate::LeaseElector::election),
-/// [`ForLife::election`](crate::ForLife::election) or
-/// [`Shards::election`](crate::Shards::election) (or the `election` field of the configs).
+/// Set it in the config: [`LeaseConfig::election`](crate::LeaseConfig::election),
+/// [`ForLifeConfig::election`](crate::ForLifeConfig::election), or a shard set's
+/// [`ShardsConfig::lease`](crate::ShardsConfig::lease).
 ///
 /// With [`Election::Disabled`], `become_leader` returns at once, saying so at `info` in the
 /// logs: no request is sent for the lock, the fencing token is absent (0, and

@@ -144,6 +144,7 @@ impl Elector {
 
     /// A Lease candidate's renewal figures ([`LeaseElector::renewals`]); leader for life has
     /// no renewals.
+    #[doc(hidden)]
     pub fn renewals(&self) -> Option<watch::Receiver<Renewals>> {
         match self {
             Self::ForLife(_) => None,

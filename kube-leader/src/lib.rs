@@ -16,7 +16,7 @@
 //!
 //! [`Elector`] is either, for programs that let their users choose. Both give a
 //! [fencing token](Leadership::fencing_token) and a token that is cancelled when
-//! leadership is lost, record client-go's `LeaderElection` [Events](events) on the lock, and
+//! leadership is lost, record client-go's `LeaderElection` [Events](LeaseElector::events) on the lock, and
 //! report to an optional [observer] for metrics of your own. With the feature
 //! `prometheus-client`, `kube_leader::metrics::LeaderMetrics` is such an observer: client-go's
 //! leader election metrics in your `prometheus_client` registry.

@@ -38,9 +38,10 @@ impl Strategy {
     /// Whether the lock expires by itself when its leader goes silent: a Lease does,
     /// `lease_duration` after its last renewal, so work gated on a term must have stopped
     /// within `lease_duration − renew_deadline` after that term's confirmation lapsed
-    /// ([`ElectorOptions::stop_bound`](crate::options::ElectorOptions::stop_bound)). Leader
+    /// (the sidecar's stop bound). Leader
     /// for life's lock is held until its Pod is deleted; a silent leader is noticed by its
     /// liveness heartbeat, if any.
+    #[doc(hidden)]
     pub fn expires(self) -> bool {
         match self {
             Strategy::ForLife => false,
@@ -51,6 +52,7 @@ impl Strategy {
     /// Whether a leader keeps its lock when its work ends by itself (not asked to stop):
     /// leader for life does (a process restarted in the same Pod continues the term, as
     /// operator-sdk's); a Lease is released, so that another candidate takes over at once.
+    #[doc(hidden)]
     pub fn keeps_lock_after_work(self) -> bool {
         !self.expires()
     }
@@ -58,6 +60,7 @@ impl Strategy {
     /// Whether a candidate watches its own Pod by itself: leader for life does (its lock is
     /// owned by its Pod); a Lease candidate only when given its Pod
     /// ([`LeaseElector::candidate_pod`](crate::LeaseElector::candidate_pod)).
+    #[doc(hidden)]
     pub fn watches_own_pod(self) -> bool {
         !self.expires()
     }

@@ -17,12 +17,14 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             // Test code is not a room of the house: `tests/` and `tests.rs`, and the model
-            // checker (`model/`, compiled only under `cfg(test)`).
+            // checker (`model.rs` and `model/`, compiled only under `cfg(test)`).
             if path.file_name().is_some_and(|n| n != "tests" && n != "model") {
                 sources(&path, out);
             }
         } else if path.extension().is_some_and(|e| e == "rs")
             && path.file_name().is_some_and(|n| n != "tests.rs")
+            && !(path.file_name().is_some_and(|n| n == "model.rs")
+                && path.parent().is_some_and(|p| p.join("model").is_dir()))
         {
             out.push(path);
         }

@@ -145,7 +145,7 @@ pub struct ForLifeConfig {
     /// Which candidate a leader that steps down ([`Leadership::release`](crate::Leadership::release),
     /// after its Pod began to terminate) hands over to. Default [`Successor::Youngest`]: the
     /// youngest live candidate by its Pod's creation time, so that a rollout moves leadership
-    /// once, to a Pod of the new ReplicaSet (see [`successor`](crate::successor)).
+    /// once, to a Pod of the new ReplicaSet (see [`Successor`](crate::Successor)).
     pub successor: Successor,
     /// How long a candidate that is not the preferred successor defers to it after it saw the
     /// release mark; the preferred one takes over at once. Crash failover (the lock deleted with

@@ -40,7 +40,7 @@ use crate::{
 /// leader's Pod, and take over as soon as the lock is deleted, or delete it themselves (with a
 /// UID precondition) once the leader Pod is gone or has terminated and its containers are known
 /// to be gone: its leader [released](crate::Leadership::release) the lock, its graceful deletion
-/// completed, its opt-in [liveness heartbeat](Self::liveness) lapsed, or its grace period (plus
+/// completed, its opt-in [liveness heartbeat](ForLifeConfig::liveness) lapsed, or its grace period (plus
 /// 2 s) has passed since that end was seen.
 ///
 /// ```no_run
@@ -57,7 +57,7 @@ use crate::{
 /// The namespace is, in order: [`namespace`](Self::namespace), `POD_NAMESPACE`, the in-cluster
 /// service-account namespace file. Without any, the process is taken to run outside a cluster
 /// (see [`OutsideCluster`]). The identity is this candidate's Pod, named by
-/// [`pod_name`](Self::pod_name) or `POD_NAME` (set it with the Downward API), and recognised by
+/// [`identity`](Self::identity) or `POD_NAME` (set it with the Downward API), and recognised by
 /// its UID: a Pod recreated under the same name is another candidate.
 ///
 /// # One process per Pod
@@ -185,7 +185,7 @@ impl ForLife {
 
     /// Whether to record client-go's `LeaderElection` Events on the lock, "POD became leader"
     /// and "POD stopped leading" (default `true`; needs `create events`, see
-    /// [`events`](crate::events)).
+    /// [`LeaseElector::events`](crate::LeaseElector::events)).
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.node_check_disabled = Arc::default();

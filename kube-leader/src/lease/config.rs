@@ -57,8 +57,8 @@ pub fn check_renew_deadline(renew_deadline: Duration, retry_period: Duration) ->
 /// (1.5 with the defaults): pauses of the leader process are covered, since the monotonic clock
 /// keeps running while a process is stopped.
 ///
-/// Build one with [`LeaseConfig::new`] (client-go's three timings) or [`Default`], then set
-/// the other fields; the struct may gain fields in a minor release.
+/// Build one with [`Default`] and its setters (`LeaseConfig::default().renew_deadline(d)`); the
+/// struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseConfig {
@@ -86,7 +86,7 @@ pub struct LeaseConfig {
     pub api_timeout: Option<Duration>,
     /// Which candidate a leader that steps down (shutdown, release) hands over to. Default
     /// [`Successor::Youngest`]: the youngest live candidate, so that a rollout moves leadership
-    /// once, to a Pod of the new ReplicaSet (see [`successor`](crate::successor)). client-go
+    /// once, to a Pod of the new ReplicaSet (see [`Successor`](crate::Successor)). client-go
     /// candidates on the same Lease ignore the preference and take a released lease as before.
     pub successor: Successor,
     /// How long a candidate that is not the preferred successor defers to it after a release,
@@ -100,7 +100,7 @@ pub struct LeaseConfig {
     pub election: Election,
     /// Take part in Kubernetes' coordinated leader election (KEP-4355) with these versions: the
     /// controller in kube-apiserver names the holder, and this candidate never takes the Lease
-    /// itself (see [`coordinated`](super::coordinated)). Default `None`: a classic candidate,
+    /// itself (see [`Coordinated`]). Default `None`: a classic candidate,
     /// which leaves a Lease the controller manages to it (it takes one only when the controller
     /// named nobody for 10 s, and gives way to its `spec.preferredHolder`). Where the server
     /// does not serve `LeaseCandidate`, a coordinated candidate says so once and campaigns as a
@@ -294,6 +294,7 @@ impl LeaseConfig {
     }
 
     /// `leaseDurationSeconds` as written to the Lease: the duration rounded up to whole seconds.
+    #[doc(hidden)]
     pub fn lease_duration_seconds(&self) -> i32 {
         let secs = self
             .lease_duration

@@ -55,7 +55,28 @@ const RBAC_HINT: &str = "a coordinated candidate needs create, get, list, watch,
 
 /// Taking part in Kubernetes' coordinated leader election: this candidate's versions, which the
 /// controller compares (the oldest emulation version leads, so that a cluster upgrade keeps its
-/// oldest component in charge). See the [module documentation](self).
+/// oldest component in charge).
+///
+/// # How it works
+///
+/// Taking part in Kubernetes' coordinated leader election (KEP-4355), as client-go's
+/// `Coordinated: true` candidates do.
+///
+/// A candidate keeps a `LeaseCandidate` (coordination.k8s.io/v1beta1, beta since 1.33 and off by
+/// default: the `CoordinatedLeaderElection` gate and that API version must be on) named after its
+/// identity: the Lease it is a candidate for, its binary and emulation versions, and the strategy
+/// `OldestEmulationVersion`. The controller in kube-apiserver pings candidates (`spec.pingTime`)
+/// before an election and counts those that answer (renew `spec.renewTime`) within 5 s; it names
+/// the holder of the Lease, the candidate with the oldest emulation version. A coordinated
+/// candidate never takes the Lease itself: it leads once the controller has named it holder, and
+/// from then renews the Lease as any holder; it gives way when the controller names another in
+/// `spec.preferredHolder` (see the term's [`LossReason::Yielded`](crate::LossReason::Yielded)).
+///
+/// The candidate renews its `LeaseCandidate` when pinged and every 5 minutes (client-go's
+/// 5 minutes: the controller forces a new election for candidates not renewed in 15 minutes and
+/// deletes them after 30), and deletes it when it stops. Where the server does not serve
+/// `LeaseCandidate` (the gate off, or a server older than 1.31), the candidate says so once and
+/// campaigns as a classic candidate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Coordinated {

@@ -203,9 +203,22 @@ impl LeaseElector {
         self
     }
 
-    /// Whether to record client-go's `LeaderElection` Events on the Lease, "ID became leader"
-    /// and "ID stopped leading" (default `true`; needs `create events`, see
-    /// [`events`](crate::events)).
+    /// Whether to record client-go's `LeaderElection` Events on the Lease (default `true`).
+    ///
+    /// client-go's leader-election Events: `LeaderElection` on the lock object, "ID became
+    /// leader" when a term starts and "ID stopped leading" when it ends, for both
+    /// strategies, as client-go's `resourcelock` records them (so `kubectl describe lease NAME` and
+    /// `kubectl get events` show the same history for Go and Rust candidates).
+    ///
+    /// They are core/v1 Events, as client-go's recorder writes them: kube's `events::Recorder`
+    /// writes `events.k8s.io/v1` Events, which would need another grant (`create` and `patch` on
+    /// `events.k8s.io` events) for the same information. Best effort: an Event never delays or
+    /// fails the election; a refused one (no `create events`) is warned about once and not tried
+    /// again by this elector.
+    ///
+    /// The Events are reported (`source.component` and `reportingComponent`) by the name given to
+    /// the elector's `event_reporter` option, by default the running binary's file name
+    /// ([`std::env::current_exe`] without its extension), else `kube-leader`.
     #[must_use]
     pub fn events(mut self, record: bool) -> Self {
         self.shared = Shared::new();
@@ -250,6 +263,7 @@ impl LeaseElector {
 
     /// Renewal figures of this candidate, updated on every renewal attempt: a heartbeat for
     /// supervisors and the source of renewal metrics.
+    #[doc(hidden)]
     pub fn renewals(&self) -> watch::Receiver<Renewals> {
         self.shared.renewals.subscribe()
     }

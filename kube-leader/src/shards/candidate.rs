@@ -219,7 +219,7 @@ impl Shards {
     ///
     /// When `shutdown` is cancelled, every held shard's loss token fires
     /// ([`LossReason::Cancelled`]); each is renewed until its [`Shard`] is dropped or released
-    /// (at most [`LeaseConfig::shutdown_grace`]) and then released; the membership Lease is
+    /// (at most [`LeaseConfig::shutdown_grace`](crate::LeaseConfig::shutdown_grace)) and then released; the membership Lease is
     /// deleted and the background task ends ([`Assignments::finish`]).
     ///
     /// [`Shard`]: super::Shard

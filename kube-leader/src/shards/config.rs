@@ -18,8 +18,8 @@ pub const MAX_SHARDS: u32 = 100_000;
 /// [`LeaseElector`](crate::LeaseElector) leader does: when its renew deadline passes without a
 /// successful renewal, per shard.
 ///
-/// Build it from [`Default`] or [`ShardsConfig::new`] and the `with_*` methods, or set the
-/// fields of a default one: the struct may gain fields in a minor release.
+/// Build it from [`Default`] and its setters, or set the fields of a default one: the struct
+/// may gain fields in a minor release.
 ///
 /// ```
 /// use std::time::Duration;

@@ -249,7 +249,7 @@ mod props {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::for_life::leader::leader_info;
+    use crate::for_life::observe::leader_info;
 
     fn owner() -> impl Strategy<Value = OwnerReference> {
         (

@@ -67,11 +67,11 @@ mod fencing;
 mod heartbeat;
 mod keeper;
 mod kubelet;
-mod leader;
+mod observe;
 mod own_pod;
 mod record;
 
 pub use config::MIN_LIVENESS;
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};
 pub use elector::ForLife;
-pub use leader::{current_leader, watch_leader};
+pub use observe::{current_leader, watch_leader};
