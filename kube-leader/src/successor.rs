@@ -1,49 +1,5 @@
 //! Preferred successors: a leader that steps down hands over to the youngest live candidate.
-//!
-//! Most changes of leader are not crashes but rollouts: `kubectl rollout restart`, a new image,
-//! a node drain. Without a preference, leadership hops from an old Pod to another old Pod that
-//! the rollout terminates a moment later, and every hop stops and restarts the work. With one,
-//! a leader stepping down names the youngest live candidate (a Pod of the newest ReplicaSet in
-//! a rolling update) in its release, and that candidate takes over at once; the others defer
-//! to it for a short, bounded [`successor_wait`](crate::LeaseConfig::successor_wait).
-//!
-//! How candidates learn of each other: every candidate keeps a **registration**, a Lease of its
-//! own beside the lock (the mechanics of Kubernetes' `LeaseCandidate`, emulated with
-//! `coordination.k8s.io/v1` Leases, which every API server since 1.14 serves):
-//!
-//! | field | meaning |
-//! | --- | --- |
-//! | name | `<lock>-candidate-<16 hex digits of a hash of the lock kind and identity>` |
-//! | labels | [`CANDIDATE_FOR_LABEL`] (the lock's name, or a hash of a longer one) and [`LOCK_KIND_LABEL`] |
-//! | `spec.holderIdentity` | the candidate's identity |
-//! | `spec.acquireTime` | the candidate's age: its Pod's creation time where known, else its first registration |
-//! | `spec.renewTime` | when it was last written |
-//! | `spec.leaseDurationSeconds` | unset for a candidate with a Pod: live while the registration exists; else how long after `renewTime` it counts as live (three heartbeats) |
-//! | `ownerReferences` | its Pod, where known: the registration goes with the Pod |
-//!
-//! A candidate registers before its first election result (so a Pod that is `Ready` by the
-//! sidecar's `/readyz` is registered), withdraws the registration the moment it stops (shutdown
-//! requested, or its Pod is being deleted: a stopping candidate never campaigns again), and the
-//! garbage collector deletes the registration of a Pod that was deleted.
-//!
-//! **What a registration costs.** A candidate with a Pod writes its registration once: its
-//! life is its Pod's (the garbage collector) and its process's (the withdrawal), so an idle
-//! follower sends no request for it at all. Only while it leads does it renew its registration
-//! every [`REGISTRATION_HEARTBEAT`]: the pulse by which its watch of the registrations (below)
-//! shows that it is not stalled, beside the lock's own renewals. A candidate without a Pod
-//! (outside a cluster) has no owner to end its registration, so it renews every heartbeat and
-//! counts as live for three. What this trades: a process that died while its Pod lives (a crash
-//! loop) keeps a registration until its Pod goes; a leader that names it its successor makes the
-//! others defer for at most [`successor_wait`](crate::LeaseConfig::successor_wait) before one of
-//! them takes over. A leader watches the
-//! registrations of its lock for its term, and when it steps down names the youngest live one
-//! other than itself in [`PREFERRED_HOLDER_ANNOTATION`]: taken from that watch, so the release
-//! is one write and the handover waits for no extra request. Where the watch is not synced (or
-//! not allowed), the leader lists the registrations once instead, while its work stops.
-//!
-//! Crash failover is untouched: nobody stepped down, so nobody is preferred and nobody waits.
-//! Registrations are an optimisation, never a safety property: a candidate that may not
-//! register (no permission) logs one warning and campaigns as before.
+//! How it works: see [`Successor`].
 
 use std::{
     collections::BTreeMap,

@@ -1,21 +1,5 @@
-//! Taking part in Kubernetes' coordinated leader election (KEP-4355), as client-go's
-//! `Coordinated: true` candidates do.
-//!
-//! A candidate keeps a `LeaseCandidate` (coordination.k8s.io/v1beta1, beta since 1.33 and off by
-//! default: the `CoordinatedLeaderElection` gate and that API version must be on) named after its
-//! identity: the Lease it is a candidate for, its binary and emulation versions, and the strategy
-//! `OldestEmulationVersion`. The controller in kube-apiserver pings candidates (`spec.pingTime`)
-//! before an election and counts those that answer (renew `spec.renewTime`) within 5 s; it names
-//! the holder of the Lease, the candidate with the oldest emulation version. A coordinated
-//! candidate never takes the Lease itself: it leads once the controller has named it holder, and
-//! from then renews the Lease as any holder; it gives way when the controller names another in
-//! `spec.preferredHolder` (see the term's [`LossReason::Yielded`](crate::LossReason::Yielded)).
-//!
-//! The candidate renews its `LeaseCandidate` when pinged and every [`RENEW_EVERY`] (client-go's
-//! 5 minutes: the controller forces a new election for candidates not renewed in 15 minutes and
-//! deletes them after 30), and deletes it when it stops. Where the server does not serve
-//! `LeaseCandidate` (the gate off, or a server older than 1.31), the candidate says so once and
-//! campaigns as a classic candidate.
+//! Taking part in Kubernetes' coordinated leader election (KEP-4355). How it works: see
+//! [`Coordinated`].
 
 use std::time::Duration;
 
