@@ -191,7 +191,7 @@ impl<P: Pace> Term<P> {
         self.pace.next()
     }
 
-    /// The renew deadline is checked at `now`: past it, the term is over (fail-stop).
+    /// Checks the renew deadline at `now`. Past it, the term is over (fail-stop).
     pub(crate) fn deadline_reached(&self, now: Instant) -> Step {
         if now < self.confirmed_until() {
             return Step::Keep;
@@ -201,8 +201,8 @@ impl<P: Pace> Term<P> {
         })
     }
 
-    /// A renewal is to be sent at `now` (`wall_now`: the wall clock then, the renewTime to
-    /// write): the write, unless the renew deadline has passed.
+    /// Builds the renewal to send at `now`, unless the renew deadline has passed. `wall_now`
+    /// is the wall clock then: the `renewTime` to write.
     pub(crate) fn renew(&mut self, now: Instant, wall_now: Timestamp) -> Step {
         if let end @ Step::End(_) = self.deadline_reached(now) {
             return end;
@@ -224,7 +224,7 @@ impl<P: Pace> Term<P> {
         }
     }
 
-    /// The renewal sent at `sent` was written as `written`: the term is confirmed from `sent`.
+    /// Handles a successful renewal. The term is confirmed from `sent`, when it was sent.
     pub(crate) fn renewed(&mut self, written: Lease, sent: Instant) -> Step {
         if let Some(record) = self.pending.take() {
             self.record = record;
@@ -235,8 +235,8 @@ impl<P: Pace> Term<P> {
         Step::Keep
     }
 
-    /// The renewal failed at `now`: a conflict is read again, a deleted Lease ends the term,
-    /// anything else is retried as the pace says until the renew deadline.
+    /// Handles a failed renewal. Re-read on a conflict, end the term if the Lease was deleted,
+    /// and otherwise retry as the pace says until the renew deadline.
     pub(crate) fn write_failed(&mut self, failure: &Failure, now: Instant) -> Step {
         self.pending = None;
         if let Failure::NotFound = failure {
@@ -253,8 +253,8 @@ impl<P: Pace> Term<P> {
         }
     }
 
-    /// The re-read after a conflict was answered at `now` with the Lease as it is: still ours
-    /// (its version adopted) or lost; a failed read is retried as the pace says.
+    /// Handles the answer to a re-read after a conflict. If the Lease is still ours, keep its
+    /// version. Retry a failed read as the pace says.
     pub(crate) fn reread(&mut self, answer: Result<Lease, Failure>, now: Instant) -> Step {
         let step = match answer {
             Ok(current) => self.judge(current),
@@ -267,8 +267,8 @@ impl<P: Pace> Term<P> {
         step
     }
 
-    /// The watch showed `lease`: only a record newer than our last write can depose us (our
-    /// write carried the version we decided on; older events cannot be current).
+    /// Handles a watch event for the Lease. Only a record newer than our last write can end
+    /// the term: older events are stale.
     pub(crate) fn watched(&mut self, lease: &Lease) -> Step {
         if !newer(lease, &self.lease) {
             return Step::Keep;
@@ -305,7 +305,8 @@ impl<P: Pace> Term<P> {
         lease
     }
 
-    /// Whose `lease`, as it is now, is: ours goes on with its version adopted.
+    /// Judges the Lease as it is now. If it is still ours, keep its version and go on.
+    /// Otherwise end the term with the reason.
     fn judge(&mut self, lease: Lease) -> Step {
         let record = LeaseRecord::from_lease(&lease);
         let w = &self.writer;
@@ -329,7 +330,7 @@ impl<P: Pace> Term<P> {
         }
     }
 
-    /// Takes `lease` for the last written if it is newer.
+    /// Keeps `lease` as the last written if it is newer.
     fn adopt(&mut self, lease: Lease) {
         if newer(&lease, &self.lease) {
             self.lease = lease;
