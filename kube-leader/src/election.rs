@@ -26,12 +26,13 @@ use crate::{
 ///
 /// ```no_run
 /// # async fn doc(client: kube::Client) -> kube_leader::Result<()> {
-/// use kube_leader::{Election, LeaseElector};
+/// use kube_leader::{Election, LeaseConfig, LeaseElector};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let local = std::env::var_os("KUBERNETES_SERVICE_HOST").is_none();
-/// let elector = LeaseElector::new(client, "my-operator")
-///     .election(if local { Election::Disabled } else { Election::Enabled });
+/// let election = if local { Election::Disabled } else { Election::Enabled };
+/// let elector =
+///     LeaseElector::new(client, "my-operator").config(LeaseConfig::default().election(election));
 /// let leadership = elector.become_leader(&CancellationToken::new()).await?;
 /// assert_eq!(leadership.is_skipped(), local);
 /// # Ok(()) }

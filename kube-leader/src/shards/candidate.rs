@@ -50,7 +50,7 @@ use crate::{
 ///
 /// ```no_run
 /// # async fn run(client: kube::Client) -> kube_leader::Result<()> {
-/// use kube_leader::shards::Shards;
+/// use kube_leader::Shards;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let shutdown = CancellationToken::new();
