@@ -55,7 +55,7 @@
 //! - A leader whose Pod gets a `DisruptionTarget` condition (an eviction, a preemption; 1.31
 //!   and later) stops leading at once and hands over, before it is killed.
 //! - A leader on a NotReady Node is never replaced, unless the opt-in
-//!   [`not_ready_takeover`](ForLife::not_ready_takeover) says so.
+//!   [`not_ready_takeover`](ForLifeConfig::not_ready_takeover) says so.
 //! - The leader keeps watching its lock and learns when it is deleted or replaced.
 
 mod api;

@@ -1,7 +1,7 @@
 //! The engine: the background task of one [`Shards`] candidate.
 //!
 //! One loop owns all state of the candidate: what is known of every shard Lease ([`Slot`]),
-//! the terms it holds ([`Held`]), its membership Lease ([`Member`]) and the other candidates'.
+//! the terms it holds ([`Held`](table::Held)), its membership Lease ([`Member`]) and the other candidates'.
 //! It wakes up for shutdown, an API answer, the end of the work on a shard, a watch event or a
 //! timer, and acts on it in one of its parts:
 //! - [`table`]: the lifecycle of a shard's term and of the campaign, the only place either
@@ -36,12 +36,12 @@ use super::{
     assignments::{Shard, ShardSet},
     config::ShardsConfig,
     names::{member_lease_name, SHARDS_LABEL},
-    scheduler::{Phased, Phases, Throttle},
+    scheduler::{Phases, Throttle},
 };
 use crate::{
     api::{call, classify_watch, Failure, Op},
     backoff::jittered,
-    error::{Error, Result},
+    error::Result,
     leadership::LossReason,
     lease::{decide::Observed, record::new_instance_id},
     lock,
@@ -62,7 +62,7 @@ mod writes;
 
 use io::{Input, Io};
 use setup::Setup;
-use table::{Campaign, Held, State};
+use table::{Campaign, Machine, MemberPace, State, Tenure};
 
 const RESOURCE: &str = "leases.coordination.k8s.io";
 /// The Role shards need: create, list and watch Leases; get and update on the shard Leases
@@ -86,17 +86,9 @@ pub(super) struct Engine {
     members: BTreeMap<String, Observed>,
     /// Those of them seen with another shard count (see [`counts`]).
     foreign: BTreeMap<String, counts::Foreign>,
-    // The state below is the machine's: written only in `table` (see its module).
-    /// Relist in progress: the Leases listed so far.
-    relist: Option<Vec<Lease>>,
-    /// Where the campaign is.
-    campaign: Campaign,
-    /// Something changed that may change the plan: rebalance before the next wait.
-    dirty: bool,
-    /// The error that ends the campaign, if one did.
-    fatal: Option<Error>,
-    /// The generation of the last term begun (tells a term's answers from an earlier one's).
-    next_gen: u64,
+    /// The campaign, the plan's dirty flag, the fatal error, a relist in progress and the
+    /// terms' generations: private to [`table`], the only module that writes them.
+    machine: Machine,
 }
 
 /// What this candidate knows and holds of one shard.
@@ -112,22 +104,17 @@ struct Slot {
     absent_since: Option<Instant>,
     seen: bool,
     transitions_seen: Option<u32>,
-    /// The term held, if any (its lifecycle is the [`table`]'s).
-    term: Option<Held>,
-    /// No acquisition before this (after a lost race or an error; the [`table`]'s).
-    not_before: Option<Instant>,
+    /// The term held, if any, and the hold-off after a lost race or an error: private to
+    /// [`table`], the only module that begins or ends a term.
+    tenure: Tenure,
 }
 
 #[derive(Default)]
 struct Member {
     name: String,
     lease: Option<Lease>,
-    /// The pace of its renewals, from its first successful write on.
-    renewal: Option<Phased>,
-    /// When its last successful write was sent (its renewals are queued by the deadline after).
-    last_sent: Option<Instant>,
-    /// Retry the write not before this.
-    next: Option<Instant>,
+    /// When it is written next: private to [`table`].
+    pace: MemberPace,
 }
 
 /// What the engine is a candidate for: the set's client, name, shard count and settings
@@ -175,17 +162,13 @@ impl Engine {
             },
             members: BTreeMap::new(),
             foreign: BTreeMap::new(),
-            relist: None,
-            campaign: Campaign::Listing,
-            dirty: false,
-            fatal: None,
-            next_gen: 0,
+            machine: Machine::default(),
         }
     }
 
     /// Whether every shard is being handed back.
     fn stopping(&self) -> bool {
-        self.campaign == Campaign::Stopping
+        self.machine.campaign() == Campaign::Stopping
     }
 
     /// Campaigns until shutdown (or an error), then hands every shard back.
@@ -279,7 +262,7 @@ impl Engine {
             && self
                 .slots
                 .iter()
-                .all(|s| s.term.as_ref().is_none_or(|t| t.state() == State::Gone))
+                .all(|s| s.tenure.term().is_none_or(|t| t.state() == State::Gone))
     }
 
     /// Deletes the membership Lease (best effort) after the last shard is handed back.
@@ -320,8 +303,8 @@ impl Engine {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
-                s.term
-                    .as_ref()
+                s.tenure
+                    .term()
                     .filter(|t| t.state() == State::Active)
                     .map(|t| (i as u32, t.term.fencing_token()))
             })

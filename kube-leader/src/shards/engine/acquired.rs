@@ -59,7 +59,7 @@ impl Engine {
         if self.stopping() {
             // Acquired while handing everything back: nobody works on it; released at once
             // (dropping the handle tells the engine so).
-            if let Some(t) = self.slots[index as usize].term.as_ref() {
+            if let Some(t) = self.slots[index as usize].tenure.term() {
                 t.keeper.lose(LossReason::Cancelled);
             }
             let until = now + self.set.cfg.lease.shutdown_grace;

@@ -95,7 +95,7 @@ impl Engine {
         // dropped during the call: during a renewal sent before the loss, or during a failed
         // attempt to take the shard again), and the shard is looked at again.
         if let Some(index) = index.filter(|i| !self.io.busy(Key::Shard(*i))) {
-            match self.slots[index as usize].term.as_ref().map(|t| t.state()) {
+            match self.slots[index as usize].tenure.term().map(|t| t.state()) {
                 Some(State::Releasing) => {
                     self.io.queue_release(now, Key::Shard(index));
                 }
@@ -146,8 +146,8 @@ impl Engine {
             }
         }
         if self.slots[index as usize]
-            .term
-            .as_ref()
+            .tenure
+            .term()
             .is_some_and(|t| t.gen == gen)
         {
             self.apply(index, Event::Released, now);
@@ -212,7 +212,7 @@ impl Engine {
                 self.member_due_at(now + jittered(retry / 2));
             }
         }
-        if let Some(next) = self.member.next {
+        if let Some(next) = self.member.pace.next() {
             self.io.wake_at(next, Key::Member);
         }
     }
@@ -229,8 +229,8 @@ impl Engine {
         // The term is over, or the answer is an earlier term's: nothing to do (its call is over
         // all the same).
         if self.slots[index as usize]
-            .term
-            .as_ref()
+            .tenure
+            .term()
             .is_none_or(|t| t.gen != gen)
         {
             return;
@@ -247,7 +247,7 @@ impl Engine {
     /// Shard `index` was renewed (`written`, sent at `sent`).
     fn renewed(&mut self, index: u32, sent: Instant, written: Lease) {
         let slot = &mut self.slots[index as usize];
-        let Some(t) = slot.term.as_mut() else {
+        let Some(t) = slot.tenure.term_mut() else {
             return;
         };
         self.io.throttle.succeeded();
@@ -274,7 +274,7 @@ impl Engine {
     /// again first.
     fn renewal_failed(&mut self, index: u32, e: Failure, now: Instant) {
         let timeout = self.set.cfg.call_timeout();
-        let Some(t) = self.slots[index as usize].term.as_mut() else {
+        let Some(t) = self.slots[index as usize].tenure.term_mut() else {
             return;
         };
         let step = t.term.write_failed(&e, now);

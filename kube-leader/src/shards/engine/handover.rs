@@ -23,7 +23,7 @@ impl Engine {
         let until = now + self.set.cfg.lease.shutdown_grace;
         let release = self.set.cfg.lease.release_on_cancel;
         for index in 0..self.set.count {
-            let Some(t) = self.slots[index as usize].term.as_ref() else {
+            let Some(t) = self.slots[index as usize].tenure.term() else {
                 continue;
             };
             if t.state() != State::Active {
@@ -39,7 +39,7 @@ impl Engine {
 
     /// Shard `index` is not ours any more: its loss token fires, renewals stop.
     pub(super) fn lose(&mut self, index: u32, reason: LossReason, now: Instant) {
-        let Some(t) = self.slots[index as usize].term.as_ref().filter(|t| t.live()) else {
+        let Some(t) = self.slots[index as usize].tenure.term().filter(|t| t.live()) else {
             return;
         };
         info!(shard = index, %reason, "lost shard");
@@ -52,7 +52,7 @@ impl Engine {
 
     /// The `Shard` of `index` (generation `gen`) was dropped: the work on it has stopped.
     pub(super) fn on_done(&mut self, index: u32, gen: u64, now: Instant) {
-        let Some(t) = self.slots[index as usize].term.as_ref().filter(|t| t.gen == gen) else {
+        let Some(t) = self.slots[index as usize].tenure.term().filter(|t| t.gen == gen) else {
             return;
         };
         let active = t.state() == State::Active;
@@ -72,7 +72,7 @@ impl Engine {
     /// Goes on with a term whose work has stopped: releases it if it is to be released and
     /// still can be (before its renew deadline), or ends it.
     pub(super) fn after_done(&mut self, index: u32, now: Instant) {
-        let Some(t) = self.slots[index as usize].term.as_ref().filter(|t| t.done()) else {
+        let Some(t) = self.slots[index as usize].tenure.term().filter(|t| t.done()) else {
             return;
         };
         match t.state() {

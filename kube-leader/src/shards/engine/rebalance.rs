@@ -74,7 +74,7 @@ impl Engine {
     /// Recomputes the fair share; hands over the surplus and takes free shards up to it.
     pub(super) fn rebalance(&mut self, now: Instant) {
         self.replanning();
-        if !self.campaign.campaigning() || self.failed() {
+        if !self.machine.campaign().campaigning() || self.failed() {
             return;
         }
         let count_unsure = self.judge_counts(now);
@@ -83,7 +83,7 @@ impl Engine {
         }
         let quota = self.fair_share(now);
         let (active, holding) = self.holding();
-        let ready = self.campaign.acquiring(now) && !count_unsure;
+        let ready = self.machine.campaign().acquiring(now) && !count_unsure;
         let free = if holding.len() < quota as usize && ready {
             self.free(now)
         } else {
@@ -118,7 +118,7 @@ impl Engine {
         let busy = |i: u32| self.io.busy(Key::Shard(i));
         for (i, slot) in self.slots.iter().enumerate() {
             let i = i as u32;
-            match &slot.term {
+            match slot.tenure.term() {
                 Some(t) if t.state() == State::Active => {
                     active.push(i);
                     holding.push(i);
@@ -143,7 +143,7 @@ impl Engine {
             if self.io.busy(Key::Shard(i)) {
                 continue;
             }
-            match slot.term.as_ref().map(|t| t.orphaned_from(grace)) {
+            match slot.tenure.term().map(|t| t.orphaned_from(grace)) {
                 // Held, handed over, being released, or lost with its work stopped.
                 Some(None) => continue,
                 Some(Some(from)) if from > now => {
@@ -152,7 +152,7 @@ impl Engine {
                 }
                 Some(Some(_)) | None => {}
             }
-            if let Some(nb) = slot.not_before.filter(|t| *t > now) {
+            if let Some(nb) = slot.tenure.not_before().filter(|t| *t > now) {
                 soonest = Some(soonest.map_or(nb, |s| s.min(nb)));
                 continue;
             }
@@ -170,7 +170,7 @@ impl Engine {
     /// Hands active shard `index` over: its work stops, then it is released.
     fn hand_over(&mut self, index: u32, now: Instant) {
         let until = now + self.set.cfg.handover_grace;
-        if let Some(t) = self.slots[index as usize].term.as_ref() {
+        if let Some(t) = self.slots[index as usize].tenure.term() {
             info!(shard = index, "handing the shard over");
             t.keeper.lose(LossReason::Rebalanced);
             self.apply(index, Event::Leave { until, release: true }, now);

@@ -30,7 +30,7 @@ impl Engine {
     fn shard_due(&mut self, index: u32, now: Instant) {
         let renew = self.set.renew_deadline();
         let slot = &self.slots[index as usize];
-        let Some(t) = slot.term.as_ref() else {
+        let Some(t) = slot.tenure.term() else {
             self.replan();
             return;
         };
@@ -73,17 +73,18 @@ impl Engine {
 
     /// The membership Lease's timer: its renewal is queued.
     fn member_due(&mut self, now: Instant) {
-        if self.io.busy(Key::Member) || !self.campaign.campaigning() {
+        if self.io.busy(Key::Member) || !self.machine.campaign().campaigning() {
             return;
         }
-        let due = self.member.next.unwrap_or(now);
+        let due = self.member.pace.next().unwrap_or(now);
         if now < due {
             self.io.wake_at(due, Key::Member);
             return;
         }
         let deadline = self
             .member
-            .last_sent
+            .pace
+            .last_sent()
             .map_or(now, |sent| sent + self.set.renew_deadline());
         self.io.queue_renewal(deadline, Key::Member);
     }

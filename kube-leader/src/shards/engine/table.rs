@@ -1,9 +1,9 @@
 //! The table: the lifecycle of a shard's term and of the campaign, written once.
 //!
-//! A shard without a term has none (`Slot::term` is `None`); a term begins [`Active`]
+//! A shard without a term has none (`Tenure::term` is `None`); a term begins [`Active`]
 //! ([`Engine::begin`]) and goes on by the rows of [`next`]: (state, event) → next state, or the
 //! end of the term. A pair the table does not list is ignored. This file is the only place
-//! that writes a term's state ([`State`], whether its work stopped, when it was lost), begins
+//! that can write a term's state ([`State`], whether its work stopped, when it was lost), begins
 //! or ends one, or moves the campaign on ([`Campaign`]); the other parts of the engine tell it
 //! events.
 //!
@@ -18,21 +18,22 @@
 //! | `Releasing` | `Released` (answered, or failed) | `Gone` |
 //! | `Gone`, work stopped, no call in flight | `Finish` | no term |
 //!
-//! Besides the terms and the campaign, the engine's own state is written here only, by the
-//! small methods below that the other parts call:
+//! The types enforce it: the state lives in [`Machine`] (the engine's), [`Tenure`] (each
+//! shard's term and hold-off) and [`MemberPace`] (the membership Lease's schedule), whose fields
+//! are private to this module. The other parts read them through accessors and change them
+//! only by the small methods below:
 //! - [`hold_off`](Engine::hold_off) / [`lift_hold_off`](Engine::lift_hold_off): when shard
-//!   `index` may be tried again after a lost race or an error (`Slot::not_before`);
+//!   `index` may be tried again after a lost race or an error (`Tenure::not_before`);
 //! - [`replan`](Engine::replan) / [`replan_wanted`](Engine::replan_wanted) /
 //!   [`replanning`](Engine::replanning): whether something changed that may change the plan
-//!   (`Engine::dirty`);
+//!   (`Machine::dirty`);
 //! - [`fail`](Engine::fail) / [`outcome`](Engine::outcome): the error that ends the campaign
-//!   (`Engine::fatal`; the first one is kept);
+//!   (`Machine::fatal`; the first one is kept);
 //! - [`relist_started`](Engine::relist_started), [`relist_item`](Engine::relist_item),
-//!   [`relist_done`](Engine::relist_done): a relist of the set in progress (`Engine::relist`);
-//! - [`new_gen`](Engine::new_gen): the generation of a new term (`Engine::next_gen`);
+//!   [`relist_done`](Engine::relist_done): a relist of the set in progress (`Machine::relist`);
+//! - [`new_gen`](Engine::new_gen): the generation of a new term (`Machine::next_gen`);
 //! - [`member_due_at`](Engine::member_due_at) / [`member_renewed`](Engine::member_renewed):
-//!   when the membership Lease is written next (`Member::next`, `Member::renewal`,
-//!   `Member::last_sent`).
+//!   when the membership Lease is written next (`MemberPace`).
 //!
 //! What is not here is either knowledge folded from the watch and the answers (the Leases
 //! seen, the other candidates: [`watching`](super::watching)), fixed ([`setup`](super::setup)),
@@ -112,6 +113,89 @@ pub(super) enum Campaign {
     From(Instant),
     /// Handing every shard back.
     Stopping,
+}
+
+/// The engine's state that only this module writes: its fields are private to `table`, so no
+/// other part of the engine can assign them; they read it through the accessors below.
+pub(super) struct Machine {
+    /// Relist in progress: the Leases listed so far.
+    relist: Option<Vec<Lease>>,
+    /// Where the campaign is.
+    campaign: Campaign,
+    /// Something changed that may change the plan: rebalance before the next wait.
+    dirty: bool,
+    /// The error that ends the campaign, if one did.
+    fatal: Option<Error>,
+    /// The generation of the last term begun (tells a term's answers from an earlier one's).
+    next_gen: u64,
+}
+
+impl Default for Machine {
+    fn default() -> Self {
+        Self {
+            relist: None,
+            campaign: Campaign::Listing,
+            dirty: false,
+            fatal: None,
+            next_gen: 0,
+        }
+    }
+}
+
+impl Machine {
+    /// Where the campaign is.
+    pub(super) fn campaign(&self) -> Campaign {
+        self.campaign
+    }
+}
+
+/// A shard's term and its hold-off: only this module begins or ends a term.
+#[derive(Default)]
+pub(super) struct Tenure {
+    /// The term held, if any.
+    term: Option<Held>,
+    /// No acquisition before this (after a lost race or an error).
+    not_before: Option<Instant>,
+}
+
+impl Tenure {
+    /// The term held, if any.
+    pub(super) fn term(&self) -> Option<&Held> {
+        self.term.as_ref()
+    }
+
+    /// The term held, to drive its term machine (its lifecycle stays this module's).
+    pub(super) fn term_mut(&mut self) -> Option<&mut Held> {
+        self.term.as_mut()
+    }
+
+    /// No acquisition before this.
+    pub(super) fn not_before(&self) -> Option<Instant> {
+        self.not_before
+    }
+}
+
+/// When the membership Lease is written: only this module moves it on.
+#[derive(Default)]
+pub(super) struct MemberPace {
+    /// The pace of its renewals, from its first successful write on.
+    renewal: Option<Phased>,
+    /// When its last successful write was sent (its renewals are queued by the deadline after).
+    last_sent: Option<Instant>,
+    /// Retry the write not before this.
+    next: Option<Instant>,
+}
+
+impl MemberPace {
+    /// Retry the write not before this.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// When its last successful write was sent.
+    pub(super) fn last_sent(&self) -> Option<Instant> {
+        self.last_sent
+    }
 }
 
 /// A term of a shard held by this process.
@@ -216,7 +300,7 @@ impl Engine {
         (gen, keeper, released): (u64, KeeperHandle, oneshot::Sender<()>),
         term: Term<Phased>,
     ) {
-        self.slots[index as usize].term = Some(Held {
+        self.slots[index as usize].tenure.term = Some(Held {
             gen,
             keeper,
             released: Some(released),
@@ -232,7 +316,7 @@ impl Engine {
     pub(super) fn apply(&mut self, index: u32, event: Event, now: Instant) -> bool {
         let busy = self.io.busy(Key::Shard(index));
         let slot = &mut self.slots[index as usize];
-        let Some(t) = slot.term.as_mut() else {
+        let Some(t) = slot.tenure.term.as_mut() else {
             return false;
         };
         if event == Event::Finish && busy {
@@ -254,7 +338,7 @@ impl Engine {
                 if let Some(tx) = t.released.take() {
                     let _ = tx.send(());
                 }
-                slot.term = None;
+                slot.tenure.term = None;
                 self.replan();
             }
         }
@@ -263,9 +347,9 @@ impl Engine {
 
     /// Moves the campaign on to `to`, by its table; `false` if it may not.
     pub(super) fn campaign_to(&mut self, to: Campaign) -> bool {
-        match next_campaign(self.campaign, to) {
+        match next_campaign(self.machine.campaign, to) {
             Some(c) => {
-                self.campaign = c;
+                self.machine.campaign = c;
                 true
             }
             None => false,
@@ -275,14 +359,14 @@ impl Engine {
     /// The generation of a term about to begin: one more than the last (never reused, so an
     /// answer or end of work of an earlier term of the shard is told apart).
     pub(super) fn new_gen(&mut self) -> u64 {
-        self.next_gen += 1;
-        self.next_gen
+        self.machine.next_gen += 1;
+        self.machine.next_gen
     }
 
     /// The membership Lease's next write is due at `at` (after a read, its loss, or a failed
     /// write).
     pub(super) fn member_due_at(&mut self, at: Instant) {
-        self.member.next = Some(at);
+        self.member.pace.next = Some(at);
     }
 
     /// The membership Lease's write sent at `sent` succeeded: the next one is due at its phase
@@ -292,52 +376,53 @@ impl Engine {
         // Its failures are retried by `member_due_at`: no last attempt to keep.
         let renewal = self
             .member
+            .pace
             .renewal
             .get_or_insert_with(|| Phased::new(phases, count, sent, Duration::ZERO));
         renewal.succeeded(sent);
-        self.member.last_sent = Some(sent);
-        self.member.next = Some(renewal.next());
+        self.member.pace.last_sent = Some(sent);
+        self.member.pace.next = Some(renewal.next());
         renewal.next()
     }
 
     /// Shard `index` is not tried again before `until` (a race lost, an error).
     pub(super) fn hold_off(&mut self, index: u32, until: Instant) {
-        self.slots[index as usize].not_before = Some(until);
+        self.slots[index as usize].tenure.not_before = Some(until);
     }
 
     /// Shard `index` may be tried again at once (its holder changed, its Lease is gone).
     pub(super) fn lift_hold_off(&mut self, index: u32) {
-        self.slots[index as usize].not_before = None;
+        self.slots[index as usize].tenure.not_before = None;
     }
 
     /// Something changed that may change the plan: rebalance before the next wait.
     pub(super) fn replan(&mut self) {
-        self.dirty = true;
+        self.machine.dirty = true;
     }
 
     /// Whether something changed since the last rebalance.
     pub(super) fn replan_wanted(&self) -> bool {
-        self.dirty
+        self.machine.dirty
     }
 
     /// A rebalance begins: what changed until now is taken into account.
     pub(super) fn replanning(&mut self) {
-        self.dirty = false;
+        self.machine.dirty = false;
     }
 
     /// An error ends the campaign (every shard is handed back); the first one is kept.
     pub(super) fn fail(&mut self, error: Error) {
-        self.fatal.get_or_insert(error);
+        self.machine.fatal.get_or_insert(error);
     }
 
     /// Whether an error ended the campaign.
     pub(super) fn failed(&self) -> bool {
-        self.fatal.is_some()
+        self.machine.fatal.is_some()
     }
 
     /// What the campaign ends with, once everything is handed back: the error that ended it.
     pub(super) fn outcome(&mut self) -> Result<()> {
-        match self.fatal.take() {
+        match self.machine.fatal.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -345,17 +430,17 @@ impl Engine {
 
     /// A (re)list of the set begins: what was listed before is forgotten.
     pub(super) fn relist_started(&mut self) {
-        self.relist = Some(Vec::new());
+        self.machine.relist = Some(Vec::new());
     }
 
     /// A Lease listed by the (re)list.
     pub(super) fn relist_item(&mut self, lease: Lease) {
-        self.relist.get_or_insert_with(Vec::new).push(lease);
+        self.machine.relist.get_or_insert_with(Vec::new).push(lease);
     }
 
     /// The (re)list is complete: what it listed.
     pub(super) fn relist_done(&mut self) -> Vec<Lease> {
-        self.relist.take().unwrap_or_default()
+        self.machine.relist.take().unwrap_or_default()
     }
 }
 

@@ -53,7 +53,7 @@ impl Engine {
         if !names.contains(&self.member.name) {
             self.member.lease = None;
         }
-        if self.campaign == Campaign::Listing {
+        if self.machine.campaign() == Campaign::Listing {
             self.first_synced(now);
         }
         self.replan();
@@ -140,7 +140,7 @@ impl Engine {
             }
         }
         let mut lost = None;
-        if let Some(t) = slot.term.as_mut() {
+        if let Some(t) = slot.tenure.term_mut() {
             // Ours goes on (our own write, echoed before its answer came, or an edit of its
             // metadata); another holder's or a twin's write ends the term.
             if t.live() {
@@ -194,7 +194,7 @@ impl Engine {
         }
         self.lift_hold_off(index);
         self.replan();
-        if self.slots[index as usize].term.as_ref().is_some_and(|t| t.live()) {
+        if self.slots[index as usize].tenure.term().is_some_and(|t| t.live()) {
             self.lose(index, LossReason::LockDeleted, now);
         }
     }

@@ -84,7 +84,7 @@ impl Engine {
             // is queued again when the call returns (see `on_reply`).
             return;
         }
-        match self.slots[index as usize].term.as_ref().map(|t| t.state()) {
+        match self.slots[index as usize].tenure.term().map(|t| t.state()) {
             Some(State::Active | State::Leaving { .. }) => self.send_renewal(index, now),
             Some(State::Releasing) => self.send_release(index),
             Some(State::Gone) | None => {}
@@ -97,7 +97,7 @@ impl Engine {
         let timeout_cap = self.set.cfg.call_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
-        let Some(t) = self.slots[index as usize].term.as_mut() else {
+        let Some(t) = self.slots[index as usize].tenure.term_mut() else {
             return;
         };
         let Step::Renew {
@@ -138,7 +138,7 @@ impl Engine {
         let timeout_cap = self.set.cfg.call_timeout();
         let name = self.set.shard_name(index);
         let api = self.io.api.clone();
-        let Some(t) = self.slots[index as usize].term.as_mut() else {
+        let Some(t) = self.slots[index as usize].tenure.term_mut() else {
             return;
         };
         let lease = t.term.release_write(None, now_micro());
