@@ -36,7 +36,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
-    let elector = crate::elector::elector(client.clone(), &args, &identity, None).or_exit(exit::USAGE)?;
+    let elector = crate::candidate::elector(client.clone(), &args, &identity, None).or_exit(exit::USAGE)?;
     let status = run::serve_status(&args, &lock, &identity, &elector).await?;
     let label = run::pod_label(&args, &client, &lock, &identity);
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),

@@ -20,7 +20,6 @@ mod cli;
 mod client;
 mod cluster;
 mod elect;
-mod elector;
 mod exit;
 mod fence;
 mod install;

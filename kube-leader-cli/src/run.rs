@@ -56,7 +56,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         candidate_pod = Some(pod);
     }
     let elector =
-        crate::elector::elector(client.clone(), &args, &identity, candidate_pod).or_exit(exit::USAGE)?;
+        crate::candidate::elector(client.clone(), &args, &identity, candidate_pod).or_exit(exit::USAGE)?;
     let status = serve_status(&args, &lock, &identity, &elector).await?;
     let label = pod_label(&args, &client, &lock, &identity);
     let fence = crate::fence::proxy_user(&args)?.map(|user| (client.clone(), user));
