@@ -41,7 +41,7 @@ use crate::{
     cli::{LogFormat, RunArgs},
     cluster,
     exit::{self, Fail, OrExit},
-    supervisor,
+    supervisor::{self, Launch},
 };
 
 mod command;
@@ -49,7 +49,7 @@ mod file;
 mod sidecar;
 mod signal;
 
-use sidecar::{Sidecar, StopSignals};
+use sidecar::{Sidecar, StopSignals, Timings};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
@@ -77,7 +77,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
         on_change = ?args.on_shards_change, "campaigning for shards");
     // `--fence`: COMMAND's API requests go through a proxy that adds the token of the shard
     // a context names (`shard-<i>`), while this replica holds it.
-    let fence = match crate::fence::proxy_user(&args)? {
+    let fence = match crate::fence::proxy_user(args.fence, args.fence_user.clone())? {
         Some(user) => {
             let tokens = crate::fence::Tokens::Shards {
                 held: assignments.held(),
@@ -103,7 +103,23 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     if let Some(proxy) = &fence {
         env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
     }
-    let mut sidecar = Sidecar::new(&args, log_format, assignments, env, file, ack);
+    let launch = Launch {
+        grace: args.grace(),
+        command: args.command,
+        log_format,
+    };
+    let timings = Timings {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    let mut sidecar = Sidecar::new(
+        (launch, args.on_shards_change, timings),
+        assignments,
+        env,
+        file,
+        ack,
+    );
     let code = sidecar.run(&mut stops).await;
     if sidecar.abandoned() {
         // Not a word to the candidate (its shutdown releases): the process exits now.
@@ -112,7 +128,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     }
     info!(code, "COMMAND is gone; handing every shard back");
     shutdown.cancel();
-    sidecar.hand_back(&args).await?;
+    sidecar.hand_back().await?;
     drop(fence);
     Ok(code)
 }

@@ -1,21 +1,20 @@
-//! COMMAND while this candidate leads: started through its supervisor, kept confirmed by
-//! renewals (a lease) or heartbeats (leader for life), told of a loss, sent the signals
-//! kube-leader receives, until the supervisor reports that COMMAND has exited.
+//! COMMAND while this candidate leads: started through its supervisor, kept confirmed as far
+//! as leadership is ([`Confirmed`]), told of a loss, sent the signals kube-leader receives,
+//! until the supervisor reports that COMMAND has exited.
 
 use std::time::Duration;
 
-use kube_leader::{lease::Renewals, Leadership, LossReason};
+use kube_leader::{Leadership, LossReason};
 use tokio::{
     signal::unix::SignalKind,
     sync::watch,
-    time::{Instant, MissedTickBehavior},
+    time::{Instant, Interval, MissedTickBehavior},
 };
 use tracing::{debug, info};
 
 use super::signals::{is_stop, Signals};
 use crate::{
     label::PodLabel,
-    metrics::secs,
     state::Status,
     supervisor::{Control, Report, Supervisor, SupervisorProcess},
 };
@@ -25,22 +24,9 @@ pub(super) struct Running<'a> {
     status: &'a Status,
     label: Option<&'a PodLabel>,
     token: u64,
-    /// The renew deadline: how long a renewal (or heartbeat) confirms leadership.
-    deadline: Duration,
     process: SupervisorProcess,
     sup: Control,
-    /// Confirmed by the lease's renewals (else by the library's confirmations, or heartbeats
-    /// from this loop).
-    lease: bool,
-    /// Leader for life with a liveness heartbeat: the library's
-    /// [`confirmed_until`](Leadership::confirmed_until), the send of its last successful
-    /// heartbeat plus the liveness, caps what this loop's own heartbeats confirm.
-    confirmations: Option<watch::Receiver<Option<Instant>>>,
-    /// Confirmed by heartbeats from this loop (leader for life; capped by `confirmations`).
-    pings: bool,
-    renewals: watch::Receiver<Renewals>,
-    seen: Renewals,
-    watching: bool,
+    confirmed: Confirmed,
     /// Leadership is lost (and the status says so).
     pub(super) lost: bool,
     /// A signal that stops kube-leader was forwarded.
@@ -48,6 +34,94 @@ pub(super) struct Running<'a> {
     pub(super) command_pid: Option<u32>,
     /// Whether the supervisor said its last word (`exited`): COMMAND ended in order.
     pub(super) orderly: bool,
+}
+
+/// Until when COMMAND is confirmed: the library's
+/// [`confirmations`](Leadership::confirmations) wherever it gives them, counted from when the
+/// acquiring write or a renewal was sent (the fail-stop rule); this loop's own pings (the renew
+/// deadline from now) where it gives none (leader for life without liveness, a skipped
+/// election), and where its confirmation may reach further than that (leader for life's
+/// liveness): a frozen kube-leader has COMMAND stopped by the renew deadline.
+struct Confirmed {
+    /// The library's confirmations; `None` for a skipped election, or once the term's keeper is
+    /// gone.
+    library: Option<watch::Receiver<Option<Instant>>>,
+    /// The library's confirmations count from writes (a Lease): they alone confirm COMMAND, and
+    /// nothing is confirmed without one.
+    from_writes: bool,
+    renew_deadline: Duration,
+    /// Every retry period where the library's confirmations are not enough.
+    ping: Option<Interval>,
+}
+
+// === impl Confirmed ===
+
+impl Confirmed {
+    fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
+        let library = (!leadership.is_skipped()).then(|| leadership.confirmations());
+        let from_writes = library.is_some() && leadership.strategy().expires();
+        let ping = (!from_writes).then(|| {
+            let mut ping = tokio::time::interval(retry_period);
+            ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ping
+        });
+        Self {
+            library,
+            from_writes,
+            renew_deadline,
+            ping,
+        }
+    }
+
+    /// The first confirmation. The keeper of a Lease confirms its acquiring write on its first
+    /// turn, right after the handle is returned: waited for (at most the renew deadline).
+    async fn first(&mut self) -> Instant {
+        if let (true, Some(c)) = (self.from_writes, self.library.as_mut()) {
+            let _ = tokio::time::timeout(self.renew_deadline, c.wait_for(Option::is_some)).await;
+        }
+        self.until()
+    }
+
+    /// Until when COMMAND is confirmed now.
+    fn until(&mut self) -> Instant {
+        let now = Instant::now();
+        let library = self.library.as_mut().and_then(|c| *c.borrow_and_update());
+        match (self.from_writes, library) {
+            (true, until) => until.unwrap_or(now),
+            (false, Some(until)) => until.min(now + self.renew_deadline),
+            (false, None) => now + self.renew_deadline,
+        }
+    }
+
+    /// The next confirmation: the library's, or this loop's ping; `None` when nothing is new
+    /// (the keeper is gone).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe (a watch's `changed` and an interval's `tick` are).
+    async fn next(&mut self) -> Option<Instant> {
+        let library = async {
+            match self.library.as_mut() {
+                Some(c) => c.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let ping = async {
+            match self.ping.as_mut() {
+                Some(p) => p.tick().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = library => {
+                if !changed {
+                    self.library = None;
+                    return None;
+                }
+            }
+            _ = ping => {}
+        }
+        Some(self.until())
+    }
 }
 
 // === impl Running ===
@@ -58,38 +132,16 @@ impl<'a> Running<'a> {
         label: Option<&'a PodLabel>,
         leadership: &Leadership,
         supervisor: Supervisor,
-        renewals: Option<watch::Receiver<Renewals>>,
-        deadline: Duration,
+        (renew_deadline, retry_period): (Duration, Duration),
     ) -> Self {
         let Supervisor { process, control } = supervisor;
-        // Lease: leadership is confirmed for the renew deadline counted from when the acquiring
-        // write, then each successful renewal, was sent (the library's fail-stop rule, on the
-        // same monotonic clock), never from "now": time spent since (a slow answer, a pause)
-        // is not given again. Leader for life: its liveness heartbeat's confirmations, the same
-        // rule; without one, liveness pings from this loop.
-        let lease = renewals.is_some() && !leadership.is_skipped();
-        let confirmations = Some(leadership.confirmations())
-            .filter(|c| !lease && !leadership.is_skipped() && c.borrow().is_some());
-        let (renewals, seen) = match renewals {
-            Some(r) => {
-                let seen = r.borrow().clone();
-                (r, seen)
-            }
-            None => (watch::channel(Renewals::default()).1, Renewals::default()),
-        };
         Self {
             status,
             label,
             token: leadership.fencing_token(),
-            deadline,
             process,
             sup: control,
-            lease,
-            pings: !lease,
-            confirmations,
-            renewals,
-            seen,
-            watching: lease,
+            confirmed: Confirmed::new(leadership, renew_deadline, retry_period),
             lost: false,
             stop_signal: false,
             command_pid: None,
@@ -99,26 +151,12 @@ impl<'a> Running<'a> {
 
     /// Starts COMMAND with `env`, confirmed as far as leadership is.
     pub(super) async fn start(&mut self, env: &[(&str, String)]) {
-        let confirmed = self.confirmations.as_mut().map(|c| *c.borrow_and_update());
-        let first = match (self.lease, self.seen.leading, self.seen.last_success, confirmed) {
-            (true, true, Some(sent), _) => sent + self.deadline,
-            // The lease handle says it leads, but no renewal is known: nothing is confirmed.
-            (true, _, _, _) => Instant::now(),
-            (false, _, _, Some(until)) => self.pinged(Some(until)),
-            (false, _, _, None) => Instant::now() + self.deadline,
-        };
+        let first = self.confirmed.first().await;
         self.sup.start(first, env).await;
     }
 
     /// Runs until the supervisor exits or reports that COMMAND has exited; returns the code.
-    pub(super) async fn until_exit(
-        &mut self,
-        leadership: &Leadership,
-        signals: &mut Signals,
-        retry_period: Duration,
-    ) -> u8 {
-        let mut ping = tokio::time::interval(retry_period);
-        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    pub(super) async fn until_exit(&mut self, leadership: &Leadership, signals: &mut Signals) -> u8 {
         loop {
             tokio::select! {
                 biased;
@@ -130,43 +168,12 @@ impl<'a> Running<'a> {
                     }
                 }
                 kind = signals.recv() => self.on_signal(kind).await,
-                changed = self.renewals.changed(), if self.watching => {
-                    match changed {
-                        Ok(()) => self.on_renewals().await,
-                        Err(_) => self.watching = false,
-                    }
-                }
-                changed = changed_or_pending(self.confirmations.as_mut()) => match changed {
-                    Some(until) if !self.lost => {
-                        let until = self.pinged(Some(Some(until)));
-                        self.sup.confirm_until(until).await;
-                    }
-                    Some(_) => {}
-                    // The keeper is gone: nothing confirms COMMAND any more.
-                    None => self.confirmations = None,
-                },
-                _ = ping.tick(), if self.pings => {
-                    // No renewals to wait for: heartbeats say that kube-leader's loop runs and
-                    // the strategy has not reported a loss (capped by the liveness heartbeat's
-                    // confirmation, where there is one).
-                    if !self.lost {
-                        let until = self.pinged(self.confirmations.as_ref().map(|c| *c.borrow()));
+                until = self.confirmed.next(), if !self.lost => {
+                    if let Some(until) = until {
                         self.sup.confirm_until(until).await;
                     }
                 }
             }
-        }
-    }
-
-    /// Leader for life: COMMAND is confirmed while this loop runs (its pings: the renew
-    /// deadline from now, so a frozen kube-leader has COMMAND stopped by the renew deadline)
-    /// and, with a liveness heartbeat, no longer than the library's `confirmed` (`Some(None)`:
-    /// nothing is confirmed).
-    fn pinged(&self, confirmed: Option<Option<Instant>>) -> Instant {
-        let now = Instant::now();
-        match confirmed {
-            None => now + self.deadline,
-            Some(until) => until.map_or(now, |u| u.min(now + self.deadline)),
         }
     }
 
@@ -228,26 +235,6 @@ impl<'a> Running<'a> {
         self.sup.signal(kind.as_raw_value()).await;
     }
 
-    /// The lease's renewals changed: metrics, and a heartbeat confirming the last one.
-    async fn on_renewals(&mut self) {
-        let now = self.renewals.borrow_and_update().clone();
-        if now.successes > self.seen.successes {
-            if let Some(latency) = now.last_latency {
-                self.status.metrics.renew.observe(secs(latency));
-            }
-        }
-        if now.failures > self.seen.failures {
-            self.status
-                .metrics
-                .renew_failures
-                .inc_by(now.failures - self.seen.failures);
-        }
-        if let (true, false, Some(sent)) = (now.leading, self.lost, now.last_success) {
-            self.sup.confirm_until(sent + self.deadline).await;
-        }
-        self.seen = now;
-    }
-
     /// The supervisor exited (with `code`) without its last word having been read: what it
     /// said last (a loss that came together with the exit: kube-leader was frozen while the
     /// supervisor stopped COMMAND), and whether it ended in order; if not, COMMAND's group is
@@ -267,17 +254,5 @@ impl<'a> Running<'a> {
         }
         self.command_pid = words.started.or(self.command_pid);
         self.orderly = words.orderly;
-    }
-}
-
-/// The library's next confirmation; pending without confirmations. `None`: their sender (the
-/// term's keeper) is gone.
-async fn changed_or_pending(c: Option<&mut watch::Receiver<Option<Instant>>>) -> Option<Instant> {
-    match c {
-        Some(c) => {
-            c.changed().await.ok()?;
-            *c.borrow_and_update()
-        }
-        None => std::future::pending().await,
     }
 }

@@ -1,23 +1,28 @@
 //! The leader's side of `run`: from starting COMMAND until it has exited, then stepping down
 //! as the way COMMAND ended asks ([`StepDown`]).
 
-use kube_leader::{lease::Renewals, Leadership};
-use tokio::sync::watch;
+use std::time::Duration;
+
+use kube_leader::Leadership;
 use tracing::{info, warn};
 
 use super::{command::Running, signals::Signals};
 use crate::{
-    cli::{LogFormat, RunArgs},
     exit,
     label::PodLabel,
     state::Status,
-    supervisor::Supervisor,
+    supervisor::{Launch, Supervisor},
 };
 
 /// The leader's loop, from starting COMMAND until it has exited.
 pub(super) struct Leading<'a> {
-    pub(super) args: &'a RunArgs,
-    pub(super) log_format: LogFormat,
+    /// What starts COMMAND's supervisor, should the one started in advance be gone.
+    pub(super) launch: &'a Launch,
+    /// The renew deadline: how long the loop's own ping confirms, and how long a release may
+    /// take.
+    pub(super) renew_deadline: Duration,
+    /// How often the loop pings where the library gives no confirmations.
+    pub(super) retry_period: Duration,
     pub(super) status: &'a Status,
     pub(super) label: Option<&'a PodLabel>,
     /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
@@ -51,7 +56,6 @@ impl Leading<'_> {
         self,
         leadership: Leadership,
         standby: Option<Supervisor>,
-        renewals: Option<watch::Receiver<Renewals>>,
         signals: &mut Signals,
     ) -> u8 {
         let lock = &self.status.lock;
@@ -90,7 +94,7 @@ impl Leading<'_> {
         let ready = standby.and_then(|mut s| (!s.process.has_exited()).then_some(s));
         let supervisor = match ready {
             Some(s) => Ok(s),
-            None => Supervisor::spawn(&self.args.command, self.args.grace(), self.log_format),
+            None => self.launch.spawn(),
         };
         let supervisor = match supervisor {
             Ok(s) => s,
@@ -100,18 +104,10 @@ impl Leading<'_> {
                 return exit::INTERNAL;
             }
         };
-        let mut running = Running::new(
-            self.status,
-            self.label,
-            &leadership,
-            supervisor,
-            renewals,
-            self.args.renew_deadline,
-        );
+        let timings = (self.renew_deadline, self.retry_period);
+        let mut running = Running::new(self.status, self.label, &leadership, supervisor, timings);
         running.start(&env).await;
-        let code = running
-            .until_exit(&leadership, signals, self.args.retry_period)
-            .await;
+        let code = running.until_exit(&leadership, signals).await;
         running.drain(code).await;
         self.end(leadership, running, code).await
     }
@@ -200,7 +196,7 @@ impl Leading<'_> {
             return;
         }
         let lock = &self.status.lock;
-        match tokio::time::timeout(self.args.renew_deadline, leadership.release()).await {
+        match tokio::time::timeout(self.renew_deadline, leadership.release()).await {
             Ok(Ok(())) => info!(lock = %lock, identity = %self.status.identity, "released the lock"),
             Ok(Err(e)) => warn!(lock = %lock, error = %e, "could not release the lock"),
             Err(_) => warn!(lock = %lock, "releasing the lock timed out"),
