@@ -47,11 +47,16 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
         "campaigning (elect: no COMMAND)");
     loop {
-        let campaign = run::campaign(&elector, &mut signals, &lock, &identity, args.renew_deadline);
+        let campaign = run::campaign(
+            &elector,
+            &mut signals,
+            &status,
+            label.as_ref(),
+            args.renew_deadline,
+        );
         let Some(leadership) = campaign.await? else {
             break;
         };
-        run::lead(&status, &leadership, label.as_ref());
         match hold(&status, &leadership, label.as_ref(), &mut signals).await {
             Held::Lost(LossReason::PodEnding { .. }) => {
                 // The lock goes with the Pod: delete it now (UID precondition), then only serve.

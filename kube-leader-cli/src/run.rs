@@ -1,8 +1,9 @@
 //! `kube-leader run`: campaign, run COMMAND while leading, stop it when leadership ends.
 //!
-//! This file campaigns; [`candidate`] keeps the status, the Pod label and the campaign;
-//! [`leading`] runs COMMAND ([`command`]) while leading and steps down; [`signals`] are those
-//! kube-leader receives and forwards; [`own_pod`] is `--watch-own-pod`.
+//! This file gathers what the candidate is; [`candidate`] keeps its status and Pod label and
+//! campaigns; [`command`] runs COMMAND while leading; [`step_down`] ends the term as COMMAND's
+//! end asks; [`signals`] are those kube-leader receives and forwards; [`own_pod`] is
+//! `--watch-own-pod`.
 
 use std::time::Duration;
 
@@ -21,13 +22,14 @@ use crate::{
 
 mod candidate;
 mod command;
-mod leading;
 mod own_pod;
 mod signals;
+mod step_down;
 
-pub(crate) use candidate::{campaign, lead, pod_label, serve_status, Served};
-use leading::Leading;
+pub(crate) use candidate::{campaign, pod_label, serve_status, Served};
+use command::{Running, Start};
 pub(crate) use signals::{is_stop, Signals};
+use step_down::Leaving;
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
@@ -80,21 +82,33 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
         grace = %humantime::format_duration(launch.grace), "campaigning");
     let started = Instant::now();
-    let Some(leadership) = campaign(&elector, &mut signals, &lock, &identity, args.renew_deadline).await?
+    let (renew_deadline, retry_period) = (args.renew_deadline, args.retry_period);
+    let Some(leadership) = campaign(&elector, &mut signals, &status, label.as_ref(), renew_deadline).await?
     else {
         return Ok(0);
     };
     status.metrics.acquire.observe(secs(started.elapsed()));
-    lead(&status, &leadership, label.as_ref());
-    let leading = Leading {
-        launch: &launch,
-        renew_deadline: args.renew_deadline,
-        retry_period: args.retry_period,
+    let start = Start {
         status: &status,
         label: label.as_ref(),
+        launch: &launch,
+        standby,
         fence,
+        timings: (renew_deadline, retry_period),
     };
-    let code = leading.run(leadership, standby, &mut signals).await;
+    let running = Running::new(start, &leadership).await;
+    let leaving = Leaving {
+        status: &status,
+        label: label.as_ref(),
+        renew_deadline,
+    };
+    let code = match running {
+        Some(mut running) => {
+            let code = running.run(&leadership, &mut signals).await;
+            leaving.end(leadership, running, code).await
+        }
+        None => leaving.not_started(leadership).await,
+    };
     if let Some(label) = &label {
         label.set(false);
         label.settle(Duration::from_secs(10)).await;

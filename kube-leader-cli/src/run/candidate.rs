@@ -86,14 +86,16 @@ pub(crate) fn pod_label(
     label
 }
 
-/// Campaigns until elected (`Some`), or until a signal stops kube-leader first (`None`).
+/// Campaigns until elected (`Some`: the status and the Pod label say so), or until a signal
+/// stops kube-leader first (`None`).
 pub(crate) async fn campaign(
     elector: &Elector,
     signals: &mut Signals,
-    lock: &LockRef,
-    identity: &str,
+    status: &Status,
+    label: Option<&PodLabel>,
     renew_deadline: Duration,
 ) -> Result<Option<Leadership>, Fail> {
+    let (lock, identity) = (&status.lock, &status.identity);
     let cancel = CancellationToken::new();
     let campaign = elector.become_leader(&cancel);
     tokio::pin!(campaign);
@@ -123,13 +125,9 @@ pub(crate) async fn campaign(
         let _ = tokio::time::timeout(renew_deadline, leadership.release()).await;
         return Ok(None);
     }
-    Ok(Some(leadership))
-}
-
-/// Elected: the status and the Pod label say so.
-pub(crate) fn lead(status: &Status, leadership: &Leadership, label: Option<&PodLabel>) {
+    // Elected: the status and the Pod label say so.
     if leadership.is_skipped() {
-        warn!(lock = %status.lock, identity = %status.identity,
+        warn!(lock = %lock, identity = %identity,
             "not running in a cluster: skipping the election and running COMMAND in every replica \
              that finds no namespace (--on-outside-cluster skip); set --namespace or POD_NAMESPACE \
              to elect one leader");
@@ -138,6 +136,7 @@ pub(crate) fn lead(status: &Status, leadership: &Leadership, label: Option<&PodL
     if let Some(label) = label {
         label.set(true);
     }
+    Ok(Some(leadership))
 }
 
 /// Feeds the watched leader into the status.

@@ -1,29 +1,47 @@
-//! COMMAND while this candidate leads: started through its supervisor, kept confirmed as far
-//! as leadership is ([`Confirmed`]), told of a loss, sent the signals kube-leader receives,
-//! until the supervisor reports that COMMAND has exited.
+//! COMMAND during one term: started through its supervisor (behind its fencing proxy with
+//! `--fence`), kept confirmed as far as leadership is ([`Confirmed`]), told of a loss, sent the
+//! signals kube-leader receives, until the supervisor reports that COMMAND has exited.
 
 use std::time::Duration;
 
 use kube_leader::{Leadership, LossReason};
 use tokio::{
-    signal::unix::SignalKind,
     sync::watch,
     time::{Instant, Interval, MissedTickBehavior},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::signals::{is_stop, Signals};
 use crate::{
+    fence::{start_proxy, Proxy, Tokens},
     label::PodLabel,
     state::Status,
-    supervisor::{Control, Report, Supervisor, SupervisorProcess},
+    supervisor::{Control, Launch, Report, Supervisor, SupervisorProcess},
 };
+
+/// What a term of COMMAND starts from.
+pub(super) struct Start<'a> {
+    pub(super) status: &'a Status,
+    pub(super) label: Option<&'a PodLabel>,
+    /// What starts COMMAND's supervisor, should the one started in advance be gone.
+    pub(super) launch: &'a Launch,
+    /// The supervisor started in advance, while this candidate followed.
+    pub(super) standby: Option<Supervisor>,
+    /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
+    pub(super) fence: Option<(kube::Client, String)>,
+    /// The renew deadline (how long the loop's own ping confirms) and the retry period (how
+    /// often it pings).
+    pub(super) timings: (Duration, Duration),
+}
 
 /// COMMAND under its supervisor during one term, as the leader's loop sees it.
 pub(super) struct Running<'a> {
-    status: &'a Status,
-    label: Option<&'a PodLabel>,
+    pub(super) status: &'a Status,
+    pub(super) label: Option<&'a PodLabel>,
     token: u64,
+    env: Vec<(&'static str, String)>,
+    /// `--fence`: COMMAND's API requests go through it; it stops when this is dropped.
+    _proxy: Option<Proxy>,
     process: SupervisorProcess,
     sup: Control,
     confirmed: Confirmed,
@@ -127,18 +145,52 @@ impl Confirmed {
 // === impl Running ===
 
 impl<'a> Running<'a> {
-    pub(super) fn new(
-        status: &'a Status,
-        label: Option<&'a PodLabel>,
-        leadership: &Leadership,
-        supervisor: Supervisor,
-        (renew_deadline, retry_period): (Duration, Duration),
-    ) -> Self {
+    /// Gets COMMAND ready for `leadership`'s term: its environment, its fencing proxy, its
+    /// supervisor (the one started in advance, if it still lives); `None` if it cannot be.
+    pub(super) async fn new(start: Start<'a>, leadership: &Leadership) -> Option<Self> {
+        let lock = &start.status.lock;
+        let token = leadership.fencing_token();
+        let mut env = vec![
+            ("KUBE_LEADER_IDENTITY", start.status.identity.clone()),
+            ("KUBE_LEADER_LOCK", lock.name.clone()),
+            ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
+            ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
+        ];
+        // `--fence`: COMMAND's API requests go through a proxy that adds this term's token.
+        let proxy = match start.fence {
+            Some((client, user)) => {
+                let dir = std::env::temp_dir();
+                match start_proxy(client, &user, Tokens::Term(token), &dir).await {
+                    Ok(proxy) => Some(proxy),
+                    Err(e) => {
+                        warn!(error = %e, "cannot start the fencing proxy");
+                        return None;
+                    }
+                }
+            }
+            None => None,
+        };
+        if let Some(proxy) = &proxy {
+            env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
+        }
+        let ready = start
+            .standby
+            .and_then(|mut s| (!s.process.has_exited()).then_some(s));
+        let supervisor = match ready.map_or_else(|| start.launch.spawn(), Ok) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
+                return None;
+            }
+        };
         let Supervisor { process, control } = supervisor;
-        Self {
-            status,
-            label,
-            token: leadership.fencing_token(),
+        let (renew_deadline, retry_period) = start.timings;
+        Some(Self {
+            status: start.status,
+            label: start.label,
+            token,
+            env,
+            _proxy: proxy,
             process,
             sup: control,
             confirmed: Confirmed::new(leadership, renew_deadline, retry_period),
@@ -146,32 +198,36 @@ impl<'a> Running<'a> {
             stop_signal: false,
             command_pid: None,
             orderly: false,
-        }
+        })
     }
 
-    /// Starts COMMAND with `env`, confirmed as far as leadership is.
-    pub(super) async fn start(&mut self, env: &[(&str, String)]) {
+    /// Starts COMMAND, confirmed as far as leadership is, and runs until the supervisor exits
+    /// or reports that COMMAND has exited; returns the code.
+    pub(super) async fn run(&mut self, leadership: &Leadership, signals: &mut Signals) -> u8 {
         let first = self.confirmed.first().await;
-        self.sup.start(first, env).await;
-    }
-
-    /// Runs until the supervisor exits or reports that COMMAND has exited; returns the code.
-    pub(super) async fn until_exit(&mut self, leadership: &Leadership, signals: &mut Signals) -> u8 {
+        self.sup.start(first, &self.env).await;
         loop {
             tokio::select! {
                 biased;
-                code = self.process.wait() => return code,
+                code = self.process.wait() => {
+                    self.drain(code).await;
+                    return code;
+                }
                 reason = leadership.lost(), if !self.lost => self.on_lost(reason).await,
                 report = self.sup.report() => {
                     if let Some(code) = self.on_report(report) {
                         return code;
                     }
                 }
-                kind = signals.recv() => self.on_signal(kind).await,
                 until = self.confirmed.next(), if !self.lost => {
                     if let Some(until) = until {
                         self.sup.confirm_until(until).await;
                     }
+                }
+                kind = signals.recv() => {
+                    info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
+                    self.stop_signal |= is_stop(kind);
+                    self.sup.signal(kind.as_raw_value()).await;
                 }
             }
         }
@@ -229,17 +285,11 @@ impl<'a> Running<'a> {
         None
     }
 
-    async fn on_signal(&mut self, kind: SignalKind) {
-        info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
-        self.stop_signal |= is_stop(kind);
-        self.sup.signal(kind.as_raw_value()).await;
-    }
-
     /// The supervisor exited (with `code`) without its last word having been read: what it
     /// said last (a loss that came together with the exit: kube-leader was frozen while the
     /// supervisor stopped COMMAND), and whether it ended in order; if not, COMMAND's group is
     /// killed and waited for ([`Control::after_exit`](crate::supervisor::Control::after_exit)).
-    pub(super) async fn drain(&mut self, code: u8) {
+    async fn drain(&mut self, code: u8) {
         if self.orderly {
             return;
         }

@@ -1,32 +1,20 @@
-//! The leader's side of `run`: from starting COMMAND until it has exited, then stepping down
-//! as the way COMMAND ended asks ([`StepDown`]).
+//! The end of a term: once COMMAND has exited, stepping down as the way it ended asks
+//! ([`StepDown`]).
 
 use std::time::Duration;
 
 use kube_leader::Leadership;
 use tracing::{info, warn};
 
-use super::{command::Running, signals::Signals};
-use crate::{
-    exit,
-    label::PodLabel,
-    state::Status,
-    supervisor::{Launch, Supervisor},
-};
+use super::command::Running;
+use crate::{exit, label::PodLabel, state::Status};
 
-/// The leader's loop, from starting COMMAND until it has exited.
-pub(super) struct Leading<'a> {
-    /// What starts COMMAND's supervisor, should the one started in advance be gone.
-    pub(super) launch: &'a Launch,
-    /// The renew deadline: how long the loop's own ping confirms, and how long a release may
-    /// take.
-    pub(super) renew_deadline: Duration,
-    /// How often the loop pings where the library gives no confirmations.
-    pub(super) retry_period: Duration,
+/// The leader stepping down, once COMMAND is gone (or could not start).
+pub(super) struct Leaving<'a> {
     pub(super) status: &'a Status,
     pub(super) label: Option<&'a PodLabel>,
-    /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
-    pub(super) fence: Option<(kube::Client, String)>,
+    /// How long a release may take.
+    pub(super) renew_deadline: Duration,
 }
 
 /// How kube-leader steps down once COMMAND is gone.
@@ -48,72 +36,17 @@ enum StepDown {
     ReleaseAfterLoss,
 }
 
-// === impl Leading ===
+// === impl Leaving ===
 
-impl Leading<'_> {
-    /// Runs COMMAND under its supervisor while `leadership` lasts; returns the exit code.
-    pub(super) async fn run(
-        self,
-        leadership: Leadership,
-        standby: Option<Supervisor>,
-        signals: &mut Signals,
-    ) -> u8 {
-        let lock = &self.status.lock;
-        let token = leadership.fencing_token();
-        let mut env = vec![
-            ("KUBE_LEADER_IDENTITY", self.status.identity.clone()),
-            ("KUBE_LEADER_LOCK", lock.name.clone()),
-            ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
-            ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
-        ];
-        // `--fence`: COMMAND's API requests go through a proxy that adds this term's token; it
-        // stops when this function returns.
-        let _proxy = match &self.fence {
-            Some((client, user)) => {
-                match crate::fence::start_proxy(
-                    client.clone(),
-                    user,
-                    crate::fence::Tokens::Term(token),
-                    &std::env::temp_dir(),
-                )
-                .await
-                {
-                    Ok(proxy) => {
-                        env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
-                        Some(proxy)
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "cannot start the fencing proxy");
-                        self.step_down(leadership, StepDown::Keep).await;
-                        return exit::INTERNAL;
-                    }
-                }
-            }
-            None => None,
-        };
-        let ready = standby.and_then(|mut s| (!s.process.has_exited()).then_some(s));
-        let supervisor = match ready {
-            Some(s) => Ok(s),
-            None => self.launch.spawn(),
-        };
-        let supervisor = match supervisor {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
-                self.step_down(leadership, StepDown::Keep).await;
-                return exit::INTERNAL;
-            }
-        };
-        let timings = (self.renew_deadline, self.retry_period);
-        let mut running = Running::new(self.status, self.label, &leadership, supervisor, timings);
-        running.start(&env).await;
-        let code = running.until_exit(&leadership, signals).await;
-        running.drain(code).await;
-        self.end(leadership, running, code).await
+impl Leaving<'_> {
+    /// COMMAND could not start: keeps the lock as it is; returns the exit code.
+    pub(super) async fn not_started(&self, leadership: Leadership) -> u8 {
+        self.step_down(leadership, StepDown::Keep).await;
+        exit::INTERNAL
     }
 
     /// COMMAND has exited with `code`: steps down as the way it ended asks.
-    async fn end(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
+    pub(super) async fn end(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
         let lock = &self.status.lock;
         let token = leadership.fencing_token();
         if !running.orderly {
