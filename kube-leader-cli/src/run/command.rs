@@ -36,8 +36,8 @@ pub(super) struct Start<'a> {
 
 /// COMMAND under its supervisor during one term, as the leader's loop sees it.
 pub(super) struct Running<'a> {
-    pub(super) status: &'a Status,
-    pub(super) label: Option<&'a PodLabel>,
+    status: &'a Status,
+    label: Option<&'a PodLabel>,
     token: u64,
     env: Vec<(&'static str, String)>,
     /// `--fence`: COMMAND's API requests go through it; it stops when this is dropped.
