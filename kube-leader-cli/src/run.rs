@@ -5,12 +5,10 @@
 //! end asks; [`signals`] are those kube-leader receives and forwards; [`own_pod`] is
 //! `--watch-own-pod`.
 
-use std::time::Duration;
-
 use anyhow::anyhow;
 use kube_leader::{discovery, LockRef};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{
     cli::{LogFormat, RunArgs},
@@ -31,6 +29,9 @@ use command::{Running, Start};
 pub(crate) use signals::{is_stop, Signals};
 use step_down::Leaving;
 
+/// Why `run` cannot go on without an identity.
+const NO_IDENTITY: &str = "no identity: set --identity, or POD_NAME, or a host name";
+
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
     // Before anything else, so that a signal during start-up is not lost.
@@ -40,12 +41,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     tokio::spawn(supervisor::reap_orphans());
     let client = connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
     let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
-    let identity = discovery::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
-        Fail::new(
-            exit::USAGE,
-            anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
-        )
-    })?;
+    let identity = discovery::resolve_identity(args.identity.as_deref())
+        .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(NO_IDENTITY)))?;
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let mut candidate_pod = None;
     if args.watch_own_pod && !args.lock.strategy.watches_own_pod() {
@@ -64,7 +61,6 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     let label = pod_label(args.label_pod, &client, &lock, &identity);
     let fence =
         crate::fence::proxy_user(args.fence, args.fence_user.clone())?.map(|user| (client.clone(), user));
-
     // The supervisor, and COMMAND's process, get ready while this candidate follows: winning
     // then costs one message and COMMAND's exec.
     let launch = Launch {
@@ -72,17 +68,11 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         command: args.command,
         log_format,
     };
-    let standby = match launch.spawn() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            warn!(error = %format!("{e:#}"), "cannot start the supervisor in advance");
-            None
-        }
-    };
+    let standby = launch.standby();
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
         grace = %humantime::format_duration(launch.grace), "campaigning");
     let started = Instant::now();
-    let (renew_deadline, retry_period) = (args.renew_deadline, args.retry_period);
+    let renew_deadline = args.renew_deadline;
     let Some(leadership) = campaign(&elector, &mut signals, &status, label.as_ref(), renew_deadline).await?
     else {
         return Ok(0);
@@ -94,7 +84,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         launch: &launch,
         standby,
         fence,
-        timings: (renew_deadline, retry_period),
+        timings: (renew_deadline, args.retry_period),
     };
     let running = Running::new(start, &leadership).await;
     let leaving = Leaving {
@@ -109,9 +99,5 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         }
         None => leaving.not_started(leadership).await,
     };
-    if let Some(label) = &label {
-        label.set(false);
-        label.settle(Duration::from_secs(10)).await;
-    }
     Ok(code)
 }

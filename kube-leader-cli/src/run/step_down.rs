@@ -42,11 +42,28 @@ impl Leaving<'_> {
     /// COMMAND could not start: keeps the lock as it is; returns the exit code.
     pub(super) async fn not_started(&self, leadership: Leadership) -> u8 {
         self.step_down(leadership, StepDown::Keep).await;
+        self.settle_label().await;
         exit::INTERNAL
     }
 
+    /// COMMAND has exited with `code`: steps down as the way it ended asks, and returns the
+    /// exit code once the Pod label says "not leader".
+    pub(super) async fn end(&self, leadership: Leadership, running: Running<'_>, code: u8) -> u8 {
+        let code = self.after(leadership, running, code).await;
+        self.settle_label().await;
+        code
+    }
+
+    /// Waits (at most 10 s) until the Pod label says "not leader".
+    async fn settle_label(&self) {
+        if let Some(label) = self.label {
+            label.set(false);
+            label.settle(Duration::from_secs(10)).await;
+        }
+    }
+
     /// COMMAND has exited with `code`: steps down as the way it ended asks.
-    pub(super) async fn end(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
+    async fn after(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
         let lock = &self.status.lock;
         let token = leadership.fencing_token();
         if !running.orderly {

@@ -100,6 +100,14 @@ impl Launch {
     pub(crate) fn spawn(&self) -> anyhow::Result<Supervisor> {
         Supervisor::spawn(&self.command, self.grace, self.log_format)
     }
+
+    /// A supervisor started in advance, while this candidate follows; `None` (with a warning)
+    /// if it cannot start: it is started again once leading.
+    pub(crate) fn standby(&self) -> Option<Supervisor> {
+        self.spawn()
+            .map_err(|e| warn!(error = %format!("{e:#}"), "cannot start the supervisor in advance"))
+            .ok()
+    }
 }
 
 impl Supervisor {
