@@ -33,7 +33,10 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use kube_leader::shards::{Assignments, Shards, ShardsConfig};
+use kube_leader::{
+    discovery,
+    shards::{Assignments, Shards, ShardsConfig},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -59,8 +62,8 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
     let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
-    let identity = cluster::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
+    let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
+    let identity = discovery::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(
             exit::USAGE,
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
