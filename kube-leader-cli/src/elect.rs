@@ -37,16 +37,26 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
         )
     })?;
     let elector = crate::candidate::elector(client.clone(), &args, &identity, None).or_exit(exit::USAGE)?;
-    let status = run::serve_status(&args, &lock, &identity, &elector).await?;
-    let label = run::pod_label(&args, &client, &lock, &identity);
+    let served = run::Served {
+        addr: args.status_addr,
+        ready_only_when_leader: args.ready_only_when_leader,
+        health_tolerance: args.lease_duration,
+    };
+    let (elector, status) = run::serve_status(elector, &lock, &identity, served).await?;
+    let label = run::pod_label(args.label_pod, &client, &lock, &identity);
     info!(lock = %lock, identity = %identity, strategy = args.lock.strategy.as_str(),
         "campaigning (elect: no COMMAND)");
     loop {
-        let campaign = run::campaign(&elector, &mut signals, &lock, &identity, args.renew_deadline);
+        let campaign = run::campaign(
+            &elector,
+            &mut signals,
+            &status,
+            label.as_ref(),
+            args.renew_deadline,
+        );
         let Some(leadership) = campaign.await? else {
             break;
         };
-        run::lead(&status, &leadership, label.as_ref());
         match hold(&status, &leadership, label.as_ref(), &mut signals).await {
             Held::Lost(LossReason::PodEnding { .. }) => {
                 // The lock goes with the Pod: delete it now (UID precondition), then only serve.

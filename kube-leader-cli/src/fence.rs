@@ -16,4 +16,4 @@ mod tls;
 mod webhooks;
 
 pub(crate) use command::{fence, proxy_user};
-pub(crate) use proxy::{start as start_proxy, Tokens};
+pub(crate) use proxy::{start as start_proxy, Proxy, Tokens};

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use kube_leader::observer::Observation;
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, gauge::Gauge, histogram::Histogram, info::Info},
@@ -133,6 +134,19 @@ impl Metrics {
         let v = i64::from(leading);
         self.is_leader.set(v);
         self.master_status.set(v);
+    }
+
+    /// The elector's observer: each renewal's latency and the renewals that failed or came
+    /// late.
+    pub(crate) fn observer(&self) -> impl kube_leader::observer::Observer {
+        let (renew, failures) = (self.renew.clone(), self.renew_failures.clone());
+        move |o: &Observation| match o {
+            Observation::Renewed { latency, .. } => renew.observe(secs(*latency)),
+            Observation::RenewFailed { count, .. } => {
+                failures.inc_by(*count);
+            }
+            _ => {}
+        }
     }
 
     /// The OpenMetrics text exposition.

@@ -33,7 +33,7 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use kube_leader::{Shards, ShardsConfig};
+use kube_leader::{internal::discovery, Assignments, Shards, ShardsConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -41,7 +41,8 @@ use crate::{
     cli::{LogFormat, RunArgs},
     cluster,
     exit::{self, Fail, OrExit},
-    supervisor,
+    fence::{start_proxy, Proxy, Tokens},
+    supervisor::{self, Launch},
 };
 
 mod command;
@@ -49,7 +50,7 @@ mod file;
 mod sidecar;
 mod signal;
 
-use sidecar::{Sidecar, StopSignals};
+use sidecar::{Sidecar, StopSignals, Timings};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
@@ -58,15 +59,18 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     supervisor::become_subreaper();
     tokio::spawn(supervisor::reap_orphans());
     let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
-    let identity = cluster::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
+    let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
+    let identity = discovery::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
         Fail::new(
             exit::USAGE,
             anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
         )
     })?;
     let fence_client = client.clone();
-    let shards = candidate(&args, client, &namespace, &identity, count)?;
+    let config = ShardsConfig::default()
+        .lease(args.lease_config())
+        .handover_grace(args.grace());
+    let shards = candidate(client, (&args.lock.lock, count), &namespace, &identity, config)?;
     let (file, ack) = files(&args.lock.lock);
 
     let shutdown = CancellationToken::new();
@@ -75,23 +79,8 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     info!(set = %args.lock.lock, identity = %identity, shards = count,
         on_change = ?args.on_shards_change, "campaigning for shards");
-    // `--fence`: COMMAND's API requests go through a proxy that adds the token of the shard
-    // a context names (`shard-<i>`), while this replica holds it.
-    let fence = match crate::fence::proxy_user(&args)? {
-        Some(user) => {
-            let tokens = crate::fence::Tokens::Shards {
-                held: assignments.held(),
-                count,
-            };
-            let dir = std::env::temp_dir();
-            let proxy = crate::fence::start_proxy(fence_client.clone(), &user, tokens, &dir).await;
-            Some(
-                proxy
-                    .map_err(|e| Fail::new(exit::INTERNAL, anyhow!("cannot start the fencing proxy: {e}")))?,
-            )
-        }
-        None => None,
-    };
+    let fence_user = crate::fence::proxy_user(args.fence, args.fence_user.clone())?;
+    let fence = fence_proxy(fence_user, fence_client, &assignments, count).await?;
     let mut env: Vec<(&'static str, String)> = vec![
         ("KUBE_LEADER_SHARD_COUNT", count.to_string()),
         ("KUBE_LEADER_SHARDS_FILE", file.display().to_string()),
@@ -103,7 +92,18 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     if let Some(proxy) = &fence {
         env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
     }
-    let mut sidecar = Sidecar::new(&args, log_format, assignments, env, file, ack);
+    let launch = Launch {
+        grace: args.grace(),
+        command: args.command,
+        log_format,
+    };
+    let timings = Timings {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    let settings = (launch, args.on_shards_change, timings);
+    let mut sidecar = Sidecar::new(settings, assignments, env, file, ack);
     let code = sidecar.run(&mut stops).await;
     if sidecar.abandoned() {
         // Not a word to the candidate (its shutdown releases): the process exits now.
@@ -112,29 +112,46 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     }
     info!(code, "COMMAND is gone; handing every shard back");
     shutdown.cancel();
-    sidecar.hand_back(&args).await?;
+    sidecar.hand_back().await?;
     drop(fence);
     Ok(code)
 }
 
-/// The shard candidate, its settings checked.
+/// The shard candidate for `set` of `count` shards, its settings checked.
 fn candidate(
-    args: &RunArgs,
     client: kube::Client,
+    (set, count): (&str, u32),
     namespace: &str,
     identity: &str,
-    count: u32,
+    config: ShardsConfig,
 ) -> Result<Shards, Fail> {
-    let shards = Shards::new(client, args.lock.lock.clone(), count)
+    let shards = Shards::new(client, set.to_string(), count)
         .namespace(namespace)
         .identity(identity)
-        .config(
-            ShardsConfig::default()
-                .lease(args.lease_config())
-                .handover_grace(args.grace()),
-        );
+        .config(config);
     shards.validate().map_err(|e| Fail::new(exit::USAGE, e))?;
     Ok(shards)
+}
+
+/// `--fence` (as `user`): COMMAND's API requests go through a proxy that adds the token of the
+/// shard a context names (`shard-<i>`), while this replica holds it.
+async fn fence_proxy(
+    user: Option<String>,
+    client: kube::Client,
+    assignments: &Assignments,
+    count: u32,
+) -> Result<Option<Proxy>, Fail> {
+    let Some(user) = user else {
+        return Ok(None);
+    };
+    let tokens = Tokens::Shards {
+        held: assignments.held(),
+        count,
+    };
+    let proxy = start_proxy(client, &user, tokens, &std::env::temp_dir()).await;
+    let proxy =
+        proxy.map_err(|e| Fail::new(exit::INTERNAL, anyhow!("cannot start the fencing proxy: {e}")))?;
+    Ok(Some(proxy))
 }
 
 /// The shard file COMMAND reads and the acknowledgement it writes (none yet).

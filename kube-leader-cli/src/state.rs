@@ -83,15 +83,15 @@ pub(crate) struct Status {
 // === impl Status ===
 
 impl Status {
+    /// The status of `elector`'s campaign for `lock`; `metrics` are fed by its observer.
     pub(crate) fn new(
         lock: LockRef,
         identity: String,
         strategy: Strategy,
         ready_only_when_leader: bool,
-        elector: Elector,
+        (elector, metrics): (Elector, Metrics),
         health_tolerance: std::time::Duration,
     ) -> Self {
-        let metrics = Metrics::new(&lock.namespace, &lock.name, strategy.as_str());
         Self {
             lock,
             identity,
@@ -133,6 +133,11 @@ impl Status {
             since: s.since.map(rfc3339),
             fencing_token: s.fencing_token,
         }
+    }
+
+    /// The lock's leader as the elector sees it.
+    pub(crate) fn leader(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.elector.observe(&self.lock)
     }
 
     /// The election watchdog.

@@ -81,7 +81,7 @@ mod process;
 mod protocol;
 mod reap;
 
-pub(crate) use control::{Control, Report, Supervisor, SupervisorProcess};
+pub(crate) use control::{Control, Launch, Report, Supervisor, SupervisorProcess};
 pub(crate) use exec::exec;
 pub(crate) use process::supervise;
 pub(crate) use reap::{become_subreaper, reap_orphans};

@@ -27,13 +27,13 @@ use crate::{
 /// The field manager of `kube-leader fence webhooks --apply`.
 const FIELD_MANAGER: &str = "kube-leader-fence";
 
-/// `run --fence`: the user the proxy impersonates (`--fence-user`, else the in-cluster
-/// ServiceAccount's), or `None` without `--fence`.
-pub(crate) fn proxy_user(args: &crate::cli::RunArgs) -> Result<Option<String>, Fail> {
-    if !args.fence {
+/// `run --fence` (`fence`): the user the proxy impersonates (`--fence-user`, else the
+/// in-cluster ServiceAccount's), or `None` without `--fence`.
+pub(crate) fn proxy_user(fence: bool, fence_user: Option<String>) -> Result<Option<String>, Fail> {
+    if !fence {
         return Ok(None);
     }
-    match args.fence_user.clone().or_else(super::proxy::in_cluster_user) {
+    match fence_user.or_else(super::proxy::in_cluster_user) {
         Some(user) => Ok(Some(user)),
         None => Err(Fail::new(
             exit::USAGE,

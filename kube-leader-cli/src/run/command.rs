@@ -1,46 +1,50 @@
-//! COMMAND while this candidate leads: started through its supervisor, kept confirmed by
-//! renewals (a lease) or heartbeats (leader for life), told of a loss, sent the signals
-//! kube-leader receives, until the supervisor reports that COMMAND has exited.
+//! COMMAND during one term: started through its supervisor (behind its fencing proxy with
+//! `--fence`), kept confirmed as far as leadership is ([`Confirmed`]), told of a loss, sent the
+//! signals kube-leader receives, until the supervisor reports that COMMAND has exited.
 
 use std::time::Duration;
 
-use kube_leader::{internal::Renewals, Leadership, LossReason};
+use kube_leader::{Leadership, LossReason};
 use tokio::{
-    signal::unix::SignalKind,
     sync::watch,
-    time::{Instant, MissedTickBehavior},
+    time::{Instant, Interval, MissedTickBehavior},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::signals::{is_stop, Signals};
 use crate::{
+    fence::{start_proxy, Proxy, Tokens},
     label::PodLabel,
-    metrics::secs,
     state::Status,
-    supervisor::{Control, Report, Supervisor, SupervisorProcess},
+    supervisor::{Control, Launch, Report, Supervisor, SupervisorProcess},
 };
+
+/// What a term of COMMAND starts from.
+pub(super) struct Start<'a> {
+    pub(super) status: &'a Status,
+    pub(super) label: Option<&'a PodLabel>,
+    /// What starts COMMAND's supervisor, should the one started in advance be gone.
+    pub(super) launch: &'a Launch,
+    /// The supervisor started in advance, while this candidate followed.
+    pub(super) standby: Option<Supervisor>,
+    /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
+    pub(super) fence: Option<(kube::Client, String)>,
+    /// The renew deadline (how long the loop's own ping confirms) and the retry period (how
+    /// often it pings).
+    pub(super) timings: (Duration, Duration),
+}
 
 /// COMMAND under its supervisor during one term, as the leader's loop sees it.
 pub(super) struct Running<'a> {
     status: &'a Status,
     label: Option<&'a PodLabel>,
     token: u64,
-    /// The renew deadline: how long a renewal (or heartbeat) confirms leadership.
-    deadline: Duration,
+    env: Vec<(&'static str, String)>,
+    /// `--fence`: COMMAND's API requests go through it; it stops when this is dropped.
+    _proxy: Option<Proxy>,
     process: SupervisorProcess,
     sup: Control,
-    /// Confirmed by the lease's renewals (else by the library's confirmations, or heartbeats
-    /// from this loop).
-    lease: bool,
-    /// Leader for life with a liveness heartbeat: the library's
-    /// [`confirmed_until`](Leadership::confirmed_until), the send of its last successful
-    /// heartbeat plus the liveness, caps what this loop's own heartbeats confirm.
-    confirmations: Option<watch::Receiver<Option<Instant>>>,
-    /// Confirmed by heartbeats from this loop (leader for life; capped by `confirmations`).
-    pings: bool,
-    renewals: watch::Receiver<Renewals>,
-    seen: Renewals,
-    watching: bool,
+    confirmed: Confirmed,
     /// Leadership is lost (and the status says so).
     pub(super) lost: bool,
     /// A signal that stops kube-leader was forwarded.
@@ -50,123 +54,182 @@ pub(super) struct Running<'a> {
     pub(super) orderly: bool,
 }
 
+/// Until when COMMAND is confirmed: the library's
+/// [`confirmations`](Leadership::confirmations) wherever it gives them, counted from when the
+/// acquiring write or a renewal was sent (the fail-stop rule); this loop's own pings (the renew
+/// deadline from now) where it gives none (leader for life without liveness, a skipped
+/// election), and where its confirmation may reach further than that (leader for life's
+/// liveness): a frozen kube-leader has COMMAND stopped by the renew deadline.
+struct Confirmed {
+    /// The library's confirmations; `None` for a skipped election, or once the term's keeper is
+    /// gone.
+    library: Option<watch::Receiver<Option<Instant>>>,
+    /// The library's confirmations count from writes (a Lease): they alone confirm COMMAND, and
+    /// nothing is confirmed without one.
+    from_writes: bool,
+    renew_deadline: Duration,
+    /// Every retry period where the library's confirmations are not enough.
+    ping: Option<Interval>,
+}
+
+// === impl Confirmed ===
+
+impl Confirmed {
+    fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
+        let library = (!leadership.is_skipped()).then(|| leadership.confirmations());
+        let from_writes = library.is_some() && leadership.strategy().expires();
+        let ping = (!from_writes).then(|| {
+            let mut ping = tokio::time::interval(retry_period);
+            ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ping
+        });
+        Self {
+            library,
+            from_writes,
+            renew_deadline,
+            ping,
+        }
+    }
+
+    /// The first confirmation. The keeper of a Lease confirms its acquiring write on its first
+    /// turn, right after the handle is returned: waited for (at most the renew deadline).
+    async fn first(&mut self) -> Instant {
+        if let (true, Some(c)) = (self.from_writes, self.library.as_mut()) {
+            let _ = tokio::time::timeout(self.renew_deadline, c.wait_for(Option::is_some)).await;
+        }
+        self.until()
+    }
+
+    /// Until when COMMAND is confirmed now.
+    fn until(&mut self) -> Instant {
+        let now = Instant::now();
+        let library = self.library.as_mut().and_then(|c| *c.borrow_and_update());
+        match (self.from_writes, library) {
+            (true, until) => until.unwrap_or(now),
+            (false, Some(until)) => until.min(now + self.renew_deadline),
+            (false, None) => now + self.renew_deadline,
+        }
+    }
+
+    /// The next confirmation: the library's, or this loop's ping; `None` when nothing is new
+    /// (the keeper is gone).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe (a watch's `changed` and an interval's `tick` are).
+    async fn next(&mut self) -> Option<Instant> {
+        let library = async {
+            match self.library.as_mut() {
+                Some(c) => c.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let ping = async {
+            match self.ping.as_mut() {
+                Some(p) => p.tick().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = library => {
+                if !changed {
+                    self.library = None;
+                    return None;
+                }
+            }
+            _ = ping => {}
+        }
+        Some(self.until())
+    }
+}
+
 // === impl Running ===
 
 impl<'a> Running<'a> {
-    pub(super) fn new(
-        status: &'a Status,
-        label: Option<&'a PodLabel>,
-        leadership: &Leadership,
-        supervisor: Supervisor,
-        renewals: Option<watch::Receiver<Renewals>>,
-        deadline: Duration,
-    ) -> Self {
-        let Supervisor { process, control } = supervisor;
-        // Lease: leadership is confirmed for the renew deadline counted from when the acquiring
-        // write, then each successful renewal, was sent (the library's fail-stop rule, on the
-        // same monotonic clock), never from "now": time spent since (a slow answer, a pause)
-        // is not given again. Leader for life: its liveness heartbeat's confirmations, the same
-        // rule; without one, liveness pings from this loop.
-        let lease = renewals.is_some() && !leadership.is_skipped();
-        let confirmations = Some(leadership.confirmations())
-            .filter(|c| !lease && !leadership.is_skipped() && c.borrow().is_some());
-        let (renewals, seen) = match renewals {
-            Some(r) => {
-                let seen = r.borrow().clone();
-                (r, seen)
+    /// Gets COMMAND ready for `leadership`'s term: its environment, its fencing proxy, its
+    /// supervisor (the one started in advance, if it still lives); `None` if it cannot be.
+    pub(super) async fn new(start: Start<'a>, leadership: &Leadership) -> Option<Self> {
+        let lock = &start.status.lock;
+        let token = leadership.fencing_token();
+        let mut env = vec![
+            ("KUBE_LEADER_IDENTITY", start.status.identity.clone()),
+            ("KUBE_LEADER_LOCK", lock.name.clone()),
+            ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
+            ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
+        ];
+        // `--fence`: COMMAND's API requests go through a proxy that adds this term's token.
+        let proxy = match start.fence {
+            Some((client, user)) => {
+                let dir = std::env::temp_dir();
+                match start_proxy(client, &user, Tokens::Term(token), &dir).await {
+                    Ok(proxy) => Some(proxy),
+                    Err(e) => {
+                        warn!(error = %e, "cannot start the fencing proxy");
+                        return None;
+                    }
+                }
             }
-            None => (watch::channel(Renewals::default()).1, Renewals::default()),
+            None => None,
         };
-        Self {
-            status,
-            label,
-            token: leadership.fencing_token(),
-            deadline,
+        if let Some(proxy) = &proxy {
+            env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
+        }
+        let ready = start
+            .standby
+            .and_then(|mut s| (!s.process.has_exited()).then_some(s));
+        let supervisor = match ready.map_or_else(|| start.launch.spawn(), Ok) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
+                return None;
+            }
+        };
+        let Supervisor { process, control } = supervisor;
+        let (renew_deadline, retry_period) = start.timings;
+        Some(Self {
+            status: start.status,
+            label: start.label,
+            token,
+            env,
+            _proxy: proxy,
             process,
             sup: control,
-            lease,
-            pings: !lease,
-            confirmations,
-            renewals,
-            seen,
-            watching: lease,
+            confirmed: Confirmed::new(leadership, renew_deadline, retry_period),
             lost: false,
             stop_signal: false,
             command_pid: None,
             orderly: false,
-        }
+        })
     }
 
-    /// Starts COMMAND with `env`, confirmed as far as leadership is.
-    pub(super) async fn start(&mut self, env: &[(&str, String)]) {
-        let confirmed = self.confirmations.as_mut().map(|c| *c.borrow_and_update());
-        let first = match (self.lease, self.seen.leading, self.seen.last_success, confirmed) {
-            (true, true, Some(sent), _) => sent + self.deadline,
-            // The lease handle says it leads, but no renewal is known: nothing is confirmed.
-            (true, _, _, _) => Instant::now(),
-            (false, _, _, Some(until)) => self.pinged(Some(until)),
-            (false, _, _, None) => Instant::now() + self.deadline,
-        };
-        self.sup.start(first, env).await;
-    }
-
-    /// Runs until the supervisor exits or reports that COMMAND has exited; returns the code.
-    pub(super) async fn until_exit(
-        &mut self,
-        leadership: &Leadership,
-        signals: &mut Signals,
-        retry_period: Duration,
-    ) -> u8 {
-        let mut ping = tokio::time::interval(retry_period);
-        ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    /// Starts COMMAND, confirmed as far as leadership is, and runs until the supervisor exits
+    /// or reports that COMMAND has exited; returns the code.
+    pub(super) async fn run(&mut self, leadership: &Leadership, signals: &mut Signals) -> u8 {
+        let first = self.confirmed.first().await;
+        self.sup.start(first, &self.env).await;
         loop {
             tokio::select! {
                 biased;
-                code = self.process.wait() => return code,
+                code = self.process.wait() => {
+                    self.drain(code).await;
+                    return code;
+                }
                 reason = leadership.lost(), if !self.lost => self.on_lost(reason).await,
                 report = self.sup.report() => {
                     if let Some(code) = self.on_report(report) {
                         return code;
                     }
                 }
-                kind = signals.recv() => self.on_signal(kind).await,
-                changed = self.renewals.changed(), if self.watching => {
-                    match changed {
-                        Ok(()) => self.on_renewals().await,
-                        Err(_) => self.watching = false,
+                until = self.confirmed.next(), if !self.lost => {
+                    if let Some(until) = until {
+                        self.sup.confirm_until(until).await;
                     }
                 }
-                changed = changed_or_pending(self.confirmations.as_mut()) => match changed {
-                    Some(until) if !self.lost => {
-                        let until = self.pinged(Some(Some(until)));
-                        self.sup.confirm_until(until).await;
-                    }
-                    Some(_) => {}
-                    // The keeper is gone: nothing confirms COMMAND any more.
-                    None => self.confirmations = None,
-                },
-                _ = ping.tick(), if self.pings => {
-                    // No renewals to wait for: heartbeats say that kube-leader's loop runs and
-                    // the strategy has not reported a loss (capped by the liveness heartbeat's
-                    // confirmation, where there is one).
-                    if !self.lost {
-                        let until = self.pinged(self.confirmations.as_ref().map(|c| *c.borrow()));
-                        self.sup.confirm_until(until).await;
-                    }
+                kind = signals.recv() => {
+                    info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
+                    self.stop_signal |= is_stop(kind);
+                    self.sup.signal(kind.as_raw_value()).await;
                 }
             }
-        }
-    }
-
-    /// Leader for life: COMMAND is confirmed while this loop runs (its pings: the renew
-    /// deadline from now, so a frozen kube-leader has COMMAND stopped by the renew deadline)
-    /// and, with a liveness heartbeat, no longer than the library's `confirmed` (`Some(None)`:
-    /// nothing is confirmed).
-    fn pinged(&self, confirmed: Option<Option<Instant>>) -> Instant {
-        let now = Instant::now();
-        match confirmed {
-            None => now + self.deadline,
-            Some(until) => until.map_or(now, |u| u.min(now + self.deadline)),
         }
     }
 
@@ -222,37 +285,11 @@ impl<'a> Running<'a> {
         None
     }
 
-    async fn on_signal(&mut self, kind: SignalKind) {
-        info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
-        self.stop_signal |= is_stop(kind);
-        self.sup.signal(kind.as_raw_value()).await;
-    }
-
-    /// The lease's renewals changed: metrics, and a heartbeat confirming the last one.
-    async fn on_renewals(&mut self) {
-        let now = self.renewals.borrow_and_update().clone();
-        if now.successes > self.seen.successes {
-            if let Some(latency) = now.last_latency {
-                self.status.metrics.renew.observe(secs(latency));
-            }
-        }
-        if now.failures > self.seen.failures {
-            self.status
-                .metrics
-                .renew_failures
-                .inc_by(now.failures - self.seen.failures);
-        }
-        if let (true, false, Some(sent)) = (now.leading, self.lost, now.last_success) {
-            self.sup.confirm_until(sent + self.deadline).await;
-        }
-        self.seen = now;
-    }
-
     /// The supervisor exited (with `code`) without its last word having been read: what it
     /// said last (a loss that came together with the exit: kube-leader was frozen while the
     /// supervisor stopped COMMAND), and whether it ended in order; if not, COMMAND's group is
     /// killed and waited for ([`Control::after_exit`](crate::supervisor::Control::after_exit)).
-    pub(super) async fn drain(&mut self, code: u8) {
+    async fn drain(&mut self, code: u8) {
         if self.orderly {
             return;
         }
@@ -267,17 +304,5 @@ impl<'a> Running<'a> {
         }
         self.command_pid = words.started.or(self.command_pid);
         self.orderly = words.orderly;
-    }
-}
-
-/// The library's next confirmation; pending without confirmations. `None`: their sender (the
-/// term's keeper) is gone.
-async fn changed_or_pending(c: Option<&mut watch::Receiver<Option<Instant>>>) -> Option<Instant> {
-    match c {
-        Some(c) => {
-            c.changed().await.ok()?;
-            *c.borrow_and_update()
-        }
-        None => std::future::pending().await,
     }
 }

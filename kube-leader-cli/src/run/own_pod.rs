@@ -21,14 +21,18 @@ use crate::exit::{self, Fail};
 /// Why this candidate's Pod is ending, once it is.
 pub(crate) type Ending = watch::Receiver<Option<String>>;
 
+/// [`watch`]es this candidate's Pod: its namespace is POD_NAMESPACE, else the service-account
+/// namespace, else the client's; its name POD_NAME, else `identity`.
+pub(crate) async fn watch_own(client: Client, identity: &str) -> Result<(Ending, CandidatePod), Fail> {
+    let namespace = kube_leader::internal::discovery::namespace_or_default(None, &client);
+    let name = kube_leader::internal::discovery::pod_name_from_env().unwrap_or_else(|| identity.to_owned());
+    watch(client, &namespace, &name).await
+}
+
 /// Checks that this candidate's Pod can be read (the permission, the name), then watches it:
 /// the receiver gets the reason once the Pod is being deleted, is terminal, or is gone. Also the
 /// Pod as the candidate's registration names it (its UID and creation time).
-pub(crate) async fn watch(
-    client: Client,
-    namespace: &str,
-    name: &str,
-) -> Result<(Ending, CandidatePod), Fail> {
+async fn watch(client: Client, namespace: &str, name: &str) -> Result<(Ending, CandidatePod), Fail> {
     let pods: Api<Pod> = Api::namespaced(client, namespace);
     let hint = "--watch-own-pod needs get, list and watch on pods in the Pod's namespace \
                 (kube-leader rbac --strategy lease --watch-own-pod prints the Role)";

@@ -1,21 +1,14 @@
 //! One run of COMMAND in shards mode, under its supervisor: started with a set of shards,
 //! kept within the set's deadline, told of changes (signal mode), stopped.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    ffi::OsString,
-    time::Duration,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::signal::handles;
-use crate::{
-    cli::LogFormat,
-    supervisor::{Control, Report, Supervisor, SupervisorProcess},
-};
+use crate::supervisor::{Control, Launch, Report, Supervisor, SupervisorProcess};
 
 /// How a run of COMMAND ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,14 +45,12 @@ pub(super) struct Run {
 impl Run {
     /// Starts COMMAND with `env` and the shards `told`, confirmed until `until`.
     pub(super) async fn start(
-        command: &[OsString],
-        grace: Duration,
-        log_format: LogFormat,
+        launch: &Launch,
         env: &[(&str, String)],
         told: BTreeMap<u32, u64>,
         until: Instant,
     ) -> anyhow::Result<Self> {
-        let Supervisor { process, control } = Supervisor::spawn(command, grace, log_format)?;
+        let Supervisor { process, control } = launch.spawn()?;
         let mut run = Self {
             process,
             control,

@@ -2,7 +2,7 @@
 //! told on every change, kept within its set's deadline; a shard released only once COMMAND
 //! no longer works on it.
 
-use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use kube_leader::{Assignments, Shard, ShardSet};
 use tokio::{
@@ -18,9 +18,22 @@ use super::{
     warn_file,
 };
 use crate::{
-    cli::{LogFormat, OnChange, RunArgs},
+    cli::OnChange,
     exit::{self, Fail},
+    supervisor::Launch,
 };
+
+/// The shard set's timings: the lease duration, the renew deadline, the retry period.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timings {
+    /// How long the first start waits for the fair share, and the hand-back for the shards.
+    pub(super) lease_duration: Duration,
+    /// How long the loop's own heartbeat confirms COMMAND with no shard, and the candidate's
+    /// end may take.
+    pub(super) renew_deadline: Duration,
+    /// How often that heartbeat moves on.
+    pub(super) retry_period: Duration,
+}
 
 /// How often the loop looks at its shards' confirmations, COMMAND's acknowledgement and a
 /// held-back signal (nothing is sent unless something changed).
@@ -62,14 +75,11 @@ pub(super) struct Sidecar {
     /// COMMAND now, if it runs.
     run: Option<Run>,
     on_change: OnChange,
-    command: Vec<OsString>,
-    grace: Duration,
-    renew_deadline: Duration,
-    retry_period: Duration,
+    launch: Launch,
+    timings: Timings,
     /// With no shard, COMMAND is confirmed by this loop's heartbeat: the last one, renewed
     /// every retry period (as leader for life's in plain `run`), not every tick.
     beat: Instant,
-    log_format: LogFormat,
     env: Vec<(&'static str, String)>,
     file: PathBuf,
     ack: PathBuf,
@@ -91,8 +101,7 @@ pub(super) struct Sidecar {
 
 impl Sidecar {
     pub(super) fn new(
-        args: &RunArgs,
-        log_format: LogFormat,
+        (launch, on_change, timings): (Launch, OnChange, Timings),
         assignments: Assignments,
         env: Vec<(&'static str, String)>,
         file: PathBuf,
@@ -103,18 +112,15 @@ impl Sidecar {
             assignments,
             guards: BTreeMap::new(),
             run: None,
-            on_change: args.on_shards_change,
-            command: args.command.clone(),
-            grace: args.grace(),
-            renew_deadline: args.renew_deadline,
-            retry_period: args.retry_period,
+            on_change,
+            launch,
+            timings,
             beat: Instant::now(),
-            log_format,
             env,
             file,
             ack,
             generation: 0,
-            first_start_by: Instant::now() + args.lease_duration,
+            first_start_by: Instant::now() + timings.lease_duration,
             started_once: false,
             adding_since: None,
             stopping: false,
@@ -249,7 +255,7 @@ impl Sidecar {
         }
         let until = self.deadline_of(set.keys().copied());
         let shards = list(&set);
-        match Run::start(&self.command, self.grace, self.log_format, &env, set, until).await {
+        match Run::start(&self.launch, &env, set, until).await {
             Ok(run) => {
                 info!(shards = %shards, generation = self.generation, "starting COMMAND");
                 self.run = Some(run);
@@ -309,8 +315,8 @@ impl Sidecar {
                 run.ack_wanted = None;
                 run.leaving.clear();
             }
-            Some((generation, told)) if told.elapsed() >= self.grace => {
-                warn!(generation, grace = %humantime::format_duration(self.grace),
+            Some((generation, told)) if told.elapsed() >= self.launch.grace => {
+                warn!(generation, grace = %humantime::format_duration(self.launch.grace),
                     "COMMAND did not acknowledge its shards in time; restarting it");
                 run.stop("no acknowledgement within --grace").await;
             }
@@ -321,7 +327,7 @@ impl Sidecar {
     /// COMMAND's deadline: the earliest confirmed-until of the shards it works on; with none,
     /// this loop's own heartbeat.
     fn deadline(&mut self) -> Instant {
-        if self.beat.elapsed() >= self.retry_period {
+        if self.beat.elapsed() >= self.timings.retry_period {
             self.beat = Instant::now();
         }
         let working: Vec<u32> = self
@@ -342,7 +348,7 @@ impl Sidecar {
                     .unwrap_or(now)
             })
             .min()
-            .unwrap_or(self.beat + self.renew_deadline)
+            .unwrap_or(self.beat + self.timings.renew_deadline)
     }
 
     /// COMMAND's end is not known to be orderly (its supervisor died, or had to be killed by
@@ -363,17 +369,18 @@ impl Sidecar {
     }
 
     /// COMMAND is gone: hands every shard back and removes the files.
-    pub(super) async fn hand_back(mut self, args: &RunArgs) -> Result<(), Fail> {
+    pub(super) async fn hand_back(mut self) -> Result<(), Fail> {
         // Nothing acts on any shard any more, nor on one acquired meanwhile.
         self.guards.clear();
         let assignments = &mut self.assignments;
-        let _ = tokio::time::timeout(args.lease_duration, async {
+        let _ = tokio::time::timeout(self.timings.lease_duration, async {
             while let Some(shard) = assignments.next().await {
                 drop(shard);
             }
         })
         .await;
-        let result = match tokio::time::timeout(args.renew_deadline, self.assignments.finish()).await {
+        let renew_deadline = self.timings.renew_deadline;
+        let result = match tokio::time::timeout(renew_deadline, self.assignments.finish()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
                 warn!(error = %e, "the shard candidate failed");

@@ -84,6 +84,32 @@ pub(crate) struct Control {
     done: bool,
 }
 
+/// What starts a supervisor: COMMAND, its grace, and the log format.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// COMMAND and its arguments.
+    pub(crate) command: Vec<OsString>,
+    /// From SIGTERM to SIGKILL.
+    pub(crate) grace: Duration,
+    /// The supervisor's log format.
+    pub(crate) log_format: LogFormat,
+}
+
+impl Launch {
+    /// Starts a supervisor for COMMAND ([`Supervisor::spawn`]).
+    pub(crate) fn spawn(&self) -> anyhow::Result<Supervisor> {
+        Supervisor::spawn(&self.command, self.grace, self.log_format)
+    }
+
+    /// A supervisor started in advance, while this candidate follows; `None` (with a warning)
+    /// if it cannot start: it is started again once leading.
+    pub(crate) fn standby(&self) -> Option<Supervisor> {
+        self.spawn()
+            .map_err(|e| warn!(error = %format!("{e:#}"), "cannot start the supervisor in advance"))
+            .ok()
+    }
+}
+
 impl Supervisor {
     /// Starts `kube-leader __supervise -- COMMAND`, which gets COMMAND's process ready and waits
     /// for [`Control::start`].

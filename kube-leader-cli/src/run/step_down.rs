@@ -1,27 +1,20 @@
-//! The leader's side of `run`: from starting COMMAND until it has exited, then stepping down
-//! as the way COMMAND ended asks ([`StepDown`]).
+//! The end of a term: once COMMAND has exited, stepping down as the way it ended asks
+//! ([`StepDown`]).
 
-use kube_leader::{internal::Renewals, Leadership};
-use tokio::sync::watch;
+use std::time::Duration;
+
+use kube_leader::Leadership;
 use tracing::{info, warn};
 
-use super::{command::Running, signals::Signals};
-use crate::{
-    cli::{LogFormat, RunArgs},
-    exit,
-    label::PodLabel,
-    state::Status,
-    supervisor::Supervisor,
-};
+use super::command::Running;
+use crate::{exit, label::PodLabel, state::Status};
 
-/// The leader's loop, from starting COMMAND until it has exited.
-pub(super) struct Leading<'a> {
-    pub(super) args: &'a RunArgs,
-    pub(super) log_format: LogFormat,
+/// The leader stepping down, once COMMAND is gone (or could not start).
+pub(super) struct Leaving<'a> {
     pub(super) status: &'a Status,
     pub(super) label: Option<&'a PodLabel>,
-    /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
-    pub(super) fence: Option<(kube::Client, String)>,
+    /// How long a release may take.
+    pub(super) renew_deadline: Duration,
 }
 
 /// How kube-leader steps down once COMMAND is gone.
@@ -43,81 +36,34 @@ enum StepDown {
     ReleaseAfterLoss,
 }
 
-// === impl Leading ===
+// === impl Leaving ===
 
-impl Leading<'_> {
-    /// Runs COMMAND under its supervisor while `leadership` lasts; returns the exit code.
-    pub(super) async fn run(
-        self,
-        leadership: Leadership,
-        standby: Option<Supervisor>,
-        renewals: Option<watch::Receiver<Renewals>>,
-        signals: &mut Signals,
-    ) -> u8 {
-        let lock = &self.status.lock;
-        let token = leadership.fencing_token();
-        let mut env = vec![
-            ("KUBE_LEADER_IDENTITY", self.status.identity.clone()),
-            ("KUBE_LEADER_LOCK", lock.name.clone()),
-            ("KUBE_LEADER_NAMESPACE", lock.namespace.clone()),
-            ("KUBE_LEADER_FENCING_TOKEN", token.to_string()),
-        ];
-        // `--fence`: COMMAND's API requests go through a proxy that adds this term's token; it
-        // stops when this function returns.
-        let _proxy = match &self.fence {
-            Some((client, user)) => {
-                match crate::fence::start_proxy(
-                    client.clone(),
-                    user,
-                    crate::fence::Tokens::Term(token),
-                    &std::env::temp_dir(),
-                )
-                .await
-                {
-                    Ok(proxy) => {
-                        env.push(("KUBECONFIG", proxy.kubeconfig.display().to_string()));
-                        Some(proxy)
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "cannot start the fencing proxy");
-                        self.step_down(leadership, StepDown::Keep).await;
-                        return exit::INTERNAL;
-                    }
-                }
-            }
-            None => None,
-        };
-        let ready = standby.and_then(|mut s| (!s.process.has_exited()).then_some(s));
-        let supervisor = match ready {
-            Some(s) => Ok(s),
-            None => Supervisor::spawn(&self.args.command, self.args.grace(), self.log_format),
-        };
-        let supervisor = match supervisor {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "cannot start the supervisor");
-                self.step_down(leadership, StepDown::Keep).await;
-                return exit::INTERNAL;
-            }
-        };
-        let mut running = Running::new(
-            self.status,
-            self.label,
-            &leadership,
-            supervisor,
-            renewals,
-            self.args.renew_deadline,
-        );
-        running.start(&env).await;
-        let code = running
-            .until_exit(&leadership, signals, self.args.retry_period)
-            .await;
-        running.drain(code).await;
-        self.end(leadership, running, code).await
+impl Leaving<'_> {
+    /// COMMAND could not start: keeps the lock as it is; returns the exit code.
+    pub(super) async fn not_started(&self, leadership: Leadership) -> u8 {
+        self.step_down(leadership, StepDown::Keep).await;
+        self.settle_label().await;
+        exit::INTERNAL
+    }
+
+    /// COMMAND has exited with `code`: steps down as the way it ended asks, and returns the
+    /// exit code once the Pod label says "not leader".
+    pub(super) async fn end(&self, leadership: Leadership, running: Running<'_>, code: u8) -> u8 {
+        let code = self.after(leadership, running, code).await;
+        self.settle_label().await;
+        code
+    }
+
+    /// Waits (at most 10 s) until the Pod label says "not leader".
+    async fn settle_label(&self) {
+        if let Some(label) = self.label {
+            label.set(false);
+            label.settle(Duration::from_secs(10)).await;
+        }
     }
 
     /// COMMAND has exited with `code`: steps down as the way it ended asks.
-    async fn end(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
+    async fn after(&self, leadership: Leadership, mut running: Running<'_>, code: u8) -> u8 {
         let lock = &self.status.lock;
         let token = leadership.fencing_token();
         if !running.orderly {
@@ -200,7 +146,7 @@ impl Leading<'_> {
             return;
         }
         let lock = &self.status.lock;
-        match tokio::time::timeout(self.args.renew_deadline, leadership.release()).await {
+        match tokio::time::timeout(self.renew_deadline, leadership.release()).await {
             Ok(Ok(())) => info!(lock = %lock, identity = %self.status.identity, "released the lock"),
             Ok(Err(e)) => warn!(lock = %lock, error = %e, "could not release the lock"),
             Err(_) => warn!(lock = %lock, "releasing the lock timed out"),
