@@ -21,7 +21,7 @@ use kube::{
     config::ExecConfig,
     Api, Client, Config,
 };
-use kube_leader::client::{self, Liveness};
+use kube_leader::{client, internal::client::Liveness};
 use kube_leader_e2e::short_lease_elector;
 use kube_leader_testenv::ControlPlane;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -218,7 +218,7 @@ async fn a_proxy_falls_back_to_kubes_client() {
     let mut config = Config::new("https://127.0.0.1:6443".parse().unwrap());
     config.proxy_url = Some("http://127.0.0.1:3128".parse().unwrap());
     // This workspace's kube has no `http-proxy` feature: kube's own builder says so.
-    let Err(err) = client::http2_with(config, Liveness::default()) else {
+    let Err(err) = kube_leader::internal::client::http2_with(config, Liveness::default()) else {
         panic!("a client through a proxy kube cannot use");
     };
     assert!(matches!(err, kube::Error::ProxyProtocolDisabled { .. }), "{err}");

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use kube::{Client, Config};
-pub(crate) use kube_leader::client::{http1, http2_with as http2, Liveness};
+pub(crate) use kube_leader::internal::client::{http1, http2_with as http2, Liveness};
 
 /// The renew deadline whose bounds a command that does not campaign (`status`) uses: the
 /// default `--renew-deadline`.

@@ -12,17 +12,17 @@
 //! headers (impersonation), kube's `HTTP` tracing span, and the configuration's connect and
 //! write timeouts; over a connection pool that speaks HTTP/2 where the server offers it
 //! (ALPN), with `TCP_NODELAY`. A silent API server is noticed within bounds derived from the
-//! renew deadline ([`Liveness`]):
+//! renew deadline:
 //!
-//! - the TCP connect and the TLS handshake together take at most [`Liveness::connect`];
-//! - every request, a watch too, gets its response headers within [`Liveness::headers`] (this
+//! - the TCP connect and the TLS handshake together take at most half the renew deadline;
+//! - every request, a watch too, gets its response headers within the renew deadline (this
 //!   bound replaces the read timeout, which would close every quiet watch on a shared
 //!   connection; a shorter `Config::read_timeout` shortens it);
-//! - a connection that has read nothing for [`Liveness::keep_alive`] is PINGed, and closed if
+//! - a connection that has read nothing for a third of the renew deadline is PINGed, and closed if
 //!   the answer takes longer than that again, so a dead connection (and every watch on it)
 //!   fails at most twice that after its last frame: well inside a term.
 //!
-//! With a proxy in the configuration, or with [`http1`], the client is kube's own (HTTP/1.1)
+//! With a proxy in the configuration, the client is kube's own (HTTP/1.1)
 //! with the same connect and response-headers bounds. What this client does not add:
 //! kube's `gzip` decompression (a feature of kube's the library cannot see).
 //!
@@ -44,10 +44,9 @@
 //! # }
 //! ```
 
-mod builder;
-mod liveness;
+pub(crate) mod builder;
+pub(crate) mod liveness;
 mod timeout;
 mod trace;
 
-pub use builder::{http1, http2, http2_with};
-pub use liveness::Liveness;
+pub use builder::http2;

@@ -47,3 +47,12 @@ pub mod labels {
         },
     };
 }
+
+/// The API client's parts the sidecar sets itself (feature `http2`).
+#[cfg(feature = "http2")]
+pub mod client {
+    pub use crate::client::{
+        builder::{http1, http2_with},
+        liveness::Liveness,
+    };
+}

@@ -14,14 +14,15 @@ use kube::{
 use tower::{retry::RetryLayer, BoxError, ServiceBuilder, ServiceExt as _};
 
 use super::{
+    liveness::Liveness,
     timeout::{BoundedConnect, HeadersTimeoutLayer},
-    trace, Liveness,
+    trace,
 };
 
 /// A client for `config` that speaks HTTP/2 where the API server offers it (every Kubernetes
-/// API server does), with the bounds of [`Liveness::for_renew_deadline`]`(renew_deadline)`:
+/// API server does), with the bounds of `Liveness::for_renew_deadline(renew_deadline)`:
 /// give it the renew deadline of the elector that uses it. With a proxy in `config` it is
-/// kube's own client, as [`http1`] builds it.
+/// kube's own client, with the same bounds.
 ///
 /// Must be called within a tokio runtime (kube's [`Client`] spawns its buffer's worker).
 ///

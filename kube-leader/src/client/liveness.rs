@@ -20,7 +20,7 @@ const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_leader::client::Liveness;
+/// use kube_leader::internal::client::Liveness;
 ///
 /// let mut liveness = Liveness::for_renew_deadline(Duration::from_secs(10));
 /// assert_eq!(liveness.connect, Duration::from_secs(5));
