@@ -216,7 +216,7 @@ fn acquire(e: &mut Engine, index: u32) -> crate::leadership::Leadership {
 }
 
 fn state(e: &Engine, index: u32) -> Option<State> {
-    e.slots[index as usize].term.as_ref().map(Held::state)
+    e.slots[index as usize].tenure.term.as_ref().map(Held::state)
 }
 
 /// A shard lost while its work still runs is not taken again by this process until its work
@@ -239,7 +239,7 @@ async fn a_lost_term_whose_work_runs_keeps_its_shard_until_the_work_stops_or_the
         "an orphan past its grace guards nothing"
     );
     // Shard 1's work stops: the term ends, and the shard is free at once.
-    e.on_done(1, e.slots[1].term.as_ref().unwrap().gen, now);
+    e.on_done(1, e.slots[1].tenure.term.as_ref().unwrap().gen, now);
     assert_eq!(state(&e, 1), None);
     assert!(e.free(now).contains(&1));
 }
@@ -256,7 +256,7 @@ async fn a_release_after_the_renew_deadline_is_not_written() {
     for index in [0, 1] {
         assert!(e.apply(index, Event::Leave { until, release: true }, now));
     }
-    let gen = |e: &Engine, i: usize| e.slots[i].term.as_ref().unwrap().gen;
+    let gen = |e: &Engine, i: usize| e.slots[i].tenure.term.as_ref().unwrap().gen;
     e.on_done(1, gen(&e, 1), now);
     assert_eq!(state(&e, 1), Some(State::Releasing));
     assert_eq!(e.io.next_write(64), Some(crate::shards::scheduler::Key::Shard(1)));
@@ -281,7 +281,7 @@ async fn a_watched_other_holder_while_leaving_ends_the_term() {
     );
     e.absorb_shard(0, shard_lease(0, "11", "x", "b"), now);
     assert_eq!(state(&e, 0), Some(State::Gone));
-    let t = e.slots[0].term.as_ref().unwrap();
+    let t = e.slots[0].tenure.term.as_ref().unwrap();
     assert_eq!(
         t.keeper.reason(),
         Some(LossReason::Cancelled),
@@ -310,7 +310,7 @@ async fn reply(e: &mut Engine) -> Reply {
 async fn a_key_is_busy_until_its_reply_is_handed_out_even_a_stale_one() {
     let (mut e, _rx) = engine();
     let _work = acquire(&mut e, 0);
-    let gen = e.slots[0].term.as_ref().unwrap().gen;
+    let gen = e.slots[0].tenure.term.as_ref().unwrap().gen;
     let key = Key::Shard(0);
     assert!(!e.io.busy(key));
     let (answer, answered) = oneshot::channel::<()>();
@@ -345,7 +345,7 @@ async fn a_key_is_busy_until_its_reply_is_handed_out_even_a_stale_one() {
 async fn a_term_ends_when_the_call_on_its_shard_returns() {
     let (mut e, _rx) = engine();
     let _work = acquire(&mut e, 1);
-    let gen = e.slots[1].term.as_ref().unwrap().gen;
+    let gen = e.slots[1].tenure.term.as_ref().unwrap().gen;
     let now = Instant::now();
     e.io.push(Key::Shard(1), async {
         Reply::Read {
@@ -385,7 +385,7 @@ async fn an_acquisition_keeps_its_shard_busy_and_a_lost_race_reads_it_again() {
     e.on_reply(acquired, Instant::now());
     assert!(e.io.busy(Key::Shard(0)), "read again");
     let retry = e.set.cfg.lease.retry_period;
-    assert_eq!(e.slots[0].not_before, Some(Instant::now() + retry));
+    assert_eq!(e.slots[0].tenure.not_before, Some(Instant::now() + retry));
     assert!(e.replan_wanted());
     let read = reply(&mut e).await;
     assert!(!e.io.busy(Key::Shard(0)));
