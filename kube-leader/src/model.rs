@@ -91,6 +91,9 @@ pub(crate) enum Mutant {
     /// The fence judges a write without the stamp on the stored object (as if the webhook read
     /// `oldObject` without its annotation): it compares the token with the lock as read only.
     FenceIgnoresStamp,
+    /// The fence compares the write's token plus one (a judge that accepts a token one lower
+    /// than the stamp or the lock's).
+    FenceOneLower,
     /// A follower that lost a write race never writes again (its retry timer is never set).
     NoRetryAfterRace,
     /// A follower remembers the successor the last release it saw preferred, and defers to it
@@ -791,7 +794,11 @@ impl World {
             name: "work",
             user: &user,
         };
-        let verdict = judge(write, f.token, stored, Some(Some(Ok(f.token))), "n/l", &lock);
+        let judged = match mutant {
+            Mutant::FenceOneLower => f.token + 1,
+            _ => f.token,
+        };
+        let verdict = judge(write, judged, stored, Some(Some(Ok(judged))), "n/l", &lock);
         let older = match &lock {
             LockState::Missing => true,
             LockState::Held { token, .. } => f.token < *token,
@@ -1380,7 +1387,7 @@ impl Model for LeaseModel {
             Mutant::None => return all,
             Mutant::NoPrecondition | Mutant::ConfirmedFromAnswer => ONE_ALLOWED,
             Mutant::TokenFromTransitions => TOKENS_INCREASE,
-            Mutant::FenceIgnoresStamp => FENCE_ORDER,
+            Mutant::FenceIgnoresStamp | Mutant::FenceOneLower => FENCE_ORDER,
             Mutant::NoRetryAfterRace => LEADS_AFTER_STOP,
             Mutant::StalePreferred => CRASH_NOT_DELAYED,
         };
@@ -1464,6 +1471,12 @@ pub(crate) fn trace(path: stateright::Path<World, Action>) -> String {
         out.push_str(&format!("t={} store: {:?}", state.real, state.store));
         if let Some(f) = state.fenced {
             out.push_str(&format!("; fenced object stamped token{f}"));
+        }
+        if state.fence_regressed {
+            out.push_str(" (BACK: the fence accepted a token lower than one it accepted)");
+        }
+        if state.fence_mismatch {
+            out.push_str(" (the fence's verdict went against the token order)");
         }
         if let Some(s) = &state.stopped {
             let how = if s.crash { "crashed" } else { "released" };

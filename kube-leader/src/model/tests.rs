@@ -153,6 +153,18 @@ fn a_fence_without_the_objects_stamp_accepts_an_older_token() {
     assert!(trace.contains("FenceCommit"), "{trace}");
 }
 
+#[test]
+fn a_fence_that_accepts_a_token_one_lower_lets_the_objects_token_go_back() {
+    let trace = refuted_in(
+        Settings {
+            mutant: Mutant::FenceOneLower,
+            ..fenced()
+        },
+        FENCE_ORDER,
+    );
+    assert!(trace.contains("FenceCommit"), "{trace}");
+}
+
 /// A fair world (nothing late, nothing lost) where the leader crashes or releases once.
 fn fair() -> Settings {
     Settings {
