@@ -94,6 +94,9 @@ pub(crate) enum Mutant {
     /// The fence compares the write's token plus one (a judge that accepts a token one lower
     /// than the stamp or the lock's).
     FenceOneLower,
+    /// The fence reads the lock's token as the Lease's resourceVersion, ignoring the token the
+    /// holder stored (what the fence knows before the holder's first renewal).
+    LockFromVersion,
     /// A follower that lost a write race never writes again (its retry timer is never set).
     NoRetryAfterRace,
     /// A follower remembers the successor the last release it saw preferred, and defers to it
@@ -561,6 +564,8 @@ struct Cand {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Fencing {
     token: u64,
+    /// The writer was allowed to work when the fence read the lock.
+    allowed: bool,
     /// The lock as read: `None`, missing; else its token, holder and whether exact.
     lock: Option<(u64, Option<String>, bool)>,
 }
@@ -617,6 +622,9 @@ pub(crate) struct World {
     fence_regressed: bool,
     /// The fence's verdict disagreed with the token order (see [`World::fence_commit`]).
     fence_mismatch: bool,
+    /// The fence refused a write of a candidate allowed to work from the fence's read of the
+    /// lock to its verdict.
+    fence_refused_leader: bool,
     /// The leader stopped and nobody leads since.
     stopped: Option<Stopped>,
 }
@@ -762,17 +770,21 @@ impl World {
 
     /// The fence reads the lock for a fenced write of candidate `i`, as the webhook does (a GET:
     /// the Lease as it is now, through the shipped [`lease_state`]).
-    fn fence_read(&mut self, i: usize) {
+    fn fence_read(&mut self, i: usize, mutant: Mutant) {
         self.fence_writes += 1;
-        let lock =
-            self.store
-                .as_ref()
-                .map(|r| match lease_state(&r.to_lease()).expect("a resourceVersion") {
-                    LockState::Held { token, holder, exact } => (token, holder, exact),
-                    LockState::Missing => unreachable!("a Lease read is held"),
-                });
+        let lock = self.store.as_ref().map(|r| {
+            let mut lease = r.to_lease();
+            if mutant == Mutant::LockFromVersion {
+                set_fencing_token(&mut lease, None);
+            }
+            match lease_state(&lease).expect("a resourceVersion") {
+                LockState::Held { token, holder, exact } => (token, holder, exact),
+                LockState::Missing => unreachable!("a Lease read is held"),
+            }
+        });
         let token = self.cands[i].token.expect("a term's token");
-        self.cands[i].fencing = Some(Fencing { token, lock });
+        let allowed = self.allowed(i);
+        self.cands[i].fencing = Some(Fencing { token, allowed, lock });
     }
 
     /// The fence's verdict on candidate `i`'s fenced write (the shipped [`judge`]), with the lock
@@ -805,6 +817,9 @@ impl World {
         } || self.fenced.is_some_and(|s| f.token < s);
         if verdict.is_ok() == older {
             self.fence_mismatch = true;
+        }
+        if verdict.is_err() && f.allowed && self.allowed(i) {
+            self.fence_refused_leader = true;
         }
         if verdict.is_ok() {
             if self.fence_max.is_some_and(|m| f.token < m) {
@@ -1109,6 +1124,7 @@ impl Model for LeaseModel {
                 fence_writes: 0,
                 fence_regressed: false,
                 fence_mismatch: false,
+                fence_refused_leader: false,
                 stopped: None,
             })
             .map(|w| {
@@ -1352,7 +1368,7 @@ impl Model for LeaseModel {
                 let req = w.cands[i].orphan.take().expect("an orphan");
                 w.apply(&req);
             }
-            Action::FenceRead(i) => w.fence_read(i),
+            Action::FenceRead(i) => w.fence_read(i, self.s.mutant),
             Action::FenceCommit(i) => w.fence_commit(i, self.s.mutant),
         }
         Some(w)
@@ -1369,6 +1385,11 @@ impl Model for LeaseModel {
         if self.s.fenced_writes > 0 {
             all.push(Property::always(FENCE_ORDER, |_, w: &World| {
                 !w.fence_regressed && !w.fence_mismatch
+            }));
+        }
+        if self.s.fenced_writes > 0 {
+            all.push(Property::always(FENCE_LETS_THE_LEADER, |_, w: &World| {
+                !w.fence_refused_leader
             }));
         }
         if self.s.prompt {
@@ -1388,6 +1409,7 @@ impl Model for LeaseModel {
             Mutant::NoPrecondition | Mutant::ConfirmedFromAnswer => ONE_ALLOWED,
             Mutant::TokenFromTransitions => TOKENS_INCREASE,
             Mutant::FenceIgnoresStamp | Mutant::FenceOneLower => FENCE_ORDER,
+            Mutant::LockFromVersion => FENCE_LETS_THE_LEADER,
             Mutant::NoRetryAfterRace => LEADS_AFTER_STOP,
             Mutant::StalePreferred => CRASH_NOT_DELAYED,
         };
@@ -1406,6 +1428,9 @@ pub(crate) const SECOND_TERM: &str = "a second term begins";
 /// lock's (as read) or the object's stamp, or whose lock is missing.
 pub(crate) const FENCE_ORDER: &str =
     "fencing tokens never decrease per lock, and a fence refusal matches the token order";
+/// The property, in runs with fenced writes: a write of a candidate allowed to work from the
+/// fence's read of the lock to its verdict passes (the fence refuses no leader that may work).
+pub(crate) const FENCE_LETS_THE_LEADER: &str = "the fence lets an allowed leader's writes through";
 /// The property, in a fair world ([`Settings::prompt`]): when the leader stops (a crash, a
 /// release) and another candidate is up, someone leads within lease duration + retry period.
 pub(crate) const LEADS_AFTER_STOP: &str = "someone leads within lease + retry after the leader stops";
@@ -1474,6 +1499,9 @@ pub(crate) fn trace(path: stateright::Path<World, Action>) -> String {
         }
         if state.fence_regressed {
             out.push_str(" (BACK: the fence accepted a token lower than one it accepted)");
+        }
+        if state.fence_refused_leader {
+            out.push_str(" (the fence refused a leader allowed to work)");
         }
         if state.fence_mismatch {
             out.push_str(" (the fence's verdict went against the token order)");

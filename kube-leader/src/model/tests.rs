@@ -138,7 +138,7 @@ fn fenced() -> Settings {
 
 #[test]
 fn the_fence_keeps_the_token_order() {
-    holds(fenced(), &[FENCE_ORDER]);
+    holds(fenced(), &[FENCE_ORDER, FENCE_LETS_THE_LEADER]);
 }
 
 #[test]
@@ -163,6 +163,21 @@ fn a_fence_that_accepts_a_token_one_lower_lets_the_objects_token_go_back() {
         FENCE_ORDER,
     );
     assert!(trace.contains("FenceCommit"), "{trace}");
+}
+
+#[test]
+fn a_fence_that_ignores_the_holders_stored_token_refuses_the_leader() {
+    let trace = refuted_in(
+        Settings {
+            mutant: Mutant::LockFromVersion,
+            ..fenced()
+        },
+        FENCE_LETS_THE_LEADER,
+    );
+    assert!(
+        trace.contains("ALLOWED") && trace.contains("FenceCommit"),
+        "{trace}"
+    );
 }
 
 /// A fair world (nothing late, nothing lost) where the leader crashes or releases once.
