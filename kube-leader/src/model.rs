@@ -27,7 +27,8 @@
 //! that led sends a write with its latest term's token at any later time; the fence reads the
 //! lock (the shipped [`lease_state`]) and later judges the write (the shipped [`judge`]) against
 //! the stamp on the object as it is then; the object's stamp never goes back and every refusal
-//! matches the token order ([`FENCE_ORDER`]). In a fair world ([`Settings::prompt`]: nothing
+//! matches the token order ([`FENCE_ORDER`]), and a leader allowed to work throughout is never
+//! refused ([`FENCE_LETS_THE_LEADER`]). In a fair world ([`Settings::prompt`]: nothing
 //! late or lost; real time moves on only once every due write, answer and event is handled):
 //! when the leader crashes or releases, someone leads within lease duration + retry period
 //! ([`LEADS_AFTER_STOP`]), and, with releases naming a successor, a crash is taken over within
