@@ -34,7 +34,8 @@
 //! ([`LEADS_AFTER_STOP`]), and, with releases naming a successor, a crash is taken over within
 //! the same bound ([`CRASH_NOT_DELAYED`]).
 //!
-//! Mutants ([`Mutant`]) change the inputs or outputs around the real code, never the code: the
+//! Mutants ([`Mutant`]) change the inputs or outputs around the real code (or the model's own
+//! driver of it, as the campaign's retry after a lost race), never the shipped code: the
 //! checker must refute each of them.
 
 use std::{
