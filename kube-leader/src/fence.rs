@@ -24,6 +24,7 @@
 //! A token is a claim: the fence protects against honest writers that are paused, partitioned
 //! or late, not against a malicious one, which can send any number. See docs/fence.md.
 
+pub(crate) mod judge;
 pub(crate) mod lock;
 
 use std::{

@@ -27,9 +27,12 @@ pub mod rbac {
     pub use crate::rbac::*;
 }
 
-/// What the fence webhook reads of a lock.
+/// What the fence webhook reads of a lock, and its verdict on a fenced write.
 pub mod fence {
-    pub use crate::fence::lock::{for_life_state, lease_state, read_lock, LockReadError, LockState};
+    pub use crate::fence::{
+        judge::{judge, stamp, Write},
+        lock::{for_life_state, lease_state, read_lock, LockReadError, LockState},
+    };
 }
 
 /// The labels and annotations kube-leader writes.

@@ -23,9 +23,19 @@
 //! The properties: at no real instant are two candidates allowed to work (a candidate is
 //! allowed while it leads, has not lost, and its clock has not reached the term's
 //! `confirmed_until`: what the supervisor enforces), and each term's fencing token is greater
-//! than every earlier term's.
+//! than every earlier term's. With fenced writes ([`Settings::fenced_writes`]): a candidate
+//! that led sends a write with its latest term's token at any later time; the fence reads the
+//! lock (the shipped [`lease_state`]) and later judges the write (the shipped [`judge`]) against
+//! the stamp on the object as it is then; the object's stamp never goes back and every refusal
+//! matches the token order ([`FENCE_ORDER`]), and a leader allowed to work throughout is never
+//! refused ([`FENCE_LETS_THE_LEADER`]). In a fair world ([`Settings::prompt`]: nothing
+//! late or lost; real time moves on only once every due write, answer and event is handled):
+//! when the leader crashes or releases, someone leads within lease duration + retry period
+//! ([`LEADS_AFTER_STOP`]), and, with releases naming a successor, a crash is taken over within
+//! the same bound ([`CRASH_NOT_DELAYED`]).
 //!
-//! Mutants ([`Mutant`]) change the inputs or outputs around the real code, never the code: the
+//! Mutants ([`Mutant`]) change the inputs or outputs around the real code (or the model's own
+//! driver of it, as the campaign's retry after a lost race), never the shipped code: the
 //! checker must refute each of them.
 
 use std::{
@@ -46,6 +56,10 @@ use tokio::time::Instant;
 
 use crate::{
     api::Failure,
+    fence::{
+        judge::{judge, Write},
+        lock::{lease_state, LockState},
+    },
     lease::{
         coordinated::{coordinated_strategy, written_by_any},
         decide::{
@@ -59,6 +73,7 @@ use crate::{
         term::{Every, Step, Term, Writer},
     },
     lock::{self, FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
+    successor::PREFERRED_HOLDER_ANNOTATION,
 };
 
 mod tests;
@@ -75,6 +90,20 @@ pub(crate) enum Mutant {
     ConfirmedFromAnswer,
     /// The fencing token is the record's `leaseTransitions`, not the winning write's revision.
     TokenFromTransitions,
+    /// The fence judges a write without the stamp on the stored object (as if the webhook read
+    /// `oldObject` without its annotation): it compares the token with the lock as read only.
+    FenceIgnoresStamp,
+    /// The fence compares the write's token plus one (a judge that accepts a token one lower
+    /// than the stamp or the lock's).
+    FenceOneLower,
+    /// The fence reads the lock's token as the Lease's resourceVersion, ignoring the token the
+    /// holder stored (what the fence knows before the holder's first renewal).
+    LockFromVersion,
+    /// A follower that lost a write race never writes again (its retry timer is never set).
+    NoRetryAfterRace,
+    /// A follower remembers the successor the last release it saw preferred, and defers to it
+    /// on any takeover, an expired lease's included, for `successor_wait` from the expiry.
+    StalePreferred,
 }
 
 /// The model's settings.
@@ -108,6 +137,18 @@ pub(crate) struct Settings {
     /// limits": such a candidate cannot tell a first election from a deletion and creates the
     /// Lease at once). Off: every deletion is seen coming by candidates that knew the Lease.
     pub(crate) blind_deletes: bool,
+    /// How many fenced writes (each read of the lock by the fence, then its verdict and commit)
+    /// in a run.
+    pub(crate) fenced_writes: u8,
+    /// A fair world, for the liveness checks: no request or watch event is late, and every
+    /// write a candidate's decision calls for is sent, before real time moves on (with retry
+    /// `1 s`, a campaign's retry timer fires within every tick); no lost request, re-list or
+    /// deletion.
+    pub(crate) prompt: bool,
+    /// Releases name the next candidate (`c<i+1>`) as the preferred successor.
+    pub(crate) successor: bool,
+    /// How long a candidate that is not the preferred successor defers to it, in ticks.
+    pub(crate) successor_wait: u64,
     /// The broken variant, if any.
     pub(crate) mutant: Mutant,
 }
@@ -129,8 +170,17 @@ impl Settings {
             releases: 0,
             relists: 0,
             blind_deletes: false,
+            fenced_writes: 0,
+            prompt: false,
+            successor: false,
+            successor_wait: 2,
             mutant: Mutant::None,
         }
+    }
+
+    /// The failover bound the docs promise, in ticks: lease duration plus retry period.
+    pub(crate) fn failover_bound(&self) -> i64 {
+        i64::try_from(self.lease + self.retry).expect("small")
     }
 }
 
@@ -184,6 +234,8 @@ struct Rec {
     writer: Option<(String, i64)>,
     /// The fencing-token annotations: holder and token.
     token: Option<(String, u64)>,
+    /// The preferred-successor annotation, as written.
+    preferred: Option<String>,
 }
 
 impl fmt::Debug for Rec {
@@ -204,6 +256,10 @@ impl fmt::Debug for Rec {
         if let Some((_, t)) = &self.token {
             write!(f, " token{t}")?;
         }
+        if let Some(p) = &self.preferred {
+            let who = p.rsplit(' ').next().unwrap_or(p);
+            write!(f, " prefers {who}")?;
+        }
         Ok(())
     }
 }
@@ -220,6 +276,9 @@ impl Rec {
         if let Some((holder, token)) = &self.token {
             a.insert(HOLDER_ANNOTATION.to_string(), holder.clone());
             a.insert(FENCING_TOKEN_ANNOTATION.to_string(), token.to_string());
+        }
+        if let Some(p) = &self.preferred {
+            a.insert(PREFERRED_HOLDER_ANNOTATION.to_string(), p.clone());
         }
         Lease {
             metadata: ObjectMeta {
@@ -248,6 +307,7 @@ impl Rec {
             "outside the model: {l:?}"
         );
         let mut writer = None;
+        let mut preferred = None;
         let mut token = (None, None);
         for (k, v) in l.metadata.annotations.iter().flatten() {
             match k.as_str() {
@@ -258,6 +318,7 @@ impl Rec {
                 }
                 HOLDER_ANNOTATION => token.0 = Some(v.clone()),
                 FENCING_TOKEN_ANNOTATION => token.1 = Some(v.parse().expect("a token")),
+                PREFERRED_HOLDER_ANNOTATION => preferred = Some(v.clone()),
                 other => panic!("annotation outside the model: {other}"),
             }
         }
@@ -275,6 +336,7 @@ impl Rec {
             transitions: spec.lease_transitions.unwrap_or(0),
             writer,
             token,
+            preferred,
         }
     }
 }
@@ -463,6 +525,10 @@ struct Follower {
     seen_before: bool,
     absent_since: Option<i64>,
     unknown_since: Option<i64>,
+    /// [`Mutant::NoRetryAfterRace`]: this campaign lost a write race.
+    lost_race: bool,
+    /// [`Mutant::StalePreferred`]: the successor the last release it saw preferred.
+    stale_preferred: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Hash)]
@@ -488,6 +554,46 @@ struct Cand {
     orphan: Option<Req>,
     /// The highest `leaseTransitions` this process saw (`Shared::transitions_for_create`).
     transitions_seen: Option<u32>,
+    /// The fencing token of this candidate's latest term (kept after the term and across a
+    /// crash: a write sent with it may reach the fence any time later). Only in runs with
+    /// fenced writes.
+    token: Option<u64>,
+    /// Its fenced write the fence is judging: the token, and the lock as the fence read it.
+    fencing: Option<Fencing>,
+}
+
+/// A fenced write between the fence's read of the lock and its verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Fencing {
+    token: u64,
+    /// The writer was allowed to work when the fence read the lock.
+    allowed: bool,
+    /// The lock as read: `None`, missing; else its token, holder and whether exact.
+    lock: Option<(u64, Option<String>, bool)>,
+}
+
+impl Fencing {
+    fn lock(&self) -> LockState {
+        match &self.lock {
+            None => LockState::Missing,
+            Some((token, holder, exact)) => LockState::Held {
+                token: *token,
+                holder: holder.clone(),
+                exact: *exact,
+            },
+        }
+    }
+}
+
+/// How the leader stopped, for the liveness checks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Stopped {
+    /// The real tick.
+    at: i64,
+    /// Which candidate.
+    who: usize,
+    /// A crash (else a release).
+    crash: bool,
 }
 
 /// The world.
@@ -508,6 +614,21 @@ pub(crate) struct World {
     max_token: u64,
     /// A term began with a token not greater than an earlier term's.
     token_regressed: bool,
+    /// The fenced object's stamp (`kube-leader.io/fenced-token`), if it was written.
+    fenced: Option<u64>,
+    /// The greatest token the fence accepted.
+    fence_max: Option<u64>,
+    /// Fenced writes so far.
+    fence_writes: u8,
+    /// The fence accepted a write with a token lower than one it accepted before.
+    fence_regressed: bool,
+    /// The fence's verdict disagreed with the token order (see [`World::fence_commit`]).
+    fence_mismatch: bool,
+    /// The fence refused a write of a candidate allowed to work from the fence's read of the
+    /// lock to its verdict.
+    fence_refused_leader: bool,
+    /// The leader stopped and nobody leads since.
+    stopped: Option<Stopped>,
 }
 
 /// What happens next.
@@ -542,6 +663,12 @@ pub(crate) enum Action {
     OrphanCommits(usize),
     /// An administrator deletes the Lease.
     Delete,
+    /// The fence reads the lock for a fenced write of candidate `i` (with its latest term's
+    /// token).
+    FenceRead(usize),
+    /// The fence judges that write against the stored object's stamp, and the API server
+    /// commits it if it passes (admission runs again on a conflict: the stamp is current).
+    FenceCommit(usize),
 }
 
 impl Cand {
@@ -574,6 +701,8 @@ impl Cand {
             seen_before,
             absent_since: None,
             unknown_since: None,
+            lost_race: false,
+            stale_preferred: None,
         })
     }
 }
@@ -640,6 +769,84 @@ impl World {
         c.role = Cand::follower(true);
         c.watch = VecDeque::from([list]);
     }
+
+    /// The fence reads the lock for a fenced write of candidate `i`, as the webhook does (a GET:
+    /// the Lease as it is now, through the shipped [`lease_state`]).
+    fn fence_read(&mut self, i: usize, mutant: Mutant) {
+        self.fence_writes += 1;
+        let lock = self.store.as_ref().map(|r| {
+            let mut lease = r.to_lease();
+            if mutant == Mutant::LockFromVersion {
+                set_fencing_token(&mut lease, None);
+            }
+            match lease_state(&lease).expect("a resourceVersion") {
+                LockState::Held { token, holder, exact } => (token, holder, exact),
+                LockState::Missing => unreachable!("a Lease read is held"),
+            }
+        });
+        let token = self.cands[i].token.expect("a term's token");
+        let allowed = self.allowed(i);
+        self.cands[i].fencing = Some(Fencing { token, allowed, lock });
+    }
+
+    /// The fence's verdict on candidate `i`'s fenced write (the shipped [`judge`]), with the lock
+    /// as it read it and the stamp on the object as it is at the commit; the object is written
+    /// and stamped if it passes. The verdict must match the token order: refused exactly when the
+    /// lock was missing or showed a greater token, or the object carries one.
+    fn fence_commit(&mut self, i: usize, mutant: Mutant) {
+        let f = self.cands[i].fencing.take().expect("a fenced write");
+        let lock = f.lock();
+        let stored = match mutant {
+            Mutant::FenceIgnoresStamp => None,
+            _ => self.fenced.map(Ok),
+        };
+        let user = Cand::identity(i);
+        let write = Write {
+            operation: "UPDATE",
+            resource: "configmaps",
+            namespace: "n",
+            name: "work",
+            user: &user,
+        };
+        let judged = match mutant {
+            Mutant::FenceOneLower => f.token + 1,
+            _ => f.token,
+        };
+        let verdict = judge(write, judged, stored, Some(Some(Ok(judged))), "n/l", &lock);
+        let older = match &lock {
+            LockState::Missing => true,
+            LockState::Held { token, .. } => f.token < *token,
+        } || self.fenced.is_some_and(|s| f.token < s);
+        if verdict.is_ok() == older {
+            self.fence_mismatch = true;
+        }
+        if verdict.is_err() && f.allowed && self.allowed(i) {
+            self.fence_refused_leader = true;
+        }
+        if verdict.is_ok() {
+            if self.fence_max.is_some_and(|m| f.token < m) {
+                self.fence_regressed = true;
+            }
+            self.fence_max = Some(self.fence_max.map_or(f.token, |m| m.max(f.token)));
+            self.fenced = Some(f.token);
+        }
+    }
+
+    /// Whether a candidate other than `who` is up.
+    fn others_live(&self, who: usize) -> bool {
+        self.cands
+            .iter()
+            .enumerate()
+            .any(|(j, c)| j != who && c.role != Role::Down)
+    }
+
+    /// The leader stopped (`crash`: else it released) at least `bound` ticks ago, a candidate
+    /// that was up then still is, and nobody leads.
+    fn leaderless_past(&self, bound: i64, crash_only: bool) -> bool {
+        self.stopped
+            .as_ref()
+            .is_some_and(|s| (s.crash || !crash_only) && self.real - s.at > bound && self.others_live(s.who))
+    }
 }
 
 // === the campaign, as lease/campaign.rs drives the decisions ===
@@ -656,7 +863,18 @@ impl LeaseModel {
             f.absent_since = None;
             let decision = decide(Some(obs), identity, now, fallback);
             let decision = defer_to_controller(decision, obs, now, fallback);
-            return defer_to_preferred(decision, obs, identity, now, Duration::from_secs(5));
+            let wait = Duration::from_secs(self.s.successor_wait);
+            let decision = defer_to_preferred(decision, obs, identity, now, wait);
+            if let (Mutant::StalePreferred, Some(p)) = (self.s.mutant, &f.stale_preferred) {
+                // The stale memory fed to the shipped deferral: the record taken for a release
+                // preferring `p`, seen at its expiry.
+                let mut stale = obs.clone();
+                stale.record.holder = None;
+                stale.preferred = Some(p.clone());
+                stale.observed_at = obs.expires_at(fallback);
+                return defer_to_preferred(decision, &stale, identity, now, wait);
+            }
+            return decision;
         }
         let since = at(*f.absent_since.get_or_insert(tick(now)));
         let absent = match (&f.deleted, f.unknown_since) {
@@ -669,7 +887,7 @@ impl LeaseModel {
     }
 
     /// `Campaign::seen` and `Campaign::absent`.
-    fn absorb(c: &mut Cand, f: &mut Follower, ev: Ev, instance: &str, now: i64) {
+    fn absorb(&self, c: &mut Cand, f: &mut Follower, ev: Ev, instance: &str, now: i64) {
         f.synced = true;
         f.current = ev.lease.clone();
         match ev.lease {
@@ -679,6 +897,9 @@ impl LeaseModel {
                 let mine = written_by(&lease, &record, instance);
                 let by_kube_leader = written_by_any(&lease, &record);
                 let preferred = preferred_in(&lease, &record);
+                if self.s.mutant == Mutant::StalePreferred && preferred.is_some() {
+                    f.stale_preferred = preferred.clone();
+                }
                 let coordinated = coordinated_strategy(&lease).is_some();
                 let prev = f.observed.as_ref().map(|o| &o.0);
                 let next = Observed::update(prev, record, lease.metadata.resource_version.clone(), at(now))
@@ -769,8 +990,12 @@ impl LeaseModel {
         }
         w.terms = w.terms.saturating_add(1);
         w.max_token = w.max_token.max(token);
+        w.stopped = None;
         let t = u64::from(record.transitions);
         let c = &mut w.cands[i];
+        if self.s.fenced_writes > 0 {
+            c.token = Some(token);
+        }
         c.transitions_seen = Some(c.transitions_seen.map_or(t as u32, |s| s.max(t as u32)));
         let writer = Writer {
             identity: Cand::identity(i),
@@ -809,12 +1034,14 @@ impl LeaseModel {
         let answer = flight.answer.expect("answered");
         let now = w.now(i);
         match (flight.why, &mut w.cands[i].role) {
-            (Why::Acquire | Why::Confirm, Role::Follow(_)) => {
-                if let Answer::Ok(written) = answer {
-                    self.won(w, i, written, flight.sent);
+            (Why::Acquire | Why::Confirm, Role::Follow(f)) => match answer {
+                Answer::Ok(written) => self.won(w, i, written, flight.sent),
+                Answer::Conflict | Answer::NotFound if self.s.mutant == Mutant::NoRetryAfterRace => {
+                    f.lost_race = true;
                 }
                 // A failure: decide again on what the watch shows.
-            }
+                _ => {}
+            },
             (Why::Renew, Role::Lead(h)) => {
                 let step = match answer {
                     Answer::Ok(written) => {
@@ -868,6 +1095,8 @@ impl Model for LeaseModel {
             flight: None,
             orphan: None,
             transitions_seen: None,
+            token: None,
+            fencing: None,
         };
         let start = [
             Action::Watch(0),
@@ -892,6 +1121,13 @@ impl Model for LeaseModel {
                 terms: 0,
                 max_token: 0,
                 token_regressed: false,
+                fenced: None,
+                fence_max: None,
+                fence_writes: 0,
+                fence_regressed: false,
+                fence_mismatch: false,
+                fence_refused_leader: false,
+                stopped: None,
             })
             .map(|w| {
                 // The first term: c0 created the Lease, and the others saw it.
@@ -919,6 +1155,11 @@ impl Model for LeaseModel {
             if c.orphan.is_some() {
                 actions.push(Action::OrphanCommits(i));
             }
+            if c.fencing.is_some() {
+                actions.push(Action::FenceCommit(i));
+            } else if c.token.is_some() && w.fence_writes < self.s.fenced_writes {
+                actions.push(Action::FenceRead(i));
+            }
             if c.role == Role::Down {
                 if self.s.blind_deletes || w.deletes == 0 {
                     actions.push(Action::Restart(i));
@@ -943,7 +1184,7 @@ impl Model for LeaseModel {
                 }
                 Some(_) => actions.push(Action::Answer(i)),
                 None => match &c.role {
-                    Role::Follow(f) if f.synced => {
+                    Role::Follow(f) if f.synced && !f.lost_race => {
                         let mut f = f.clone();
                         let d = self.decide(&mut f, &Cand::identity(i), w.now(i));
                         if matches!(d, Decision::Create | Decision::Takeover | Decision::Renew) {
@@ -961,6 +1202,10 @@ impl Model for LeaseModel {
                     _ => {}
                 },
             }
+        }
+        if self.s.prompt && actions.iter().any(Action::is_due) {
+            // A fair world: what is due happens before real time moves on.
+            actions.retain(|a| !matches!(a, Action::Tick(_)));
         }
     }
 
@@ -1000,7 +1245,7 @@ impl Model for LeaseModel {
                 let ev = c.watch.pop_front().expect("an event");
                 match std::mem::replace(&mut c.role, Role::Down) {
                     Role::Follow(mut f) => {
-                        Self::absorb(c, &mut f, ev, &instance, now);
+                        self.absorb(c, &mut f, ev, &instance, now);
                         // The campaign decides at once on every event.
                         if f.synced {
                             self.decide(&mut f, &Cand::identity(i), now);
@@ -1066,6 +1311,14 @@ impl Model for LeaseModel {
             Action::Release(i) => {
                 let (now, real) = (w.now(i), w.real);
                 w.releases += 1;
+                if self.s.prompt && w.stopped.is_none() {
+                    w.stopped = Some(Stopped {
+                        at: real,
+                        who: i,
+                        crash: false,
+                    });
+                }
+                let successor = self.s.successor.then(|| Cand::identity((i + 1) % w.cands.len()));
                 let c = &mut w.cands[i];
                 let Role::Lead(h) = &mut c.role else {
                     unreachable!()
@@ -1076,7 +1329,7 @@ impl Model for LeaseModel {
                     return Some(w);
                 }
                 h.lost = true;
-                let lease = Rec::from_lease(&h.term.release_write(None, wall(real)));
+                let lease = Rec::from_lease(&h.term.release_write(successor.as_deref(), wall(real)));
                 c.flight = Some(Flight {
                     req: Req::Replace {
                         precondition: Some(lease.rv),
@@ -1089,6 +1342,14 @@ impl Model for LeaseModel {
             }
             Action::Crash(i) => {
                 w.crashes += 1;
+                let leads = matches!(&w.cands[i].role, Role::Lead(h) if !h.lost);
+                if self.s.prompt && leads && w.stopped.is_none() {
+                    w.stopped = Some(Stopped {
+                        at: w.real,
+                        who: i,
+                        crash: true,
+                    });
+                }
                 let c = &mut w.cands[i];
                 c.orphan = c.flight.take().filter(|f| f.answer.is_none()).map(|f| f.req);
                 c.role = Role::Down;
@@ -1109,24 +1370,50 @@ impl Model for LeaseModel {
                 let req = w.cands[i].orphan.take().expect("an orphan");
                 w.apply(&req);
             }
+            Action::FenceRead(i) => w.fence_read(i, self.s.mutant),
+            Action::FenceCommit(i) => w.fence_commit(i, self.s.mutant),
         }
         Some(w)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        let all = vec![
+        let mut all = vec![
             Property::always(ONE_ALLOWED, |_, w: &World| {
                 (0..w.cands.len()).filter(|&i| w.allowed(i)).count() <= 1
             }),
             Property::always(TOKENS_INCREASE, |_, w: &World| !w.token_regressed),
             Property::sometimes(SECOND_TERM, |_, w: &World| w.terms >= 2),
         ];
+        if self.s.fenced_writes > 0 {
+            all.push(Property::always(FENCE_ORDER, |_, w: &World| {
+                !w.fence_regressed && !w.fence_mismatch
+            }));
+        }
+        if self.s.fenced_writes > 0 {
+            all.push(Property::always(FENCE_LETS_THE_LEADER, |_, w: &World| {
+                !w.fence_refused_leader
+            }));
+        }
+        if self.s.prompt {
+            all.push(Property::always(LEADS_AFTER_STOP, |m: &Self, w: &World| {
+                !w.leaderless_past(m.s.failover_bound(), false)
+            }));
+        }
+        if self.s.prompt && self.s.successor {
+            all.push(Property::always(CRASH_NOT_DELAYED, |m: &Self, w: &World| {
+                !w.leaderless_past(m.s.failover_bound(), true)
+            }));
+        }
         // A mutant is checked against the property it breaks alone: the run stops at the first
         // (shortest) counterexample.
         let target = match self.s.mutant {
             Mutant::None => return all,
             Mutant::NoPrecondition | Mutant::ConfirmedFromAnswer => ONE_ALLOWED,
             Mutant::TokenFromTransitions => TOKENS_INCREASE,
+            Mutant::FenceIgnoresStamp | Mutant::FenceOneLower => FENCE_ORDER,
+            Mutant::LockFromVersion => FENCE_LETS_THE_LEADER,
+            Mutant::NoRetryAfterRace => LEADS_AFTER_STOP,
+            Mutant::StalePreferred => CRASH_NOT_DELAYED,
         };
         all.into_iter().filter(|p| p.name == target).collect()
     }
@@ -1138,6 +1425,31 @@ pub(crate) const ONE_ALLOWED: &str = "at most one candidate allowed to work";
 pub(crate) const TOKENS_INCREASE: &str = "fencing tokens increase";
 /// Not a safety property: the model reaches a second term (it is not vacuous).
 pub(crate) const SECOND_TERM: &str = "a second term begins";
+/// The property, in runs with fenced writes: the fence never accepts a write whose token is
+/// lower than one it accepted, and refuses exactly the writes whose token is lower than the
+/// lock's (as read) or the object's stamp, or whose lock is missing.
+pub(crate) const FENCE_ORDER: &str =
+    "fencing tokens never decrease per lock, and a fence refusal matches the token order";
+/// The property, in runs with fenced writes: a write of a candidate allowed to work from the
+/// fence's read of the lock to its verdict passes (the fence refuses no leader that may work).
+pub(crate) const FENCE_LETS_THE_LEADER: &str = "the fence lets an allowed leader's writes through";
+/// The property, in a fair world ([`Settings::prompt`]): when the leader stops (a crash, a
+/// release) and another candidate is up, someone leads within lease duration + retry period.
+pub(crate) const LEADS_AFTER_STOP: &str = "someone leads within lease + retry after the leader stops";
+/// The property, in a fair world where releases name a successor: a crash is taken over within
+/// the same bound.
+pub(crate) const CRASH_NOT_DELAYED: &str = "the successor preference never delays a crash failover";
+
+impl Action {
+    /// In a fair world, what must happen before real time moves on: everything but a tick and
+    /// the faults (a crash, a restart, a release).
+    fn is_due(&self) -> bool {
+        !matches!(
+            self,
+            Action::Tick(_) | Action::Crash(_) | Action::Restart(_) | Action::Release(_)
+        )
+    }
+}
 
 /// Every vector of `n` skews in `0..=drift` that keeps each clock monotonic across a tick from
 /// `now` (a skew may fall by at most one).
@@ -1183,16 +1495,44 @@ impl LeaseModel {
 pub(crate) fn trace(path: stateright::Path<World, Action>) -> String {
     let mut out = String::new();
     for (state, action) in path.into_vec() {
-        out.push_str(&format!("t={} store: {:?}\n", state.real, state.store));
+        out.push_str(&format!("t={} store: {:?}", state.real, state.store));
+        if let Some(f) = state.fenced {
+            out.push_str(&format!("; fenced object stamped token{f}"));
+        }
+        if state.fence_regressed {
+            out.push_str(" (BACK: the fence accepted a token lower than one it accepted)");
+        }
+        if state.fence_refused_leader {
+            out.push_str(" (the fence refused a leader allowed to work)");
+        }
+        if state.fence_mismatch {
+            out.push_str(" (the fence's verdict went against the token order)");
+        }
+        if let Some(s) = &state.stopped {
+            let how = if s.crash { "crashed" } else { "released" };
+            out.push_str(&format!(
+                "; leader c{} {how} at t={}, nobody leads since",
+                s.who, s.at
+            ));
+        }
+        out.push('\n');
         for (i, c) in state.cands.iter().enumerate() {
             let role = match &c.role {
-                Role::Follow(f) => format!("follows ({:?})", f.observed),
+                Role::Follow(f) => match &f.stale_preferred {
+                    Some(p) => format!("follows ({:?}), remembers {p:?} preferred", f.observed),
+                    None => format!("follows ({:?})", f.observed),
+                },
                 Role::Lead(h) => format!("{h:?}"),
                 Role::Down => "down".into(),
             };
             let allowed = if state.allowed(i) { " ALLOWED" } else { "" };
+            let fence = match (&c.fencing, c.token) {
+                (Some(f), _) => format!("; fenced write token{} (lock read: {:?})", f.token, f.lock),
+                (None, Some(t)) => format!("; token{t}"),
+                (None, None) => String::new(),
+            };
             out.push_str(&format!(
-                "    c{i}.{} clock {}: {role}{allowed}; in flight {:?}\n",
+                "    c{i}.{} clock {}: {role}{allowed}; in flight {:?}{fence}\n",
                 c.incarnation,
                 state.now(i),
                 c.flight.as_ref().map(|f| (&f.why, f.sent, &f.answer))

@@ -1,13 +1,12 @@
 //! The fence's decisions, as pure functions of the admission request and the lock as read: who
-//! is fenced, which token a write carries, the stamp the mutating half puts on, and whether the
-//! validating half lets the write through.
+//! is fenced, which token a write carries, and the stamp the mutating half puts on. Whether the
+//! validating half lets the write through ([`judge`]) is the library's, where the model checker
+//! drives it too.
 
 use std::collections::BTreeMap;
 
-use kube_leader::{
-    fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA},
-    internal::fence::LockState,
-};
+use kube_leader::fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA};
+pub(crate) use kube_leader::internal::fence::{judge, stamp, Write};
 
 use super::config::KUBE_SYSTEM;
 
@@ -49,12 +48,6 @@ pub(crate) fn out_of_scope(namespace: Option<&str>, group: &str, resource: &str)
     namespace == Some(KUBE_SYSTEM) || (group == "coordination.k8s.io" && resource == "leases")
 }
 
-/// The token stamped on an object, if any: `Err` when the annotation is not a number.
-pub(crate) fn stamp(annotations: Option<&BTreeMap<String, String>>) -> Option<Result<u64, String>> {
-    let v = annotations?.get(FENCED_TOKEN_ANNOTATION)?;
-    Some(v.trim().parse().map_err(|_| v.clone()))
-}
-
 /// The JSON patch by which the mutating half stamps `token` on an object with `annotations`.
 pub(crate) fn stamp_patch(has_annotations: bool, token: u64) -> serde_json::Value {
     if has_annotations {
@@ -71,87 +64,6 @@ pub(crate) fn stamp_patch(has_annotations: bool, token: u64) -> serde_json::Valu
             "value": { FENCED_TOKEN_ANNOTATION: token.to_string() },
         }])
     }
-}
-
-/// What a request is, for the messages.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Write<'a> {
-    /// CREATE, UPDATE, DELETE.
-    pub(crate) operation: &'a str,
-    /// The plural resource.
-    pub(crate) resource: &'a str,
-    /// The object's namespace.
-    pub(crate) namespace: &'a str,
-    /// The object's name.
-    pub(crate) name: &'a str,
-    /// The writer's user name.
-    pub(crate) user: &'a str,
-}
-
-/// The validating half's verdict on a fenced writer's write with `token`: `Err` is the refusal
-/// message. `stored` is the stamp on the stored object (update, delete), `stamped` the one on
-/// the object as it would be stored (create, update: the mutating half put it there), `lock`
-/// the lock (`lock_name`) as read just now.
-pub(crate) fn judge(
-    write: Write<'_>,
-    token: u64,
-    stored: Option<Result<u64, String>>,
-    stamped: Option<Option<Result<u64, String>>>,
-    lock_name: &str,
-    lock: &LockState,
-) -> Result<(), String> {
-    let what = format!(
-        "fenced: {} of {} {}/{} by {} refused",
-        write.operation.to_lowercase(),
-        write.resource,
-        write.namespace,
-        write.name,
-        write.user
-    );
-    let (current, holder, exact) = match lock {
-        LockState::Missing => {
-            return Err(format!(
-                "{what}: its fencing token is {token}, but lock {lock_name} does not exist: nobody \
-                 leads (current token: none, holder: none)"
-            ))
-        }
-        LockState::Held { token, holder, exact } => (*token, holder.as_deref().unwrap_or("nobody"), *exact),
-    };
-    let current_words = if exact {
-        format!("current token {current}, held by {holder}")
-    } else {
-        format!("current token at least {current} (not yet stored by the holder), held by {holder}")
-    };
-    match stored {
-        Some(Ok(s)) if token < s => {
-            return Err(format!(
-                "{what}: its fencing token {token} is older than token {s} a later leader stored \
-                 on the object ({FENCED_TOKEN_ANNOTATION}); lock {lock_name}: {current_words}"
-            ))
-        }
-        Some(Err(v)) => {
-            return Err(format!(
-                "{what}: the object's {FENCED_TOKEN_ANNOTATION} {v:?} is not a number; lock \
-                 {lock_name}: {current_words}"
-            ))
-        }
-        _ => {}
-    }
-    if token < current {
-        return Err(format!(
-            "{what}: its fencing token {token} is older than lock {lock_name}'s: {current_words}"
-        ));
-    }
-    if let Some(stamped) = stamped {
-        if stamped != Some(Ok(token)) {
-            return Err(format!(
-                "{what}: the object as it would be stored does not carry the write's token \
-                 {token} in {FENCED_TOKEN_ANNOTATION} (is the fence's \
-                 MutatingWebhookConfiguration applied?); lock {lock_name}: {current_words}"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The refusal of a fenced writer's write without a usable token.
@@ -181,22 +93,6 @@ mod tests {
         .into()
     }
 
-    const W: Write<'static> = Write {
-        operation: "UPDATE",
-        resource: "configmaps",
-        namespace: "app",
-        name: "orders",
-        user: "user-1",
-    };
-
-    fn held(token: u64) -> LockState {
-        LockState::Held {
-            token,
-            holder: Some("pod-b".into()),
-            exact: true,
-        }
-    }
-
     #[test]
     fn writers_and_their_tokens() {
         assert_eq!(writer(false, Some(&extra(&["5"]))), Writer::Other);
@@ -208,46 +104,6 @@ mod tests {
             writer(true, Some(&extra(&["1", "2"]))),
             Writer::BadToken(_)
         ));
-    }
-
-    #[test]
-    fn the_current_leader_passes() {
-        judge(W, 10, Some(Ok(10)), Some(Some(Ok(10))), "app/l", &held(10)).unwrap();
-        judge(W, 11, Some(Ok(10)), Some(Some(Ok(11))), "app/l", &held(11)).unwrap();
-        judge(W, 11, None, None, "app/l", &held(11)).unwrap();
-    }
-
-    #[test]
-    fn an_older_token_than_the_stored_one_is_refused_naming_everything() {
-        let e = judge(W, 9, Some(Ok(10)), Some(Some(Ok(9))), "app/l", &held(9)).unwrap_err();
-        for s in [
-            "update of configmaps app/orders by user-1",
-            "token 9",
-            "token 10",
-            "app/l",
-            "pod-b",
-        ] {
-            assert!(e.contains(s), "{s}: {e}");
-        }
-    }
-
-    #[test]
-    fn an_older_token_than_the_lock_is_refused() {
-        let e = judge(W, 9, None, Some(Some(Ok(9))), "app/l", &held(12)).unwrap_err();
-        assert!(
-            e.contains("older than lock app/l's: current token 12, held by pod-b"),
-            "{e}"
-        );
-        let e = judge(W, 9, None, None, "app/l", &LockState::Missing).unwrap_err();
-        assert!(e.contains("does not exist"), "{e}");
-    }
-
-    #[test]
-    fn an_unstamped_object_is_refused() {
-        let e = judge(W, 12, None, Some(None), "app/l", &held(12)).unwrap_err();
-        assert!(e.contains("MutatingWebhookConfiguration"), "{e}");
-        let e = judge(W, 12, None, Some(Some(Ok(13))), "app/l", &held(12)).unwrap_err();
-        assert!(e.contains("does not carry"), "{e}");
     }
 
     #[test]
