@@ -13,14 +13,14 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    command::{Ended, Run},
+    command::Run,
     file::{list, read_ack, render, write_atomically},
     warn_file,
 };
 use crate::{
     cli::OnChange,
     exit::{self, Fail},
-    supervisor::Launch,
+    supervisor::{Ended, Launch},
 };
 
 /// The shard set's timings: the lease duration, the renew deadline, the retry period.
@@ -223,7 +223,7 @@ impl Sidecar {
             }
             return self.start(desired).await;
         }
-        if !self.stopping && self.run.as_ref().is_some_and(|r| !r.stopping) {
+        if !self.stopping && self.run.as_ref().is_some_and(|r| !r.stopping()) {
             match self.on_change {
                 OnChange::Restart => self.restart_on_change(&desired).await,
                 OnChange::Signal(sig) => self.signal_on_change(desired, sig).await,
