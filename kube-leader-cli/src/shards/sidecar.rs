@@ -5,11 +5,7 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use kube_leader::{Assignments, Shard, ShardSet};
-use tokio::{
-    signal::unix::{signal, Signal as UnixSignal, SignalKind},
-    sync::watch,
-    time::Instant,
-};
+use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
 use super::{
@@ -20,6 +16,7 @@ use super::{
 use crate::{
     cli::OnChange,
     exit::{self, Fail},
+    run::Signals,
     supervisor::{Ended, Launch},
 };
 
@@ -38,32 +35,6 @@ pub(super) struct Timings {
 /// How often the loop looks at its shards' confirmations, COMMAND's acknowledgement and a
 /// held-back signal (nothing is sent unless something changed).
 const TICK: Duration = Duration::from_millis(50);
-
-/// SIGTERM, SIGINT and SIGQUIT, forwarded to COMMAND.
-pub(super) struct StopSignals {
-    term: UnixSignal,
-    int: UnixSignal,
-    quit: UnixSignal,
-}
-
-impl StopSignals {
-    pub(super) fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            quit: signal(SignalKind::quit())?,
-        })
-    }
-
-    /// The next stop signal's number.
-    async fn recv(&mut self) -> i32 {
-        tokio::select! {
-            _ = self.term.recv() => SignalKind::terminate().as_raw_value(),
-            _ = self.int.recv() => SignalKind::interrupt().as_raw_value(),
-            _ = self.quit.recv() => SignalKind::quit().as_raw_value(),
-        }
-    }
-}
 
 /// The shards held for COMMAND, and COMMAND.
 pub(super) struct Sidecar {
@@ -129,8 +100,9 @@ impl Sidecar {
         }
     }
 
-    /// Runs until COMMAND has ended for good; returns the exit code.
-    pub(super) async fn run(&mut self, stops: &mut StopSignals) -> u8 {
+    /// Runs until COMMAND has ended for good; `stops` are the stop signals (forwarded to
+    /// COMMAND); returns the exit code.
+    pub(super) async fn run(&mut self, stops: &mut Signals) -> u8 {
         let mut tick = tokio::time::interval(TICK);
         loop {
             if let Some(code) = self.reconcile().await {
@@ -143,7 +115,8 @@ impl Sidecar {
                         return code;
                     }
                 }
-                signo = stops.recv() => {
+                kind = stops.recv() => {
+                    let signo = kind.as_raw_value();
                     self.stopping = true;
                     match &mut self.run {
                         Some(run) => {
