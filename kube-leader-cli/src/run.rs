@@ -24,6 +24,7 @@ mod signals;
 mod step_down;
 
 pub(crate) use campaign::{campaign, pod_label, serve_status, Served};
+pub(crate) use command::Confirmed;
 use command::{Running, Start};
 pub(crate) use set_up::{set_up, SetUp, NO_IDENTITY};
 pub(crate) use signals::{is_stop, Signals, STOPS};

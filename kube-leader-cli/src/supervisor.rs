@@ -87,4 +87,4 @@ pub(crate) use control::{Control, Launch, Report, Supervisor, SupervisorProcess}
 pub(crate) use exec::exec;
 pub(crate) use process::supervise;
 pub(crate) use reap::{become_subreaper, reap_orphans};
-pub(crate) use supervised::{Ended, Event, Supervised};
+pub(crate) use supervised::{Ended, Event, Stop, Supervised};

@@ -16,7 +16,7 @@ use crate::{
     fence::{start_proxy, Proxy, Tokens},
     label::PodLabel,
     state::Status,
-    supervisor::{Ended, Event, Launch, Supervised, Supervisor},
+    supervisor::{Ended, Event, Launch, Stop, Supervised, Supervisor},
 };
 
 /// What a term of COMMAND starts from.
@@ -53,13 +53,13 @@ pub(super) struct Running<'a> {
     pub(super) orderly: bool,
 }
 
-/// Until when COMMAND is confirmed: the library's
+/// Until when COMMAND is confirmed, in `run` and, shard by shard, in `run --shards`: the library's
 /// [`confirmations`](Leadership::confirmations) wherever it gives them, counted from when the
 /// acquiring write or a renewal was sent (the fail-stop rule); this loop's own pings (the renew
 /// deadline from now) where it gives none (leader for life without liveness, a skipped
 /// election), and where its confirmation may reach further than that (leader for life's
 /// liveness): a frozen kube-leader has COMMAND stopped by the renew deadline.
-struct Confirmed {
+pub(crate) struct Confirmed {
     /// The library's confirmations; `None` for a skipped election, or once the term's keeper is
     /// gone.
     library: Option<watch::Receiver<Option<Instant>>>,
@@ -74,9 +74,24 @@ struct Confirmed {
 // === impl Confirmed ===
 
 impl Confirmed {
-    fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
+    /// `leadership`'s confirmations, pinged every `retry_period` where they are not enough.
+    pub(crate) fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
         let library = (!leadership.is_skipped()).then(|| leadership.confirmations());
         let from_writes = library.is_some() && leadership.strategy().expires();
+        Self::of(library, from_writes, renew_deadline, retry_period)
+    }
+
+    /// This loop's own ping alone: the renew deadline from now, every `retry_period`.
+    pub(crate) fn ping(renew_deadline: Duration, retry_period: Duration) -> Self {
+        Self::of(None, false, renew_deadline, retry_period)
+    }
+
+    fn of(
+        library: Option<watch::Receiver<Option<Instant>>>,
+        from_writes: bool,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Self {
         let ping = (!from_writes).then(|| {
             let mut ping = tokio::time::interval(retry_period);
             ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -90,6 +105,12 @@ impl Confirmed {
         }
     }
 
+    /// A term's confirmations counted from its writes (a shard's Lease): they alone confirm
+    /// COMMAND, and nothing is confirmed without one; never pinged.
+    pub(crate) fn from_writes(library: watch::Receiver<Option<Instant>>, renew_deadline: Duration) -> Self {
+        Self::of(Some(library), true, renew_deadline, Duration::ZERO)
+    }
+
     /// The first confirmation. The keeper of a Lease confirms its acquiring write on its first
     /// turn, right after the handle is returned: waited for (at most the renew deadline).
     async fn first(&mut self) -> Instant {
@@ -100,7 +121,7 @@ impl Confirmed {
     }
 
     /// Until when COMMAND is confirmed now.
-    fn until(&mut self) -> Instant {
+    pub(crate) fn until(&mut self) -> Instant {
         let now = Instant::now();
         let library = self.library.as_mut().and_then(|c| *c.borrow_and_update());
         match (self.from_writes, library) {
@@ -115,7 +136,7 @@ impl Confirmed {
     ///
     /// # Cancellation safety
     /// Cancel-safe (a watch's `changed` and an interval's `tick` are).
-    async fn next(&mut self) -> Option<Instant> {
+    pub(crate) async fn next(&mut self) -> Option<Instant> {
         let library = async {
             match self.library.as_mut() {
                 Some(c) => c.changed().await.is_ok(),
@@ -263,10 +284,10 @@ impl<'a> Running<'a> {
     /// COMMAND has ended: a loss that came with the supervisor's exit (kube-leader was frozen
     /// while the supervisor stopped COMMAND) is told; returns the code.
     fn ended(&mut self, ended: Ended) -> u8 {
-        if ended.expired {
+        if ended.stopped == Some(Stop::Expired) {
             self.lose("the supervisor stopped COMMAND: leadership not confirmed in time");
         }
-        self.command_pid = ended.pid;
+        self.command_pid = self.command.pid();
         self.orderly = ended.orderly;
         ended.code
     }

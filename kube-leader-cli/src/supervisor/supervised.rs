@@ -20,10 +20,8 @@ pub(crate) struct Supervised {
 #[derive(Debug)]
 struct Said {
     control: Control,
-    /// kube-leader asked it to stop, or its supervisor stopped it (its deadline passed).
-    stopped: bool,
-    /// Its supervisor stopped it because its deadline passed.
-    expired: bool,
+    /// Why it was stopped, if it was.
+    stopped: Option<Stop>,
     /// COMMAND's pid (and process group), once started.
     pid: Option<u32>,
 }
@@ -41,23 +39,6 @@ pub(crate) enum Event {
     Ended(Ended),
 }
 
-/// How COMMAND ended: each loop gives it its own meaning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Ended {
-    /// COMMAND's exit code (128+N for signal N), or its supervisor's.
-    pub(crate) code: u8,
-    /// kube-leader asked it to stop, or its supervisor stopped it; `false`: it exited by
-    /// itself.
-    pub(crate) stopped: bool,
-    /// The supervisor said its last word: COMMAND and what it left are gone. `false`: the
-    /// supervisor died, COMMAND died with it; its group was killed and waited for.
-    pub(crate) orderly: bool,
-    /// The supervisor stopped COMMAND because its deadline passed.
-    pub(crate) expired: bool,
-    /// COMMAND's pid, if it started.
-    pub(crate) pid: Option<u32>,
-}
-
 // === impl Supervised ===
 
 impl Supervised {
@@ -65,8 +46,7 @@ impl Supervised {
         let Supervisor { process, control } = supervisor;
         let said = Said {
             control,
-            stopped: false,
-            expired: false,
+            stopped: None,
             pid: None,
         };
         Self { process, said }
@@ -84,7 +64,7 @@ impl Supervised {
 
     /// Stops COMMAND (SIGTERM, grace, SIGKILL).
     pub(crate) async fn stop(&mut self) {
-        self.said.stopped = true;
+        self.said.stopped.get_or_insert(Stop::Asked);
         self.said.control.stop().await;
     }
 
@@ -95,7 +75,12 @@ impl Supervised {
 
     /// Whether it was asked to stop, or its supervisor stopped it.
     pub(crate) fn stopped(&self) -> bool {
-        self.said.stopped
+        self.said.stopped.is_some()
+    }
+
+    /// COMMAND's pid, once started.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.said.pid
     }
 
     /// COMMAND's process group, once started.
@@ -106,8 +91,8 @@ impl Supervised {
     /// The next thing the supervisor says, or its exit.
     ///
     /// # Cancellation safety
-    /// Cancel-safe until the supervisor has exited; from then on, until [`died`](Self::died)
-    /// has returned.
+    /// Cancel-safe while the supervisor runs; once it has exited, let [`died`](Self::died) run
+    /// to its end.
     pub(crate) async fn event(&mut self) -> Event {
         let (exit, report) = self.next();
         tokio::select! {
@@ -136,11 +121,12 @@ impl Supervised {
     /// ([`Control::after_exit`]).
     pub(crate) async fn died(&mut self, code: u8) -> Ended {
         let said = &mut self.said;
-        let words = said.control.after_exit(code).await;
-        said.expired |= words.expired;
-        said.stopped |= words.expired;
-        said.pid = words.started.or(said.pid);
-        said.ended(code, words.orderly)
+        let mut orderly = false;
+        for report in said.control.after_exit(code).await {
+            orderly |= matches!(report, Report::Exited(_));
+            said.note(&report);
+        }
+        said.ended(code, orderly)
     }
 }
 
@@ -153,20 +139,12 @@ impl Said {
     /// Cancel-safe.
     async fn report(&mut self) -> Event {
         loop {
-            return match self.control.report().await {
-                Report::Started(pid) => {
-                    self.pid = Some(pid);
-                    Event::Started(pid)
-                }
-                Report::Expired(since) => {
-                    self.expired = true;
-                    self.stopped = true;
-                    Event::Expired(since)
-                }
-                Report::Backstop => {
-                    self.stopped = true;
-                    Event::Backstop
-                }
+            let report = self.control.report().await;
+            self.note(&report);
+            return match report {
+                Report::Started(pid) => Event::Started(pid),
+                Report::Expired(since) => Event::Expired(since),
+                Report::Backstop => Event::Backstop,
                 Report::Failed(code) => {
                     debug!(code, "COMMAND could not be started");
                     continue;
@@ -177,13 +155,44 @@ impl Said {
         }
     }
 
+    /// Notes what `report` tells of COMMAND: its pid, and whether it was stopped.
+    fn note(&mut self, report: &Report) {
+        match *report {
+            Report::Started(pid) => self.pid = Some(pid),
+            Report::Expired(_) => self.stopped = Some(Stop::Expired),
+            Report::Backstop => {
+                self.stopped.get_or_insert(Stop::Asked);
+            }
+            Report::Failed(_) | Report::Exited(_) => {}
+        }
+    }
+
     fn ended(&self, code: u8, orderly: bool) -> Ended {
         Ended {
             code,
             stopped: self.stopped,
             orderly,
-            expired: self.expired,
-            pid: self.pid,
         }
     }
+}
+
+/// How COMMAND ended: each loop gives it its own meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ended {
+    /// COMMAND's exit code (128+N for signal N), or its supervisor's.
+    pub(crate) code: u8,
+    /// Why it was stopped; `None`: it exited by itself.
+    pub(crate) stopped: Option<Stop>,
+    /// The supervisor said its last word: COMMAND and what it left are gone. `false`: the
+    /// supervisor died, COMMAND died with it; its group was killed and waited for.
+    pub(crate) orderly: bool,
+}
+
+/// Why COMMAND was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// kube-leader asked it to stop, or killed it past its deadline (the backstop).
+    Asked,
+    /// Its supervisor stopped it: its deadline passed.
+    Expired,
 }
