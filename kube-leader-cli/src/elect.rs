@@ -26,16 +26,12 @@ use crate::{
 /// `kube-leader elect`: returns the exit code.
 pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
     let args = args.as_run();
-    let mut signals = Signals::new().or_exit(exit::INTERNAL)?;
+    let mut signals = Signals::new(&crate::supervisor::FORWARDED).or_exit(exit::INTERNAL)?;
     let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let identity = cluster::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
-        Fail::new(
-            exit::USAGE,
-            anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
-        )
-    })?;
+    let identity = cluster::resolve_identity(args.identity.as_deref())
+        .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(run::NO_IDENTITY)))?;
     let elector = crate::candidate::elector(client.clone(), &args, &identity, None).or_exit(exit::USAGE)?;
     let served = run::Served {
         addr: args.status_addr,

@@ -3,16 +3,14 @@
 //! This file gathers what the candidate is; [`candidate`] keeps its status and Pod label and
 //! campaigns; [`command`] runs COMMAND while leading; [`step_down`] ends the term as COMMAND's
 //! end asks; [`signals`] are those kube-leader receives and forwards; [`own_pod`] is
-//! `--watch-own-pod`.
+//! `--watch-own-pod`; [`set_up`] is the start-up of `run` and `run --shards` alike.
 
-use anyhow::anyhow;
-use kube_leader::{internal::discovery, LockRef};
+use kube_leader::LockRef;
 use tokio::time::Instant;
 use tracing::info;
 
 use crate::{
     cli::{LogFormat, RunArgs},
-    cluster::connect,
     exit::{self, Fail, OrExit},
     metrics::secs,
     supervisor::{self, Launch},
@@ -21,35 +19,28 @@ use crate::{
 mod campaign;
 mod command;
 mod own_pod;
+mod set_up;
 mod signals;
 mod step_down;
 
 pub(crate) use campaign::{campaign, pod_label, serve_status, Served};
+pub(crate) use command::Confirmed;
 use command::{Running, Start};
-pub(crate) use signals::{is_stop, Signals};
+pub(crate) use set_up::{set_up, SetUp, NO_IDENTITY};
+pub(crate) use signals::{is_stop, Signals, STOPS};
 use step_down::Leaving;
-
-/// Why `run` cannot go on without an identity.
-const NO_IDENTITY: &str = "no identity: set --identity, or POD_NAME, or a host name";
 
 /// `kube-leader run`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail> {
-    // Before anything else, so that a signal during start-up is not lost.
-    let mut signals = Signals::new().or_exit(exit::INTERNAL)?;
-    // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
-    supervisor::become_subreaper();
-    tokio::spawn(supervisor::reap_orphans());
-    let client = connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
-    let identity = discovery::resolve_identity(args.identity.as_deref())
-        .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(NO_IDENTITY)))?;
+    let watch_own_pod = args.watch_own_pod && !args.lock.strategy.watches_own_pod();
+    let SetUp {
+        mut signals,
+        client,
+        namespace,
+        identity,
+        pod: candidate_pod,
+    } = set_up(&args, &supervisor::FORWARDED, watch_own_pod).await?;
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let mut candidate_pod = None;
-    if args.watch_own_pod && !args.lock.strategy.watches_own_pod() {
-        let (ending, pod) = own_pod::watch_own(client.clone(), &identity).await?;
-        signals.stop_when_pod_ends(ending);
-        candidate_pod = Some(pod);
-    }
     let elector =
         crate::candidate::elector(client.clone(), &args, &identity, candidate_pod).or_exit(exit::USAGE)?;
     let served = Served {

@@ -33,16 +33,16 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use kube_leader::{internal::discovery, Assignments, Shards, ShardsConfig};
+use kube_leader::{Assignments, Shards, ShardsConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
     cli::{LogFormat, RunArgs},
-    cluster,
-    exit::{self, Fail, OrExit},
+    exit::{self, Fail},
     fence::{start_proxy, Proxy, Tokens},
-    supervisor::{self, Launch},
+    run::{self, SetUp},
+    supervisor::Launch,
 };
 
 mod command;
@@ -50,22 +50,18 @@ mod file;
 mod sidecar;
 mod signal;
 
-use sidecar::{Sidecar, StopSignals, Timings};
+use sidecar::{Sidecar, Timings};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
-    let mut stops = StopSignals::new().or_exit(exit::INTERNAL)?;
-    // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
-    supervisor::become_subreaper();
-    tokio::spawn(supervisor::reap_orphans());
-    let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
-    let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
-    let identity = discovery::resolve_identity(args.identity.as_deref()).ok_or_else(|| {
-        Fail::new(
-            exit::USAGE,
-            anyhow!("no identity: set --identity, or POD_NAME, or a host name"),
-        )
-    })?;
+    // SIGHUP, SIGUSR1 and SIGUSR2 stay uncaught: only the stop signals are forwarded.
+    let SetUp {
+        signals: mut stops,
+        client,
+        namespace,
+        identity,
+        ..
+    } = run::set_up(&args, &run::STOPS, false).await?;
     let fence_client = client.clone();
     let config = ShardsConfig::default()
         .lease(args.lease_config())

@@ -59,7 +59,8 @@
 //! group, and every process re-parented to the supervisor, is killed.
 //!
 //! Layout: `process` is the supervisor process, `exec` the process that becomes COMMAND,
-//! `control` kube-leader's side of the socket, `protocol` its lines, `clock` the instants
+//! `control` kube-leader's side of the socket, `supervised` COMMAND under its supervisor as
+//! both run loops see it, `protocol` its lines, `clock` the instants
 //! they carry, `reap` the reaping and killing of processes.
 
 use tokio::signal::unix::SignalKind;
@@ -80,8 +81,10 @@ mod exec;
 mod process;
 mod protocol;
 mod reap;
+mod supervised;
 
 pub(crate) use control::{Control, Launch, Report, Supervisor, SupervisorProcess};
 pub(crate) use exec::exec;
 pub(crate) use process::supervise;
 pub(crate) use reap::{become_subreaper, reap_orphans};
+pub(crate) use supervised::{Ended, Event, Stop, Supervised};

@@ -9,14 +9,14 @@ use tokio::{
     sync::watch,
     time::{Instant, Interval, MissedTickBehavior},
 };
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::signals::{is_stop, Signals};
 use crate::{
     fence::{start_proxy, Proxy, Tokens},
     label::PodLabel,
     state::Status,
-    supervisor::{Control, Launch, Report, Supervisor, SupervisorProcess},
+    supervisor::{Ended, Event, Launch, Stop, Supervised, Supervisor},
 };
 
 /// What a term of COMMAND starts from.
@@ -42,8 +42,7 @@ pub(super) struct Running<'a> {
     env: Vec<(&'static str, String)>,
     /// `--fence`: COMMAND's API requests go through it; it stops when this is dropped.
     _proxy: Option<Proxy>,
-    process: SupervisorProcess,
-    sup: Control,
+    command: Supervised,
     confirmed: Confirmed,
     /// Leadership is lost (and the status says so).
     pub(super) lost: bool,
@@ -54,13 +53,13 @@ pub(super) struct Running<'a> {
     pub(super) orderly: bool,
 }
 
-/// Until when COMMAND is confirmed: the library's
+/// Until when COMMAND is confirmed, in `run` and, shard by shard, in `run --shards`: the library's
 /// [`confirmations`](Leadership::confirmations) wherever it gives them, counted from when the
 /// acquiring write or a renewal was sent (the fail-stop rule); this loop's own pings (the renew
 /// deadline from now) where it gives none (leader for life without liveness, a skipped
 /// election), and where its confirmation may reach further than that (leader for life's
 /// liveness): a frozen kube-leader has COMMAND stopped by the renew deadline.
-struct Confirmed {
+pub(crate) struct Confirmed {
     /// The library's confirmations; `None` for a skipped election, or once the term's keeper is
     /// gone.
     library: Option<watch::Receiver<Option<Instant>>>,
@@ -75,9 +74,24 @@ struct Confirmed {
 // === impl Confirmed ===
 
 impl Confirmed {
-    fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
+    /// `leadership`'s confirmations, pinged every `retry_period` where they are not enough.
+    pub(crate) fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
         let library = (!leadership.is_skipped()).then(|| leadership.confirmations());
         let from_writes = library.is_some() && leadership.strategy().expires();
+        Self::of(library, from_writes, renew_deadline, retry_period)
+    }
+
+    /// This loop's own ping alone: the renew deadline from now, every `retry_period`.
+    pub(crate) fn ping(renew_deadline: Duration, retry_period: Duration) -> Self {
+        Self::of(None, false, renew_deadline, retry_period)
+    }
+
+    fn of(
+        library: Option<watch::Receiver<Option<Instant>>>,
+        from_writes: bool,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Self {
         let ping = (!from_writes).then(|| {
             let mut ping = tokio::time::interval(retry_period);
             ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -91,6 +105,12 @@ impl Confirmed {
         }
     }
 
+    /// A term's confirmations counted from its writes (a shard's Lease): they alone confirm
+    /// COMMAND, and nothing is confirmed without one; never pinged.
+    pub(crate) fn from_writes(library: watch::Receiver<Option<Instant>>, renew_deadline: Duration) -> Self {
+        Self::of(Some(library), true, renew_deadline, Duration::ZERO)
+    }
+
     /// The first confirmation. The keeper of a Lease confirms its acquiring write on its first
     /// turn, right after the handle is returned: waited for (at most the renew deadline).
     async fn first(&mut self) -> Instant {
@@ -101,7 +121,7 @@ impl Confirmed {
     }
 
     /// Until when COMMAND is confirmed now.
-    fn until(&mut self) -> Instant {
+    pub(crate) fn until(&mut self) -> Instant {
         let now = Instant::now();
         let library = self.library.as_mut().and_then(|c| *c.borrow_and_update());
         match (self.from_writes, library) {
@@ -116,7 +136,7 @@ impl Confirmed {
     ///
     /// # Cancellation safety
     /// Cancel-safe (a watch's `changed` and an interval's `tick` are).
-    async fn next(&mut self) -> Option<Instant> {
+    pub(crate) async fn next(&mut self) -> Option<Instant> {
         let library = async {
             match self.library.as_mut() {
                 Some(c) => c.changed().await.is_ok(),
@@ -176,14 +196,13 @@ impl<'a> Running<'a> {
         let ready = start
             .standby
             .and_then(|mut s| (!s.process.has_exited()).then_some(s));
-        let supervisor = match ready.map_or_else(|| start.launch.spawn(), Ok) {
+        let supervisor: Supervisor = match ready.map_or_else(|| start.launch.spawn(), Ok) {
             Ok(s) => s,
             Err(e) => {
                 warn!(error = %format!("{e:#}"), "cannot start the supervisor");
                 return None;
             }
         };
-        let Supervisor { process, control } = supervisor;
         let (renew_deadline, retry_period) = start.timings;
         Some(Self {
             status: start.status,
@@ -191,8 +210,7 @@ impl<'a> Running<'a> {
             token,
             env,
             _proxy: proxy,
-            process,
-            sup: control,
+            command: Supervised::new(supervisor),
             confirmed: Confirmed::new(leadership, renew_deadline, retry_period),
             lost: false,
             stop_signal: false,
@@ -205,29 +223,30 @@ impl<'a> Running<'a> {
     /// or reports that COMMAND has exited; returns the code.
     pub(super) async fn run(&mut self, leadership: &Leadership, signals: &mut Signals) -> u8 {
         let first = self.confirmed.first().await;
-        self.sup.start(first, &self.env).await;
+        self.command.start(first, &self.env).await;
         loop {
+            let (exit, report) = self.command.next();
             tokio::select! {
                 biased;
-                code = self.process.wait() => {
-                    self.drain(code).await;
-                    return code;
+                code = exit => {
+                    let ended = self.command.died(code).await;
+                    return self.ended(ended);
                 }
                 reason = leadership.lost(), if !self.lost => self.on_lost(reason).await,
-                report = self.sup.report() => {
-                    if let Some(code) = self.on_report(report) {
-                        return code;
+                event = report => {
+                    if let Some(ended) = self.on_report(event) {
+                        return self.ended(ended);
                     }
                 }
                 until = self.confirmed.next(), if !self.lost => {
                     if let Some(until) = until {
-                        self.sup.confirm_until(until).await;
+                        self.command.confirm_until(until).await;
                     }
                 }
                 kind = signals.recv() => {
                     info!(lock = %self.status.lock, signal = kind.as_raw_value(), "forwarding signal to COMMAND");
                     self.stop_signal |= is_stop(kind);
-                    self.sup.signal(kind.as_raw_value()).await;
+                    self.command.signal(kind.as_raw_value()).await;
                 }
             }
         }
@@ -236,73 +255,48 @@ impl<'a> Running<'a> {
     async fn on_lost(&mut self, reason: LossReason) {
         self.lost = true;
         self.status.lose(self.token, &reason.to_string(), false);
-        self.sup.stop().await;
+        self.command.stop().await;
         if let Some(label) = self.label {
             label.set(false);
         }
     }
 
-    /// Handles a report of the supervisor; `Some(code)` once COMMAND has exited.
-    fn on_report(&mut self, report: Report) -> Option<u8> {
-        match report {
-            Report::Started(pid) => {
-                self.command_pid = Some(pid);
-                info!(lock = %self.status.lock, pid, "started COMMAND");
+    /// Handles what the supervisor said; `Some` once COMMAND has exited.
+    fn on_report(&mut self, event: Event) -> Option<Ended> {
+        match event {
+            Event::Started(pid) => info!(lock = %self.status.lock, pid, "started COMMAND"),
+            Event::Expired(since) => self.lose(&format!(
+                "the supervisor stopped COMMAND: leadership not confirmed for {}",
+                humantime::format_duration(Duration::from_millis(
+                    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+                ))
+            )),
+            Event::Backstop => {
+                self.lose("kube-leader killed COMMAND: its supervisor did not stop it by its deadline");
             }
-            Report::Expired(since) => {
-                if !self.lost {
-                    self.lost = true;
-                    self.status.lose(
-                        self.token,
-                        &format!(
-                            "the supervisor stopped COMMAND: leadership not confirmed for {}",
-                            humantime::format_duration(Duration::from_millis(
-                                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-                            ))
-                        ),
-                        false,
-                    );
-                }
-            }
-            Report::Failed(code) => debug!(code, "COMMAND could not be started"),
-            Report::Backstop => {
-                if !self.lost {
-                    self.lost = true;
-                    self.status.lose(
-                        self.token,
-                        "kube-leader killed COMMAND: its supervisor did not stop it by its deadline",
-                        false,
-                    );
-                }
-            }
-            // COMMAND and what it left are gone: step down now, without waiting for
-            // the supervisor's own exit.
-            Report::Exited(code) => {
-                self.orderly = true;
-                return Some(code);
-            }
+            // COMMAND and what it left are gone: step down now, without waiting for the
+            // supervisor's own exit.
+            Event::Ended(ended) => return Some(ended),
         }
         None
     }
 
-    /// The supervisor exited (with `code`) without its last word having been read: what it
-    /// said last (a loss that came together with the exit: kube-leader was frozen while the
-    /// supervisor stopped COMMAND), and whether it ended in order; if not, COMMAND's group is
-    /// killed and waited for ([`Control::after_exit`](crate::supervisor::Control::after_exit)).
-    async fn drain(&mut self, code: u8) {
-        if self.orderly {
-            return;
+    /// COMMAND has ended: a loss that came with the supervisor's exit (kube-leader was frozen
+    /// while the supervisor stopped COMMAND) is told; returns the code.
+    fn ended(&mut self, ended: Ended) -> u8 {
+        if ended.stopped == Some(Stop::Expired) {
+            self.lose("the supervisor stopped COMMAND: leadership not confirmed in time");
         }
-        let words = self.sup.after_exit(code).await;
-        if words.expired && !self.lost {
+        self.command_pid = self.command.pid();
+        self.orderly = ended.orderly;
+        ended.code
+    }
+
+    /// Leadership is lost for `why`, unless it was already.
+    fn lose(&mut self, why: &str) {
+        if !self.lost {
             self.lost = true;
-            self.status.lose(
-                self.token,
-                "the supervisor stopped COMMAND: leadership not confirmed in time",
-                false,
-            );
+            self.status.lose(self.token, why, false);
         }
-        self.command_pid = words.started.or(self.command_pid);
-        self.orderly = words.orderly;
     }
 }

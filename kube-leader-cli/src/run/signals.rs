@@ -4,19 +4,20 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::debug;
 
 use super::own_pod::Ending;
-use crate::supervisor;
 
 /// SIGTERM, SIGINT and SIGQUIT stop kube-leader (after COMMAND, if it runs).
+pub(crate) const STOPS: [SignalKind; 3] = [
+    SignalKind::terminate(),
+    SignalKind::interrupt(),
+    SignalKind::quit(),
+];
+
+/// Whether `kind` stops kube-leader ([`STOPS`]).
 pub(crate) fn is_stop(kind: SignalKind) -> bool {
-    [
-        SignalKind::terminate(),
-        SignalKind::interrupt(),
-        SignalKind::quit(),
-    ]
-    .contains(&kind)
+    STOPS.contains(&kind)
 }
 
-/// The signals kube-leader forwards to COMMAND.
+/// The signals kube-leader catches and forwards to COMMAND.
 pub(crate) struct Signals {
     streams: Vec<(SignalKind, Signal)>,
     /// `--watch-own-pod`: the Pod's end, which stands for the SIGTERM the kubelet sends after
@@ -27,8 +28,9 @@ pub(crate) struct Signals {
 }
 
 impl Signals {
-    pub(crate) fn new() -> std::io::Result<Self> {
-        let streams = supervisor::FORWARDED
+    /// Catches `kinds`: each is received, not acted on by the process.
+    pub(crate) fn new(kinds: &[SignalKind]) -> std::io::Result<Self> {
+        let streams = kinds
             .iter()
             .map(|k| Ok((*k, signal(*k)?)))
             .collect::<std::io::Result<_>>()?;

@@ -116,9 +116,9 @@ impl Leaving<'_> {
     async fn abandon(&self, leadership: Leadership, running: &Running<'_>, code: u8) -> u8 {
         let lock = &self.status.lock;
         let command_pid = running.command_pid;
-        // Killed, or crashed: COMMAND's group was killed and waited for (`drain`). Nothing is
-        // released, as if this process had crashed: only the lease's expiry can tell that
-        // COMMAND is gone.
+        // Killed, or crashed: COMMAND's group was killed and waited for (`Supervised::died`).
+        // Nothing is released, as if this process had crashed: only the lease's expiry can tell
+        // that COMMAND is gone.
         warn!(lock = %lock, code, command_pid,
             "the supervisor died unexpectedly; not releasing the lock");
         self.status.lose(

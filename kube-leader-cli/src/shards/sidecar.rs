@@ -5,22 +5,19 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use kube_leader::{Assignments, Shard, ShardSet};
-use tokio::{
-    signal::unix::{signal, Signal as UnixSignal, SignalKind},
-    sync::watch,
-    time::Instant,
-};
+use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
 use super::{
-    command::{Ended, Run},
+    command::Run,
     file::{list, read_ack, render, write_atomically},
     warn_file,
 };
 use crate::{
     cli::OnChange,
     exit::{self, Fail},
-    supervisor::Launch,
+    run::{Confirmed, Signals},
+    supervisor::{Ended, Launch},
 };
 
 /// The shard set's timings: the lease duration, the renew deadline, the retry period.
@@ -28,10 +25,10 @@ use crate::{
 pub(super) struct Timings {
     /// How long the first start waits for the fair share, and the hand-back for the shards.
     pub(super) lease_duration: Duration,
-    /// How long the loop's own heartbeat confirms COMMAND with no shard, and the candidate's
-    /// end may take.
+    /// How long the loop's own ping confirms COMMAND with no shard, and the candidate's end
+    /// may take.
     pub(super) renew_deadline: Duration,
-    /// How often that heartbeat moves on.
+    /// How often that ping moves on.
     pub(super) retry_period: Duration,
 }
 
@@ -39,47 +36,23 @@ pub(super) struct Timings {
 /// held-back signal (nothing is sent unless something changed).
 const TICK: Duration = Duration::from_millis(50);
 
-/// SIGTERM, SIGINT and SIGQUIT, forwarded to COMMAND.
-pub(super) struct StopSignals {
-    term: UnixSignal,
-    int: UnixSignal,
-    quit: UnixSignal,
-}
-
-impl StopSignals {
-    pub(super) fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            quit: signal(SignalKind::quit())?,
-        })
-    }
-
-    /// The next stop signal's number.
-    async fn recv(&mut self) -> i32 {
-        tokio::select! {
-            _ = self.term.recv() => SignalKind::terminate().as_raw_value(),
-            _ = self.int.recv() => SignalKind::interrupt().as_raw_value(),
-            _ = self.quit.recv() => SignalKind::quit().as_raw_value(),
-        }
-    }
-}
-
 /// The shards held for COMMAND, and COMMAND.
 pub(super) struct Sidecar {
     assignments: Assignments,
     /// The fair share and the members, as the candidate sees them.
     held: watch::Receiver<ShardSet>,
     /// Every shard guard held: a shard is released when its guard is dropped.
-    guards: BTreeMap<u32, Shard>,
+    guards: BTreeMap<u32, Held>,
     /// COMMAND now, if it runs.
     run: Option<Run>,
     on_change: OnChange,
     launch: Launch,
     timings: Timings,
-    /// With no shard, COMMAND is confirmed by this loop's heartbeat: the last one, renewed
-    /// every retry period (as leader for life's in plain `run`), not every tick.
-    beat: Instant,
+    /// This loop's own ping (as a skipped election's in plain `run`): every retry period, not
+    /// every tick; it confirms COMMAND only while the set holds no shard.
+    ping: Confirmed,
+    /// Until when the last ping confirmed COMMAND.
+    pinged: Instant,
     env: Vec<(&'static str, String)>,
     file: PathBuf,
     ack: PathBuf,
@@ -115,7 +88,8 @@ impl Sidecar {
             on_change,
             launch,
             timings,
-            beat: Instant::now(),
+            ping: Confirmed::ping(timings.renew_deadline, timings.retry_period),
+            pinged: Instant::now() + timings.renew_deadline,
             env,
             file,
             ack,
@@ -129,8 +103,9 @@ impl Sidecar {
         }
     }
 
-    /// Runs until COMMAND has ended for good; returns the exit code.
-    pub(super) async fn run(&mut self, stops: &mut StopSignals) -> u8 {
+    /// Runs until COMMAND has ended for good; `stops` are the stop signals (forwarded to
+    /// COMMAND); returns the exit code.
+    pub(super) async fn run(&mut self, stops: &mut Signals) -> u8 {
         let mut tick = tokio::time::interval(TICK);
         loop {
             if let Some(code) = self.reconcile().await {
@@ -143,7 +118,8 @@ impl Sidecar {
                         return code;
                     }
                 }
-                signo = stops.recv() => {
+                kind = stops.recv() => {
+                    let signo = kind.as_raw_value();
                     self.stopping = true;
                     match &mut self.run {
                         Some(run) => {
@@ -154,6 +130,7 @@ impl Sidecar {
                     }
                 }
                 shard = self.assignments.next(), if !self.engine_ended => self.on_shard(shard).await,
+                Some(until) = self.ping.next() => self.pinged = until,
                 _ = tick.tick() => {}
             }
         }
@@ -163,7 +140,9 @@ impl Sidecar {
     async fn on_shard(&mut self, shard: Option<Shard>) {
         match shard {
             Some(shard) => {
-                self.guards.insert(shard.index(), shard);
+                let confirmations = shard.leadership().confirmations();
+                let confirmed = Confirmed::from_writes(confirmations, self.timings.renew_deadline);
+                self.guards.insert(shard.index(), Held { shard, confirmed });
             }
             None => {
                 self.engine_ended = true;
@@ -183,8 +162,9 @@ impl Sidecar {
             self.abandoned = true;
             return Some(exit::LOST);
         }
-        if self.stopping || !ended.stopped {
-            if !ended.stopped {
+        let stopped = ended.stopped.is_some();
+        if self.stopping || !stopped {
+            if !stopped {
                 info!(code = ended.code, "COMMAND exited");
             }
             return Some(ended.code);
@@ -200,8 +180,8 @@ impl Sidecar {
     fn desired(&self) -> BTreeMap<u32, u64> {
         self.guards
             .iter()
-            .filter(|(_, g)| g.leadership().is_leader())
-            .map(|(i, g)| (*i, g.fencing_token()))
+            .filter(|(_, h)| h.shard.leadership().is_leader())
+            .map(|(i, h)| (*i, h.shard.fencing_token()))
             .collect()
     }
 
@@ -216,14 +196,14 @@ impl Sidecar {
             .unwrap_or_default();
         // Not ours any more and not worked on: released (the guard's drop lets the engine).
         self.guards
-            .retain(|i, g| g.leadership().is_leader() || working.contains(i));
+            .retain(|i, h| h.shard.leadership().is_leader() || working.contains(i));
         if self.run.is_none() {
             if self.stopping {
                 return Some(0);
             }
             return self.start(desired).await;
         }
-        if !self.stopping && self.run.as_ref().is_some_and(|r| !r.stopping) {
+        if !self.stopping && self.run.as_ref().is_some_and(|r| !r.stopping()) {
             match self.on_change {
                 OnChange::Restart => self.restart_on_change(&desired).await,
                 OnChange::Signal(sig) => self.signal_on_change(desired, sig).await,
@@ -324,12 +304,9 @@ impl Sidecar {
         }
     }
 
-    /// COMMAND's deadline: the earliest confirmed-until of the shards it works on; with none,
-    /// this loop's own heartbeat.
+    /// COMMAND's deadline: the earliest confirmation of the shards it works on; with none,
+    /// this loop's own ping.
     fn deadline(&mut self) -> Instant {
-        if self.beat.elapsed() >= self.timings.retry_period {
-            self.beat = Instant::now();
-        }
         let working: Vec<u32> = self
             .run
             .as_ref()
@@ -338,17 +315,11 @@ impl Sidecar {
         self.deadline_of(working.into_iter())
     }
 
-    fn deadline_of(&self, shards: impl Iterator<Item = u32>) -> Instant {
+    fn deadline_of(&mut self, shards: impl Iterator<Item = u32>) -> Instant {
         let now = Instant::now();
-        shards
-            .map(|i| {
-                self.guards
-                    .get(&i)
-                    .and_then(|g| g.leadership().confirmed_until())
-                    .unwrap_or(now)
-            })
-            .min()
-            .unwrap_or(self.beat + self.timings.renew_deadline)
+        let guards = &mut self.guards;
+        let each = shards.map(|i| guards.get_mut(&i).map_or(now, |h| h.confirmed.until()));
+        earliest(each, self.pinged)
     }
 
     /// COMMAND's end is not known to be orderly (its supervisor died, or had to be killed by
@@ -397,6 +368,20 @@ impl Sidecar {
     }
 }
 
+/// A shard held, and its confirmations.
+struct Held {
+    /// Its guard: the shard is released when it is dropped.
+    shard: Shard,
+    /// Until when it is confirmed: its term's confirmations alone, never the ping.
+    confirmed: Confirmed,
+}
+
+/// The earliest of the shards' deadlines; `ping` only with no shard. A shard whose term is
+/// lost, or not confirmed, brings its own deadline (now at the latest), never the ping.
+fn earliest(shards: impl Iterator<Item = Instant>, ping: Instant) -> Instant {
+    shards.min().unwrap_or(ping)
+}
+
 /// How the current run of COMMAND ends; pending while none runs.
 ///
 /// # Cancellation safety
@@ -409,5 +394,38 @@ async fn ended(run: &mut Option<Run>) -> Ended {
             }
         },
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::{sync::watch, time::Instant};
+
+    use super::earliest;
+    use crate::run::Confirmed;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_term_never_falls_back_to_the_ping() {
+        let now = Instant::now();
+        let ping = now + Duration::from_secs(10);
+        // Never confirmed, and its keeper gone: now, not the ping.
+        let (tx, rx) = watch::channel(None);
+        drop(tx);
+        let mut lost = Confirmed::from_writes(rx, Duration::from_secs(10));
+        assert_eq!(earliest([lost.until()].into_iter(), ping), now);
+        // Confirmed once, then lost: its last confirmation, though long past.
+        let (tx, rx) = watch::channel(Some(now - Duration::from_secs(30)));
+        let mut lapsed = Confirmed::from_writes(rx, Duration::from_secs(10));
+        drop(tx);
+        let until = earliest([lapsed.until()].into_iter(), ping);
+        assert_eq!(until, now - Duration::from_secs(30));
+        // One confirmed shard and one lost: the lost one's.
+        let (_tx, rx) = watch::channel(Some(now + Duration::from_secs(5)));
+        let mut held = Confirmed::from_writes(rx, Duration::from_secs(10));
+        assert_eq!(earliest([held.until(), lost.until()].into_iter(), ping), now);
+        // No shard at all: the ping.
+        assert_eq!(earliest(std::iter::empty(), ping), ping);
     }
 }

@@ -36,17 +36,6 @@ pub(crate) enum Report {
     Backstop,
 }
 
-/// What a supervisor that exited said last (see [`Control::after_exit`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LastWords {
-    /// It said `exited`: COMMAND and what it left are gone, in order.
-    pub(crate) orderly: bool,
-    /// It had stopped COMMAND because its deadline passed (leadership not confirmed in time).
-    pub(crate) expired: bool,
-    /// It had started COMMAND, with this pid.
-    pub(crate) started: Option<u32>,
-}
-
 /// kube-leader's handle on its supervisor process.
 #[derive(Debug)]
 pub(crate) struct Supervisor {
@@ -288,17 +277,9 @@ impl Control {
     /// died with it but what COMMAND left may still be going away: COMMAND's process group is
     /// killed and waited for (at most 2 s). Every mode that runs COMMAND ends a supervisor's
     /// death here, so no mode can leave COMMAND's group behind.
-    pub(crate) async fn after_exit(&mut self, code: u8) -> LastWords {
-        let mut words = LastWords::default();
-        for report in self.last_reports().await {
-            match report {
-                Report::Started(pid) => words.started = Some(pid),
-                Report::Expired(_) => words.expired = true,
-                Report::Exited(_) => words.orderly = true,
-                Report::Failed(_) | Report::Backstop => {}
-            }
-        }
-        if !words.orderly {
+    pub(crate) async fn after_exit(&mut self, code: u8) -> Vec<Report> {
+        let reports = self.last_reports().await;
+        if !reports.iter().any(|r| matches!(r, Report::Exited(_))) {
             let pgid = self.group.map(Pid::as_raw);
             warn!(
                 code,
@@ -310,7 +291,7 @@ impl Control {
                 }
             }
         }
-        words
+        reports
     }
 
     /// The reports still buffered once the supervisor has exited (read for at most 1 s).

@@ -1,0 +1,55 @@
+//! The start-up of `run` and `run --shards`: signals caught first, orphans reaped, the cluster
+//! connected, the namespace and identity resolved, the own Pod watched if asked.
+
+use anyhow::anyhow;
+use kube_leader::{internal::discovery, CandidatePod};
+use tokio::signal::unix::SignalKind;
+
+use super::{own_pod, signals::Signals};
+use crate::{
+    cli::RunArgs,
+    cluster::connect,
+    exit::{self, Fail, OrExit},
+    supervisor,
+};
+
+/// Why a candidate cannot go on without an identity.
+pub(crate) const NO_IDENTITY: &str = "no identity: set --identity, or POD_NAME, or a host name";
+
+/// What a run starts with.
+pub(crate) struct SetUp {
+    /// The signals caught, the own Pod's end among them if watched.
+    pub(crate) signals: Signals,
+    pub(crate) client: kube::Client,
+    pub(crate) namespace: String,
+    pub(crate) identity: String,
+    /// This candidate's Pod, if watched.
+    pub(crate) pod: Option<CandidatePod>,
+}
+
+/// Catches `kinds` (before anything else, so that a signal during start-up is not lost),
+/// becomes the subreaper of COMMAND's orphans, connects, and resolves the namespace and
+/// identity. With `watch_own_pod`, watches this candidate's Pod: its end stands for a SIGTERM.
+pub(crate) async fn set_up(args: &RunArgs, kinds: &[SignalKind], watch_own_pod: bool) -> Result<SetUp, Fail> {
+    let mut signals = Signals::new(kinds).or_exit(exit::INTERNAL)?;
+    // Orphans of COMMAND (and COMMAND itself, should its supervisor die) come to us, not init.
+    supervisor::become_subreaper();
+    tokio::spawn(supervisor::reap_orphans());
+    let client = connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
+    let namespace = discovery::namespace_or_default(args.lock.namespace.as_deref(), &client);
+    let identity = discovery::resolve_identity(args.identity.as_deref())
+        .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(NO_IDENTITY)))?;
+    let mut pod = None;
+    if watch_own_pod {
+        let (ending, own) = own_pod::watch_own(client.clone(), &identity).await?;
+        signals.stop_when_pod_ends(ending);
+        pod = Some(own);
+    }
+    Ok(SetUp {
+        signals,
+        client,
+        namespace,
+        identity,
+        pod,
+    })
+}
