@@ -7,7 +7,7 @@
 //! after the client's TLS `Finished`, which the API server has not acknowledged yet, so Nagle's
 //! algorithm holds it until the server's delayed ACK (about 40 ms on Linux). A connection past
 //! its first exchange has nothing unacknowledged when the next request is written, which then
-//! goes at once (docs/benchmarks.md, "Why the kube client's takeover took 40 ms more").
+//! goes at once (docs/benchmarks.md, "Why kube's client took 40 ms more").
 //!
 //! So a campaign that follows sends one read of the lock, from the API server's cache
 //! (`resourceVersion=0`), beside its open watch, once: kube's pool then keeps a second
