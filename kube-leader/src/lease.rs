@@ -14,6 +14,7 @@ mod keeper;
 mod observe;
 pub(crate) mod record;
 mod shared;
+mod spare;
 pub(crate) mod term;
 
 pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};

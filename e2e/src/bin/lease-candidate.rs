@@ -1,7 +1,9 @@
 //! A kube-leader Lease candidate as a process of its own, for tests that pause or kill it.
 //!
 //! Usage: `lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS [CLIENT]`,
-//! CLIENT `http1` (kube's own client, the default) or `http2` (`kube_leader::client::http2`).
+//! CLIENT `http1` (kube's own client, the default), `http2` (`kube_leader::client::http2`) or
+//! `http1-nodelay` (kube's connector, TLS and pool over HTTP/1.1 as kube builds them, with
+//! `TCP_NODELAY`: the experiment of docs/benchmarks.md, "Why kube's client took 40 ms more").
 //! Prints one JSON line per event on stdout: `started_leading` (with the fencing token),
 //! `stopped_leading` (with the reason), each with CLOCK_MONOTONIC nanoseconds (`mono_ns`).
 //! Campaigns again after a loss; SIGTERM releases and exits 0. With `KUBE_LEADER_COORDINATED`
@@ -19,18 +21,38 @@ fn emit(v: serde_json::Value) {
     let _ = out.flush();
 }
 
+/// kube's client as `Client::try_from` builds it (its connector, TLS and pool), over HTTP/1.1,
+/// with `TCP_NODELAY` on its sockets.
+fn http1_nodelay(config: &kube::Config) -> kube::Result<kube::Client> {
+    use kube::client::ConfigExt as _;
+    use tower::ServiceExt as _;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let pool: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .service(pool.map_err(tower::BoxError::from));
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     kube_leader_e2e::init_process_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (args, http) = match &args[..] {
-        [args @ .., last] if last == "http1" || last == "http2" => (args, last.as_str()),
+        [args @ .., last] if ["http1", "http2", "http1-nodelay"].contains(&last.as_str()) => {
+            (args, last.as_str())
+        }
         args => (args, "http1"),
     };
     let [kubeconfig, namespace, lease, identity, lease_ms, renew_ms, retry_ms] = args else {
         return Err(
             "usage: lease-candidate KUBECONFIG NAMESPACE LEASE IDENTITY LEASE_MS RENEW_MS RETRY_MS \
-                    [http1|http2]"
+                    [http1|http2|http1-nodelay]"
                 .into(),
         );
     };
@@ -39,6 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
     let client = match http {
         "http2" => kube_leader::client::http2(config, ms(renew_ms)?)?,
+        "http1-nodelay" => http1_nodelay(&config)?,
         _ => kube::Client::try_from(config)?,
     };
     let mut elector = LeaseElector::new(client, lease)

@@ -29,6 +29,7 @@ use super::{
         written_by, LeaseRecord,
     },
     shared::{lease_op, Shared},
+    spare::Spare,
     term::{Every, Term as HeldTerm, Writer},
 };
 use crate::{
@@ -71,6 +72,8 @@ pub(crate) struct Campaign {
     coordinated: bool,
     /// The candidates' registrations ([`Successor::Youngest`](crate::Successor::Youngest)).
     registry: Option<Registry>,
+    /// A warm connection for the takeover write, opened when the campaign first follows.
+    spare: Spare,
 }
 
 /// A write that made this candidate the holder.
@@ -116,6 +119,7 @@ impl Campaign {
             coordinated_logged: false,
             coordinated: false,
             registry: None,
+            spare: Spare::default(),
         }
     }
 
@@ -140,8 +144,14 @@ impl Campaign {
                 continue;
             }
             let wake_at = match self.decide() {
-                Decision::WaitUntil(expiry) => Some(expiry),
-                Decision::Follow => None,
+                Decision::WaitUntil(expiry) => {
+                    self.spare.open_once(&self.api, &self.lock.name, &shutdown);
+                    Some(expiry)
+                }
+                Decision::Follow => {
+                    self.spare.open_once(&self.api, &self.lock.name, &shutdown);
+                    None
+                }
                 decision => match self.attempt(decision, &shutdown).await? {
                     Attempt::Won(won) => return Ok(self.lead(*won, shutdown)),
                     Attempt::DecideAgain => continue,

@@ -1,0 +1,104 @@
+//! A follower over kube's own client (HTTP/1.1, kube's connector: no `TCP_NODELAY`) takes over
+//! after a release without opening a connection: its write goes over a connection that is past
+//! its first exchange, so Nagle's algorithm has nothing unacknowledged to wait for
+//! (`kube-leader/src/lease/spare.rs`; docs/benchmarks.md).
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::Uri;
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client as Pool},
+    rt::TokioExecutor,
+};
+use kube::{client::ConfigExt as _, Client, Config};
+use kube_leader_e2e::{short_lease_elector, wait_for};
+use kube_leader_testenv::ControlPlane;
+use tokio_util::sync::CancellationToken;
+use tower::{BoxError, ServiceBuilder, ServiceExt as _};
+
+/// kube's TCP connector, counting the connections it opens.
+#[derive(Clone)]
+struct Counting {
+    inner: HttpConnector,
+    opened: Arc<AtomicUsize>,
+}
+
+impl tower::Service<Uri> for Counting {
+    type Response = <HttpConnector as tower::Service<Uri>>::Response;
+    type Error = <HttpConnector as tower::Service<Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Box::pin(self.inner.call(uri))
+    }
+}
+
+/// A client as kube's `Client::try_from` builds it (the same connector, TLS and pool
+/// defaults, over HTTP/1.1), with a count of the TCP connections it opened.
+fn counting_client(config: &Config) -> (Client, Arc<AtomicUsize>) {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let counting = Counting {
+        inner: http,
+        opened: opened.clone(),
+    };
+    let https = config.rustls_https_connector_with_connector(counting).unwrap();
+    let pool: Pool<_, kube::client::Body> = Pool::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().unwrap())
+        .service(pool.map_err(BoxError::from));
+    (Client::new(service, config.default_namespace.clone()), opened)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_over_kubes_client_takes_over_without_a_new_connection() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let shutdown = CancellationToken::new();
+    let leader = short_lease_elector(&cp.client().await, ns.name(), "spare", "leader")
+        .become_leader(&shutdown)
+        .await
+        .unwrap();
+    let (client, opened) = counting_client(&cp.config("admin").await.unwrap());
+    let follower = short_lease_elector(&client, ns.name(), "spare", "follower");
+    let s = shutdown.clone();
+    let next = tokio::spawn(async move { follower.become_leader(&s).await });
+    // The follower's watch holds one connection; its pool keeps a second, idle one.
+    wait_for("a spare connection", Duration::from_secs(10), || async {
+        (opened.load(Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = opened.load(Ordering::SeqCst);
+    let token = leader.fencing_token();
+    leader.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("the follower takes over within the lease duration")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        before,
+        "the takeover write went over a connection the follower already had"
+    );
+    next.release().await.unwrap();
+    shutdown.cancel();
+}
