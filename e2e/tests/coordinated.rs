@@ -295,12 +295,18 @@ async fn kube_leader_takes_part_and_follows_the_controller() {
     let (leader, _) = fleet.wait_leader(&["go-old", "kl-classic"]).await;
     eprintln!("go-old released → {leader} leads after {:?}", stopped.elapsed());
     assert_eq!(leader, "kl-c1");
+    let took = stopped.elapsed();
     tokio::time::sleep(4 * LEASE).await;
     assert_eq!(fleet.leaders(), ["kl-c1"]);
-    assert_eq!(
-        terms_of(&fleet, "kl-classic"),
-        0,
-        "the classic candidate took a coordinated Lease"
+    // A classic candidate leaves a coordinated Lease to the controller for 10 s after it is
+    // free (COORDINATED_GRACE). A controller slower than that (a loaded machine: it pings the
+    // candidates, the stopped go-old too, and waits for their answers) lets it take one term,
+    // which it gives up as soon as the controller names its choice; before the grace, never.
+    let classic = terms_of(&fleet, "kl-classic");
+    assert!(
+        classic == 0 || (classic == 1 && took >= Duration::from_secs(10)),
+        "the classic candidate took a coordinated Lease {classic} times, the controller's choice \
+         leading {took:?} after the release"
     );
     assert_eq!(terms_of(&fleet, "kl-c1"), 2);
     poller.print_since(printed, "go-old stopped");

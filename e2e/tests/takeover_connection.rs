@@ -79,13 +79,22 @@ async fn a_follower_over_kubes_client_takes_over_without_a_new_connection() {
     let follower = short_lease_elector(&client, ns.name(), "spare", "follower");
     let s = shutdown.clone();
     let next = tokio::spawn(async move { follower.become_leader(&s).await });
-    // The follower's watch holds one connection; its pool keeps a second, idle one.
+    // The follower's watch holds one connection; its pool keeps a second, idle one. On a loaded
+    // machine the spare read may still be on its way when the second connection opens: wait
+    // until no connection has opened for 2 s.
     wait_for("a spare connection", Duration::from_secs(10), || async {
         (opened.load(Ordering::SeqCst) >= 2).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = opened.load(Ordering::SeqCst);
+    let mut before = opened.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = opened.load(Ordering::SeqCst);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let token = leader.fencing_token();
     leader.release().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), next)
