@@ -17,7 +17,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod support;
-use support::Tune;
 
 use support::{respond, status, Body};
 
@@ -397,9 +396,10 @@ async fn a_registered_candidate_heartbeats_and_its_release_names_the_youngest() 
         registration("old", "2026-01-01T00:00:00.000000Z"),
         registration("young", "2026-01-02T00:00:00.000000Z"),
     ];
-    let elector = mock
-        .candidate(short_timings())
-        .tune(|c| c.successor(Successor::Youngest));
+    let any = mock.candidate(short_timings());
+    let elector = any
+        .clone()
+        .config(any.settings().clone().successor(Successor::Youngest));
     let shutdown = CancellationToken::new();
     let leadership = elector.become_leader(&shutdown).await.unwrap();
     let requests = |m: &Mock, what: &str| {

@@ -16,7 +16,6 @@ use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 mod support;
-use support::Tune;
 
 use support::{respond, status, Body};
 
@@ -151,7 +150,7 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
         .events(false)
         // The lock's and the Pods' requests only (the registrations are tested in
         // mock_apiserver.rs and e2e/tests/successor.rs).
-        .tune(|c| c.successor(kube_leader::Successor::Any))
+        .config(kube_leader::ForLifeConfig::default().successor(kube_leader::Successor::Any))
 }
 
 /// A follower whose watches went silent reads the lock and the leader's Pod when they stay

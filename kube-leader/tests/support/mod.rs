@@ -62,26 +62,3 @@ where
     });
     kube::Client::new(service, "ns")
 }
-
-/// Changes one setting of a candidate built by a helper.
-#[allow(dead_code)]
-pub(crate) trait Tune: Sized {
-    type Config;
-    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self;
-}
-
-impl Tune for kube_leader::LeaseElector {
-    type Config = kube_leader::LeaseConfig;
-    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self {
-        let config = f(self.settings().clone());
-        self.config(config)
-    }
-}
-
-impl Tune for kube_leader::ForLife {
-    type Config = kube_leader::ForLifeConfig;
-    fn tune(self, f: impl FnOnce(Self::Config) -> Self::Config) -> Self {
-        let config = f(self.settings().clone());
-        self.config(config)
-    }
-}
