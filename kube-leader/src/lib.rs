@@ -88,6 +88,7 @@ mod object_watch;
 pub mod observer;
 mod rbac;
 mod renewals;
+mod setters;
 mod shards;
 mod strategy;
 mod successor;

@@ -7,6 +7,7 @@ use crate::{
     discovery,
     election::Election,
     error::{invalid, Result},
+    setters::setters,
     successor::Successor,
 };
 
@@ -176,78 +177,18 @@ impl Default for ForLifeConfig {
 
 // === impl ForLifeConfig ===
 
-/// Setters, in the style of kube-runtime's `watcher::Config`: `ForLifeConfig::default().liveness(d)`.
-impl ForLifeConfig {
-    /// Sets [`backoff_cap`](Self::backoff_cap).
-    #[must_use]
-    pub fn backoff_cap(mut self, backoff_cap: Duration) -> Self {
-        self.backoff_cap = backoff_cap;
-        self
-    }
-
-    /// Sets [`outside_cluster`](Self::outside_cluster).
-    #[must_use]
-    pub fn outside_cluster(mut self, outside_cluster: OutsideCluster) -> Self {
-        self.outside_cluster = outside_cluster;
-        self
-    }
-
-    /// Sets [`dead_leader_pod`](Self::dead_leader_pod).
-    #[must_use]
-    pub fn dead_leader_pod(mut self, dead_leader_pod: DeadLeaderPod) -> Self {
-        self.dead_leader_pod = dead_leader_pod;
-        self
-    }
-
-    /// Sets [`not_ready_takeover`](Self::not_ready_takeover).
-    #[must_use]
-    pub fn not_ready_takeover(mut self, not_ready_takeover: Duration) -> Self {
-        self.not_ready_takeover = Some(not_ready_takeover);
-        self
-    }
-
-    /// Sets [`api_timeout`](Self::api_timeout).
-    #[must_use]
-    pub fn api_timeout(mut self, api_timeout: Duration) -> Self {
-        self.api_timeout = api_timeout;
-        self
-    }
-
-    /// Sets [`liveness`](Self::liveness).
-    #[must_use]
-    pub fn liveness(mut self, liveness: Duration) -> Self {
-        self.liveness = Some(liveness);
-        self
-    }
-
-    /// Sets [`liveness_grace`](Self::liveness_grace).
-    #[must_use]
-    pub fn liveness_grace(mut self, liveness_grace: Duration) -> Self {
-        self.liveness_grace = liveness_grace;
-        self
-    }
-
-    /// Sets [`successor`](Self::successor).
-    #[must_use]
-    pub fn successor(mut self, successor: Successor) -> Self {
-        self.successor = successor;
-        self
-    }
-
-    /// Sets [`successor_wait`](Self::successor_wait).
-    #[must_use]
-    pub fn successor_wait(mut self, successor_wait: Duration) -> Self {
-        self.successor_wait = successor_wait;
-        self
-    }
-
-    /// Sets [`election`](Self::election).
-    #[must_use]
-    pub fn election(mut self, election: Election) -> Self {
-        self.election = election;
-        self
-    }
-}
+setters!(ForLifeConfig {
+    backoff_cap: Duration => backoff_cap,
+    outside_cluster: OutsideCluster => outside_cluster,
+    dead_leader_pod: DeadLeaderPod => dead_leader_pod,
+    not_ready_takeover: Duration => Some(not_ready_takeover),
+    api_timeout: Duration => api_timeout,
+    liveness: Duration => Some(liveness),
+    liveness_grace: Duration => liveness_grace,
+    successor: Successor => successor,
+    successor_wait: Duration => successor_wait,
+    election: Election => election,
+});
 
 impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout

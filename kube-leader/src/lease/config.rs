@@ -6,6 +6,7 @@ use super::coordinated::Coordinated;
 use crate::{
     election::Election,
     error::{invalid, Result},
+    setters::setters,
     successor::Successor,
 };
 
@@ -128,80 +129,18 @@ impl Default for LeaseConfig {
 
 // === impl LeaseConfig ===
 
-/// Setters, in the style of kube-runtime's `watcher::Config`: `LeaseConfig::default().renew_deadline(d)`.
-impl LeaseConfig {
-    /// Sets [`lease_duration`](Self::lease_duration).
-    #[must_use]
-    pub fn lease_duration(mut self, lease_duration: Duration) -> Self {
-        self.lease_duration = lease_duration;
-        self
-    }
-
-    /// Sets [`renew_deadline`](Self::renew_deadline).
-    #[must_use]
-    pub fn renew_deadline(mut self, renew_deadline: Duration) -> Self {
-        self.renew_deadline = renew_deadline;
-        self
-    }
-
-    /// Sets [`retry_period`](Self::retry_period).
-    #[must_use]
-    pub fn retry_period(mut self, retry_period: Duration) -> Self {
-        self.retry_period = retry_period;
-        self
-    }
-
-    /// Sets [`release_on_cancel`](Self::release_on_cancel).
-    #[must_use]
-    pub fn release_on_cancel(mut self, release_on_cancel: bool) -> Self {
-        self.release_on_cancel = release_on_cancel;
-        self
-    }
-
-    /// Sets [`shutdown_grace`](Self::shutdown_grace).
-    #[must_use]
-    pub fn shutdown_grace(mut self, shutdown_grace: Duration) -> Self {
-        self.shutdown_grace = shutdown_grace;
-        self
-    }
-
-    /// Sets [`api_timeout`](Self::api_timeout).
-    #[must_use]
-    pub fn api_timeout(mut self, api_timeout: Duration) -> Self {
-        self.api_timeout = Some(api_timeout);
-        self
-    }
-
-    /// Sets [`successor`](Self::successor).
-    #[must_use]
-    pub fn successor(mut self, successor: Successor) -> Self {
-        self.successor = successor;
-        self
-    }
-
-    /// Sets [`successor_wait`](Self::successor_wait).
-    #[must_use]
-    pub fn successor_wait(mut self, successor_wait: Duration) -> Self {
-        self.successor_wait = successor_wait;
-        self
-    }
-
-    /// Sets [`election`](Self::election).
-    #[must_use]
-    pub fn election(mut self, election: Election) -> Self {
-        self.election = election;
-        self
-    }
-
-    /// Sets [`coordinated`](Self::coordinated).
-    #[must_use]
-    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
-        self.coordinated = Some(coordinated);
-        self
-    }
-}
-
-impl LeaseConfig {}
+setters!(LeaseConfig {
+    lease_duration: Duration => lease_duration,
+    renew_deadline: Duration => renew_deadline,
+    retry_period: Duration => retry_period,
+    release_on_cancel: bool => release_on_cancel,
+    shutdown_grace: Duration => shutdown_grace,
+    api_timeout: Duration => Some(api_timeout),
+    successor: Successor => successor,
+    successor_wait: Duration => successor_wait,
+    election: Election => election,
+    coordinated: Coordinated => Some(coordinated),
+});
 
 impl LeaseConfig {
     /// Checks the timings with client-go's rules: all positive, `lease_duration >

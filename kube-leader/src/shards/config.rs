@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::{
     error::{invalid, Result},
     lease::LeaseConfig,
+    setters::setters,
 };
 
 /// The most shards one set may have: far beyond what one API server renews comfortably
@@ -69,37 +70,14 @@ impl Default for ShardsConfig {
 
 // === impl ShardsConfig ===
 
+setters!(ShardsConfig {
+    lease: LeaseConfig => lease,
+    max_in_flight: usize => max_in_flight,
+    handover_grace: Duration => handover_grace,
+    join_settle: Duration => Some(join_settle),
+});
+
 impl ShardsConfig {
-    /// Sets [`lease`](Self::lease): the timings of every shard Lease and of the membership Lease.
-    #[must_use]
-    pub fn lease(mut self, lease: LeaseConfig) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Sets [`max_in_flight`](Self::max_in_flight): most API calls in flight at once.
-    #[must_use]
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        self.max_in_flight = max_in_flight;
-        self
-    }
-
-    /// Sets [`handover_grace`](Self::handover_grace): how long a handed-over shard's work may
-    /// take to stop.
-    #[must_use]
-    pub fn handover_grace(mut self, handover_grace: Duration) -> Self {
-        self.handover_grace = handover_grace;
-        self
-    }
-
-    /// Sets the `join_settle` field: how long a new candidate waits before it takes
-    /// free shards.
-    #[must_use]
-    pub fn join_settle(mut self, join_settle: Duration) -> Self {
-        self.join_settle = Some(join_settle);
-        self
-    }
-
     /// Checks the Lease timings with client-go's rules ([`LeaseConfig::validate`]) and the
     /// shard settings.
     pub fn validate(&self) -> Result<()> {
