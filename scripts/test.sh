@@ -235,9 +235,11 @@ else
 fi
 
 step "benchmark harness, CI mode (a few rounds, so it cannot rot; figures in target/bench-ci)"
-# The sidecar the image ships (the static binary) when it was built above.
+# The sidecar the image ships (the static binary) when it was built above. The harness and its
+# Rust candidates in the dev profile the tests above built (a release build of them took five
+# minutes of the run); the README's figures come from `--release` runs, by hand.
 KUBE_LEADER_CLI="${KUBE_LEADER_STATIC_AMD64:-}" \
-  cargo run --release --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
+  cargo run --quiet -p kube-leader-bench -- --mode ci --out target/bench-ci
 
 step "the main job: ./scripts/demo.sh (README), end to end"
 # The demo as a user runs it; it fails the run if it fails, and if it shows no takeover or one

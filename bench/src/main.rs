@@ -76,6 +76,11 @@ struct Cli {
     /// the mode's (3 in `ci`, 20 in `full`): `--rounds 100` for a p99 that is not the maximum.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     rounds: Option<u16>,
+    /// Seconds the Lease failover scenarios wait before each round's signal, instead of the
+    /// mode's (1.5 in `ci`, 2 in `full`): `--settle 100` makes every follower idle for longer
+    /// than hyper's 90 s pool timeout before it takes over.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    settle: Option<u16>,
     /// Run the Lease failover scenarios only with these implementations (comma-separated;
     /// default: all of them), e.g. `--only graceful --implementations kube-leader-http2` for the
     /// library's handover alone.
@@ -133,6 +138,7 @@ fn main() -> ExitCode {
         None => runtime.block_on(bench(
             cli.mode,
             cli.rounds,
+            cli.settle,
             cli.out,
             cli.only,
             cli.implementations,
@@ -156,6 +162,7 @@ fn step(what: &str) {
 async fn bench(
     mode: Mode,
     rounds: Option<u16>,
+    settle: Option<u16>,
     out: PathBuf,
     only: Vec<Scenario>,
     implementations: Vec<Impl>,
@@ -163,6 +170,9 @@ async fn bench(
     let mut plan = Plan::for_mode(mode);
     if let Some(n) = rounds {
         plan.lease_rounds = usize::from(n);
+    }
+    if let Some(secs) = settle {
+        plan.settle = std::time::Duration::from_secs(secs.into());
     }
     let wanted = |s: Scenario| only.is_empty() || only.contains(&s);
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;

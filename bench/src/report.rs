@@ -183,7 +183,7 @@ impl Results {
             s,
             "{} · {} · local control plane (etcd, kube-apiserver and kube-controller-manager {}, \
              started in {:.1} s) on the same machine · Rust candidates built with cargo profile {} · commit {} · \
-             load average at start {} · run took {:.1} min\n",
+             load average at start {} · {:.1} s before each Lease round's signal · run took {:.1} min\n",
             h.date,
             h.machine,
             kube_leader_testenv::KUBERNETES_VERSION,
@@ -191,6 +191,7 @@ impl Results {
             h.profile,
             h.commit,
             h.load,
+            self.plan.settle.as_secs_f64(),
             self.elapsed.as_secs_f64() / 60.0
         );
         let _ = writeln!(

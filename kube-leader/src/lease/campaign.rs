@@ -145,11 +145,13 @@ impl Campaign {
             }
             let wake_at = match self.decide() {
                 Decision::WaitUntil(expiry) => {
-                    self.spare.open_once(&self.api, &self.lock.name, &shutdown);
+                    self.spare
+                        .open_once(&self.api, &self.lock.name, self.cfg.keep_warm, &shutdown);
                     Some(expiry)
                 }
                 Decision::Follow => {
-                    self.spare.open_once(&self.api, &self.lock.name, &shutdown);
+                    self.spare
+                        .open_once(&self.api, &self.lock.name, self.cfg.keep_warm, &shutdown);
                     None
                 }
                 decision => match self.attempt(decision, &shutdown).await? {

@@ -107,6 +107,14 @@ pub struct LeaseConfig {
     /// does not serve `LeaseCandidate`, a coordinated candidate says so once and campaigns as a
     /// classic one. Not for shard sets.
     pub coordinated: Option<Coordinated>,
+    /// How often a follower reads its Lease from the API server's cache, to keep a warm
+    /// connection in kube's pool for its takeover write. Over kube's default HTTP/1.1 client
+    /// the watch holds its own connection, the pool drops a connection idle for 90 s, and a
+    /// takeover over a new connection waits about 40 ms for the API server's delayed ACK (kube's
+    /// connector leaves `TCP_NODELAY` off). Default 60 s: one cached read a minute per follower.
+    /// `None`: one read when the campaign begins to follow, none after (over HTTP/2 the read
+    /// only costs a request; with thousands of followers the reads add up).
+    pub keep_warm: Option<Duration>,
 }
 
 impl Default for LeaseConfig {
@@ -123,6 +131,7 @@ impl Default for LeaseConfig {
             successor_wait: Duration::from_secs(2),
             election: Election::Enabled,
             coordinated: None,
+            keep_warm: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -140,6 +149,7 @@ setters!(LeaseConfig {
     successor_wait: Duration => successor_wait,
     election: Election => election,
     coordinated: Coordinated => Some(coordinated),
+    keep_warm: Option<Duration> => keep_warm,
 });
 
 impl LeaseConfig {
@@ -208,6 +218,7 @@ impl LeaseConfig {
                 true,
             ),
             ("api_timeout", "API timeout", self.api_timeout, false),
+            ("keep_warm", "keep-warm interval", self.keep_warm, false),
             (
                 "successor_wait",
                 "successor wait",
@@ -283,7 +294,9 @@ mod tests {
         assert_eq!(c.lease_duration, Duration::from_secs(15));
         assert_eq!(c.renew_deadline, Duration::from_secs(10));
         assert_eq!(c.retry_period, Duration::from_secs(2));
+        assert_eq!(c.keep_warm, Some(Duration::from_secs(60)), "under hyper's 90 s idle timeout");
         c.validate().unwrap();
+        c.clone().keep_warm(None).validate().unwrap();
         assert_eq!(c.lease_duration_seconds(), 15);
     }
 
@@ -297,6 +310,10 @@ mod tests {
             (cfg(1000, 1000, 200), "must be greater than renew deadline"),
             (cfg(3000, 1200, 1000), "must be greater than retry period"),
             (cfg(900, 500, 100), "at least 1s"),
+            (
+                cfg(2000, 1000, 200).keep_warm(Some(Duration::ZERO)),
+                "keep-warm interval must be greater than zero",
+            ),
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err();

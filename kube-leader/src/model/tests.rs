@@ -5,6 +5,8 @@
 
 use super::*;
 
+mod deep;
+
 /// Both cores of the test machine.
 const THREADS: usize = 2;
 

@@ -1,0 +1,99 @@
+//! Deeper runs of the Lease model than the test command's: longer horizons, every fault family
+//! at once, three candidates with faults. Ignored by `cargo test`; `scripts/model-deep.sh` runs
+//! them in a release build and writes their figures (states, depth, time) to
+//! `bench/results/`. Each run still checks every property it names.
+
+use super::*;
+
+/// Every fault family at once, one of each, to horizon 5.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_every_fault_at_once() {
+    holds(
+        Settings {
+            horizon: 5,
+            losses: 1,
+            crashes: 1,
+            relists: 1,
+            releases: 1,
+            deletes: 1,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
+
+/// No fault but late answers, late events and pauses, to horizon 8 (the test command's: 6).
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_fault_free_to_horizon_8() {
+    holds(
+        Settings {
+            horizon: 8,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
+
+/// Two lost requests and a crash, to horizon 6: a partition from the API server is lost
+/// requests and late answers and events for one candidate.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_two_losses_and_a_crash() {
+    holds(
+        Settings {
+            horizon: 6,
+            losses: 2,
+            crashes: 1,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
+
+/// Three candidates, a crash and a lost request, to horizon 5.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_three_candidates_with_faults() {
+    holds(
+        Settings {
+            candidates: 3,
+            horizon: 5,
+            crashes: 1,
+            losses: 1,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
+
+/// Fenced writes beside a crash and a lost request, to horizon 5.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_fence_with_faults() {
+    holds(
+        Settings {
+            horizon: 5,
+            crashes: 1,
+            losses: 1,
+            ..fenced()
+        },
+        &[FENCE_ORDER, FENCE_LETS_THE_LEADER],
+    );
+}
+
+/// A fair world with successors and three candidates, to horizon 8.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_fair_successors_three_candidates() {
+    holds(
+        Settings {
+            candidates: 3,
+            successor: true,
+            horizon: 8,
+            ..fair()
+        },
+        &[LEADS_AFTER_STOP, CRASH_NOT_DELAYED],
+    );
+}
