@@ -23,7 +23,7 @@
 //!    recorded when the request went out, never the answer's time), and `confirmed_until` never
 //!    exceeds the latest successful renewal's send time plus the renew deadline, which is
 //!    shorter than the lease duration; a release carries the term's precondition.
-//! 4. The store is linearizable, as the model's API server is: the revisions one candidate's
+//! 4. The store is linearizable, as the model's API server is: the revisions a campaign's
 //!    watch shows never go back; every successful write made a revision greater than its
 //!    precondition, no two writes made the same revision, and no other known write to the Lease
 //!    committed between a successful compare-and-swap's precondition and its revision (a CAS

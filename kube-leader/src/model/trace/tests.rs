@@ -9,7 +9,10 @@ use k8s_openapi::{
 use serde_json::json;
 
 use super::*;
-use crate::lease::{record::set_writer, term::Step};
+use crate::{
+    api::Failure,
+    lease::{record::set_writer, term::Step},
+};
 
 const MS: i64 = 1_000_000;
 
@@ -45,6 +48,12 @@ fn leader() -> Trace {
 
 /// [`leader`], with the Leases it wrote.
 fn leader_leases() -> (Trace, Lease, Lease) {
+    let (trace, created, renewed, _) = leader_term();
+    (trace, created, renewed)
+}
+
+/// [`leader_leases`], with the term as the shipped code holds it after the renewal.
+fn leader_term() -> (Trace, Lease, Lease, Term<Every>) {
     let lease_duration = Duration::from_secs(2);
     let record = record_for(&Decision::Create, None, "a", lease_duration, wall(0));
     let created = lease_at(&record, Some("10"), "ia");
@@ -107,7 +116,85 @@ fn leader_leases() -> (Trace, Lease, Lease) {
         candidate: "a".into(),
         steps: steps_,
     };
-    (trace, created, written)
+    (trace, created, written, term)
+}
+
+/// Candidate `a` creates the Lease (revision 10) but hears of it only after its renew deadline;
+/// it confirms the term by renewing (revision 11), and leads with the first write's token.
+fn late_leader() -> Trace {
+    let lease_duration = Duration::from_secs(2);
+    let record = record_for(&Decision::Create, None, "a", lease_duration, wall(0));
+    let created = lease_at(&record, Some("10"), "ia");
+    let mut again = record.clone();
+    again.renew_time = Some(wall(1500));
+    let confirming = lease_at(&again, Some("10"), "ia");
+    let mut confirmed = confirming.clone();
+    confirmed.metadata.resource_version = Some("11".into());
+    let lead = json!({"identity": "a", "instance": "ia", "token": 10, "sent": 1501 * MS,
+        "lease": steps::lease(&confirmed), "record": steps::record(&again), "retry_ms": 200,
+        "lease_duration_seconds": 2, "renew_deadline_ms": 1000, "confirmed_until": 2501 * MS});
+    Trace {
+        candidate: "a".into(),
+        steps: vec![
+            step(
+                "decide",
+                json!({"now": 0, "identity": "a", "coordinated": false, "fallback_ms": 2000,
+                "successor_wait_ms": 500, "observed": null, "absent": "never", "decision": "create"}),
+            ),
+            step(
+                "write",
+                json!({"op": "create", "precondition": null,
+                "lease": steps::lease(&lease_at(&record, None, "ia")), "record": steps::record(&record)}),
+            ),
+            step(
+                "answer",
+                json!({"sent": MS, "now": 1500 * MS, "answer": {"ok": steps::lease(&created)}}),
+            ),
+            step(
+                "write",
+                json!({"op": "replace", "precondition": "10",
+                "lease": steps::lease(&confirming), "record": steps::record(&again)}),
+            ),
+            step(
+                "answer",
+                json!({"sent": 1501 * MS, "now": 1600 * MS,
+                "answer": {"ok": steps::lease(&confirmed)}}),
+            ),
+            step("lead", lead),
+        ],
+    }
+}
+
+/// [`leader`], whose next renewal meets a conflict (somebody labelled the Lease: revision 12)
+/// and re-reads it: still its own.
+fn leader_rereading() -> Trace {
+    let (mut trace, _, renewed, mut term) = leader_term();
+    let renewal = term.renew(steps::instant(400 * MS), wall(400));
+    trace.steps.push(step(
+        "renew",
+        json!({"now": 400 * MS, "wall": wall(400).to_string(),
+        "sent": 401 * MS, "step": steps::step(&renewal)}),
+    ));
+    let failed = term.write_failed(&Failure::Conflict, steps::instant(450 * MS));
+    assert!(matches!(failed, Step::Reread { .. }), "{failed:?}");
+    trace.steps.push(step(
+        "write_failed",
+        json!({"now": 450 * MS, "failure": "conflict",
+        "step": steps::step(&failed)}),
+    ));
+    let mut labelled = renewed;
+    labelled.metadata.resource_version = Some("12".into());
+    labelled.metadata.labels = Some([("team".to_string(), "x".to_string())].into());
+    let answer = Ok(labelled);
+    let recorded = steps::answer(&answer);
+    let reread = term.reread(answer, steps::instant(460 * MS));
+    assert_eq!(reread, Step::Keep);
+    trace.steps.push(step(
+        "reread",
+        json!({"now": 460 * MS, "answer": recorded,
+        "step": steps::step(&reread)}),
+    ));
+    trace
 }
 
 /// Candidate `b` sees `a`'s Lease `seen`, waits it out, and takes it over (revision `won`) on
@@ -174,6 +261,38 @@ fn a_valid_trace_is_accepted() {
         (report.candidates, report.steps, report.terms, report.writes),
         (2, 10, 1, 3)
     );
+}
+
+#[test]
+fn a_conflict_read_again_is_accepted_and_a_misjudged_one_refused() {
+    let report = replay(&[leader_rereading()]);
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    // The re-read shows another holder, but the recorded step keeps the term.
+    let mut t = leader_rereading();
+    let answer = &mut t.steps[8]["step"]["answer"]["ok"]["spec"];
+    answer["holderIdentity"] = json!("b");
+    let v = refused(&[t], "a lost term kept");
+    assert!(v[0].contains("#8 reread: the term's step"), "{v:?}");
+}
+
+#[test]
+fn a_late_win_is_confirmed_before_leading() {
+    let report = replay(&[late_leader()]);
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    // Leading on the late answer itself, without the confirming renewal.
+    let mut t = late_leader();
+    t.steps.drain(3..5);
+    let won = t.steps[2]["step"]["answer"]["ok"].clone();
+    let lead = &mut t.steps[3]["step"];
+    (lead["sent"], lead["lease"]) = (json!(MS), won);
+    lead["confirmed_until"] = json!(1001 * MS);
+    let v = refused(&[t], "a term begun on a late answer");
+    assert!(v[0].contains("after its renew deadline"), "{v:?}");
+    // Confirming on another revision than the won one.
+    let mut t = late_leader();
+    t.steps[3]["step"]["precondition"] = json!("9");
+    let v = refused(&[t], "a confirmation on another revision");
+    assert!(v[0].contains("not on the won revision"), "{v:?}");
 }
 
 #[test]
