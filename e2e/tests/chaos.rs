@@ -99,7 +99,10 @@ use kube::{
     Api, Client,
 };
 use kube_leader_e2e::{
-    chaos::{seed_from_env, Analysis, Deposition, Fault, Findings, Ledger, Pause, Rng, Write, WriteOutcome},
+    chaos::{
+        seed_from_env, Analysis, Deposition, Fault, Findings, Ledger, Pause, Rng, Steps, TraceCheck, Write,
+        WriteOutcome,
+    },
     checker::History,
     mono_ns,
 };
@@ -575,6 +578,9 @@ struct Arena {
     exit_codes: BTreeMap<String, usize>,
     leaked: Arc<Mutex<Vec<String>>>,
     started: u64,
+    /// Library Lease candidates: their decision steps, and their replay (issue 43).
+    steps: Steps,
+    trace: Option<TraceCheck>,
 }
 
 impl Drop for Arena {
@@ -661,6 +667,8 @@ impl Arena {
             exit_codes: BTreeMap::new(),
             leaked: Arc::default(),
             started: mono_ns(),
+            steps: Steps::default(),
+            trace: None,
         }
     }
 
@@ -958,6 +966,7 @@ impl Arena {
                     self.writes.push(w);
                 }
             }
+            Some("step") => self.steps.absorb(&key, &v),
             Some("error") => self
                 .errors
                 .push(format!("{key}: {}", v["message"].as_str().unwrap_or("?"))),
@@ -1787,6 +1796,10 @@ impl Arena {
         }
         .run();
         self.write_timeline(&faults, until);
+        if self.strategy == Strategy::Lease && self.flavor == Flavor::Library {
+            self.trace = Some(self.steps.replay(&self.dir));
+        }
+        let trace = self.trace.as_ref().map_or(String::new(), |t| format!("\n{t}"));
         let summary = format!(
             "== {} (seed {:#x}, {} mode, lease {:?}/{:?}/{:?}, {:?} of faults)\n{findings}\n\
              liveness bound {:?}; freeze-kube-leader: COMMAND stopped after {:?} (renew deadline {:?}); \
@@ -1795,7 +1808,7 @@ impl Arena {
              stop-group: COMMAND stopped after {}; stop-supervisor: COMMAND killed by the backstop {} \
              after the cut; evict-then-kill: stepped down after {}, still led at the kill {}; \
              post-pause windows {}\n\
-             exits {:?}; term ends inferred {}; candidate errors {}",
+             exits {:?}; term ends inferred {}; candidate errors {}{trace}",
             self.name,
             self.mode.seed,
             if self.mode.long { "long" } else { "CI" },
@@ -1997,6 +2010,17 @@ impl Arena {
                 !log.contains(&self.shared.token),
                 "{name}: the bearer token appeared in {}",
                 p.log.display()
+            );
+        }
+        if let Some(t) = &self.trace {
+            assert!(
+                t.report.violations.is_empty() && t.report.steps > 0,
+                "{name}: the model cannot explain the recorded steps (traces in {}):\n{t}",
+                self.dir.display()
+            );
+            assert!(
+                t.mutants.iter().all(|(_, refused)| *refused != Some(false)),
+                "{name}: the replayer accepted a broken step:\n{t}"
             );
         }
         let transitions = report.transitions;

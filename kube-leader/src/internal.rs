@@ -59,3 +59,11 @@ pub mod client {
         liveness::Liveness,
     };
 }
+
+/// Trace checking of the Lease strategy: replays the decision steps a chaos run recorded
+/// through the shipped decision code (hidden feature `trace-check`). The model checker
+/// (`src/model.rs`) is a test module with a test-only checker; the replayer must be reachable
+/// from the e2e crate, so it is mounted here.
+#[cfg(any(test, feature = "trace-check"))]
+#[path = "model/trace.rs"]
+pub mod trace;

@@ -18,11 +18,12 @@
 //!
 //! Events: `started_leading` (`fencing_token`, `pid`), `ledger_write_started` (`start_ns`),
 //! `ledger_write` (`start_ns`, `outcome`, `stored`), `stopped_leading`, `exit`, `error`
-//! (`message`); each with `identity` and `mono_ns`. A write that has started when leadership ends is finished and reported: it was
+//! (`message`), and (`lease`) `step` (`kind`, `step`: a decision step of the library, its
+//! `kube_leader::step` events, for trace checking); each with `identity` and `mono_ns`. A write that has started when leadership ends is finished and reported: it was
 //! made while leading, and the fencing check decides its fate. With `RUST_LOG` set, logs go to
 //! stderr.
 
-use std::{io::Write as _, process::ExitCode, time::Duration};
+use std::{fmt, io::Write as _, process::ExitCode, time::Duration};
 
 use kube::Client;
 use kube_leader::{internal::Environment, ForLife, LeaseElector, Recampaign};
@@ -33,6 +34,8 @@ use kube_leader_e2e::{
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::{filter::filter_fn, layer::SubscriberExt as _, Layer};
 
 /// Bound on each ledger call.
 const LEDGER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -53,8 +56,11 @@ const USAGE: &str =
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    kube_leader_e2e::init_process_tracing();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    match (args.first().map(String::as_str), args.get(4)) {
+        (Some("lease"), Some(identity)) => init_tracing_with_steps(identity),
+        _ => kube_leader_e2e::init_process_tracing(),
+    }
     let result = match args.first().map(String::as_str) {
         Some("lease") => lease(&args[1..]).await,
         Some("for-life") => for_life(&args[1..]).await,
@@ -72,6 +78,55 @@ async fn main() -> ExitCode {
 }
 
 type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+/// Logs as [`kube_leader_e2e::init_process_tracing`] does, and reports the library's decision
+/// steps (`kube_leader::step` events) as `step` events.
+fn init_tracing_with_steps(identity: &str) {
+    let steps = Steps(identity.to_string()).with_filter(filter_fn(|m| m.target() == "kube_leader::step"));
+    let logs = std::env::var_os("RUST_LOG").map(|_| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+    });
+    let subscriber = tracing_subscriber::registry().with(steps).with(logs);
+    let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+/// The layer that reports decision steps, for the candidate `.0`.
+struct Steps(String);
+
+/// The fields of a step event.
+#[derive(Default)]
+struct StepFields {
+    kind: String,
+    step: String,
+}
+
+impl Visit for StepFields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "kind" {
+            self.kind = value.to_string();
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "step" => self.step = format!("{value:?}"),
+            "kind" => self.kind = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Steps {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = StepFields::default();
+        event.record(&mut fields);
+        let step: Value = serde_json::from_str(&fields.step).unwrap_or(Value::Null);
+        emit(json!({"event": "step", "identity": self.0, "kind": fields.kind, "step": step}));
+    }
+}
 
 fn ms(s: &str) -> Result<Duration> {
     Ok(Duration::from_millis(s.parse()?))

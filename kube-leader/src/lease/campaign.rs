@@ -30,7 +30,7 @@ use super::{
     },
     shared::{lease_op, Shared},
     spare::Spare,
-    term::{Every, Term as HeldTerm, Writer},
+    term::{steps, Every, Term as HeldTerm, Writer},
 };
 use crate::{
     api::{call, Failure},
@@ -43,6 +43,7 @@ use crate::{
     successor::Registry,
     time::sleep_until_opt,
 };
+use serde_json::json;
 
 /// One campaign of one candidate.
 pub(crate) struct Campaign {
@@ -168,9 +169,25 @@ impl Campaign {
         }
     }
 
-    /// What to do now, on what the watch showed.
+    /// What to do now, on what the watch showed (a step recorded for trace checking).
     fn decide(&mut self) -> Decision {
         let now = Instant::now();
+        let decision = self.decide_at(now);
+        steps::emit("decide", || {
+            let absent = self
+                .absent_since
+                .map(|since| steps::absent(&self.absent_of(since)));
+            json!({"now": steps::ns(now), "identity": self.identity, "coordinated": self.coordinated,
+                "fallback_ms": self.cfg.lease_duration.as_millis() as u64,
+                "successor_wait_ms": self.cfg.successor_wait.as_millis() as u64,
+                "observed": self.observed.as_ref().map(steps::observed), "absent": absent,
+                "decision": steps::decision(&decision)})
+        });
+        decision
+    }
+
+    /// What to do at `now`, on what the watch showed.
+    fn decide_at(&mut self, now: Instant) -> Decision {
         let lease_duration = self.cfg.lease_duration;
         if self.coordinated {
             return decide_coordinated(self.observed.as_ref(), &self.identity, now, lease_duration);
@@ -183,13 +200,17 @@ impl Campaign {
             return defer_to_preferred(decision, obs, &self.identity, now, self.cfg.successor_wait);
         }
         let since = *self.absent_since.get_or_insert(now);
-        let absent = match (&self.deleted, self.unknown_since) {
+        decide_absent(self.absent_of(since), &self.identity, now, lease_duration)
+    }
+
+    /// What this candidate knows of the absent Lease, found absent `since`.
+    fn absent_of(&self, since: Instant) -> Absent<'_> {
+        match (&self.deleted, self.unknown_since) {
             (Some(d), _) => Absent::Deleted(d),
             (None, Some(since)) => Absent::Unknown { since },
             (None, None) if self.seen_before => Absent::Unknown { since },
             (None, None) => Absent::Never,
-        };
-        decide_absent(absent, &self.identity, now, lease_duration)
+        }
     }
 
     /// Writes what `decision` says and handles the answer.
@@ -206,7 +227,9 @@ impl Campaign {
             record.transitions = self.shared.transitions_for_create();
         }
         let sent = Instant::now();
-        match self.write(&decision, &record).await {
+        let answer = self.write(&decision, &record).await;
+        steps::emit_answer(sent, &answer);
+        match answer {
             Ok(lease) => {
                 let won = Won {
                     token_rv: lease.metadata.resource_version.clone(),
@@ -242,6 +265,7 @@ impl Campaign {
         if *decision == Decision::Create {
             let mut lease = new_lease(&self.lock, record, self.cfg.lease_duration_seconds());
             set_writer(&mut lease, &self.shared.instance, record);
+            steps::emit_write("create", &lease, record);
             let params = PostParams::default();
             let create = self.api.create(&params, &lease);
             return call(lease_op(&self.lock, "create"), self.cfg.call_timeout(), create).await;
@@ -265,6 +289,7 @@ impl Campaign {
             self.cfg.lease_duration_seconds(),
         );
         set_writer(&mut lease, &self.shared.instance, record);
+        steps::emit_write("replace", &lease, record);
         let params = PostParams::default();
         let replace = self.api.replace(&self.lock.name, &params, &lease);
         call(lease_op(&self.lock, "update"), self.cfg.call_timeout(), replace).await
@@ -312,11 +337,16 @@ impl Campaign {
                 (spec.strategy is set); this candidate does not take part: it takes the Lease only \
                 once the controller has named nobody for 10 s, and gives way to spec.preferredHolder");
         }
-        let next = Observed::update(self.observed.as_ref(), record, rv, Instant::now())
+        let now = Instant::now();
+        let next = Observed::update(self.observed.as_ref(), record, rv, now)
             .written_by_me(mine)
             .preferring(preferred)
             .coordinated(coordinated.is_some())
             .written_by_kube_leader(by_kube_leader);
+        steps::emit("seen", || {
+            json!({"now": steps::ns(now), "instance": self.shared.instance,
+            "lease": steps::lease(lease), "observed": steps::observed(&next)})
+        });
         let token = stored_fencing_token(lease, &next.record);
         self.shared.publish(&self.lock, Some(&next.record), token);
         self.observed = Some(next);
@@ -326,6 +356,8 @@ impl Campaign {
 
     /// The Lease is absent: deleted before our eyes, or found absent on a relist.
     fn absent(&mut self, relisted: bool) {
+        let now = Instant::now();
+        steps::emit("absent", || json!({"now": steps::ns(now), "relisted": relisted}));
         self.shared.publish(&self.lock, None, None);
         let last = self.observed.take();
         if relisted && (last.is_some() || self.deleted.is_some()) {
@@ -334,7 +366,7 @@ impl Campaign {
             // deletion: a whole lease duration from now.
             debug!("the lease is absent on a relist; whoever held it last is unknown");
             self.deleted = None;
-            self.unknown_since = Some(Instant::now());
+            self.unknown_since = Some(now);
         } else if let Some(last) = last {
             self.deleted = Some(last);
         }
@@ -362,7 +394,9 @@ impl Campaign {
             let mut record = won.record.clone();
             record.renew_time = Some(now_micro());
             let sent = Instant::now();
-            match self.replace(won.lease.clone(), &record).await {
+            let answer = self.replace(won.lease.clone(), &record).await;
+            steps::emit_answer(sent, &answer);
+            match answer {
                 Ok(written) => {
                     won.lease = written;
                     won.record = record;
@@ -411,6 +445,7 @@ impl Campaign {
         let registration = self.shared.hold_registration();
         let won_term = (lease, record, fencing_token, sent);
         let held = held_term(&self.cfg, &self.identity, &self.shared.instance, won_term);
+        steps::emit_lead(&self.cfg, &self.identity, &self.shared.instance, &held);
         let keeper = Keeper {
             api: Api::namespaced(self.client, &self.lock.namespace),
             cfg: self.cfg,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{api::PostParams, Api};
+use serde_json::json;
 use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -18,7 +19,7 @@ use crate::{
         config::LeaseConfig,
         record::{now_micro, stored_fencing_token, LeaseRecord},
         shared::{lease_op, Shared},
-        term::{Every, Step, Term},
+        term::{steps, Every, Step, Term},
     },
     lock::LockRef,
     object_watch::ObjectWatch,
@@ -74,7 +75,9 @@ impl Keeper {
             let turn = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(deadline) => {
-                    let step = self.term.deadline_reached(Instant::now());
+                    let now = Instant::now();
+                    let step = self.term.deadline_reached(now);
+                    steps::emit("deadline", || json!({"now": steps::ns(now), "step": steps::step(&step)}));
                     if let Step::End(LossReason::RenewDeadline { since_last_renewal: since }) = &step {
                         warn!(lock = %self.lock, identity = %self.identity, ?since, "renew deadline passed; stopping leading");
                     }
@@ -151,7 +154,9 @@ impl Keeper {
             Ok(None) => {
                 info!(lock = %self.lock, identity = %self.identity, "lease deleted; stopping leading");
                 self.shared.publish(&self.lock, None, None);
-                return self.step(handle, self.term.deleted());
+                let step = self.term.deleted();
+                steps::emit("deleted", || json!({"step": steps::step(&step)}));
+                return self.step(handle, step);
             }
             Err(Failure::Fatal(e)) if !*watch_refused => {
                 // Renewals do not need the watch, but nobody should lose a permission
@@ -167,6 +172,10 @@ impl Keeper {
     /// A Lease seen by the watch, judged by the term.
     fn on_lease(&mut self, handle: &KeeperHandle, lease: &Lease) -> Turn {
         let step = self.term.watched(lease);
+        steps::emit(
+            "watched",
+            || json!({"lease": steps::lease(lease), "step": steps::step(&step)}),
+        );
         if let Step::End(LossReason::OtherHolder { holder }) = &step {
             let record = LeaseRecord::from_lease(lease);
             self.shared
@@ -178,17 +187,28 @@ impl Keeper {
 
     /// One renewal, when the term says it is due; a conflict is read again.
     async fn renew(&mut self, handle: &KeeperHandle) -> Turn {
-        let (lease, deadline) = match self.term.renew(Instant::now(), now_micro()) {
+        let (now, wall) = (Instant::now(), now_micro());
+        let step = self.term.renew(now, wall);
+        let sent = Instant::now();
+        steps::emit(
+            "renew",
+            || json!({"now": steps::ns(now), "wall": wall.to_string(), "sent": steps::ns(sent), "step": steps::step(&step)}),
+        );
+        let (lease, deadline) = match step {
             Step::Renew { lease, until } => (lease, until),
             step => return self.renewal_over(handle, step),
         };
         let timeout = until_deadline(self.cfg.call_timeout(), deadline);
-        let sent = Instant::now();
         let params = PostParams::default();
         let replace = self.api.replace(&self.lock.name, &params, &lease);
         let failure = match call(lease_op(&self.lock, "update"), timeout, replace).await {
             Ok(written) => {
+                let (now, recorded) = (Instant::now(), steps::if_listening(|| steps::lease(&written)));
                 self.term.renewed(written, sent);
+                steps::emit("renewed", || {
+                    json!({"sent": steps::ns(sent), "now": steps::ns(now),
+                    "written": recorded, "confirmed_until": steps::ns(self.term.confirmed_until())})
+                });
                 self.shared.set_health(|h| {
                     h.last_success = Some(sent);
                     h.last_latency = Some(sent.elapsed());
@@ -203,7 +223,13 @@ impl Keeper {
             Failure::Fatal(e) => warn!(error = %e, "renewal refused; retrying until the renew deadline"),
             Failure::Conflict | Failure::NotFound => {}
         }
-        let step = match self.term.write_failed(&failure, Instant::now()) {
+        let now = Instant::now();
+        let step = self.term.write_failed(&failure, now);
+        steps::emit(
+            "write_failed",
+            || json!({"now": steps::ns(now), "failure": steps::failure(&failure), "step": steps::step(&step)}),
+        );
+        let step = match step {
             // Re-read and decide again. The read is bounded by the renew deadline too: while
             // it runs, nothing else can end leadership, and fail-stop must hold if the API
             // server stops answering.
@@ -214,7 +240,7 @@ impl Keeper {
                 if let Err(e) = &current {
                     debug!(error = ?e, "re-read after a conflict failed");
                 }
-                self.term.reread(current, Instant::now())
+                self.reread(current)
             }
             step => step,
         };
@@ -271,7 +297,12 @@ impl Keeper {
             let lease = self.term.release_write(successor.as_deref(), now_micro());
             let params = PostParams::default();
             let replace = self.api.replace(&self.lock.name, &params, &lease);
-            match call(lease_op(&self.lock, "update"), self.cfg.call_timeout(), replace).await {
+            let answer = call(lease_op(&self.lock, "update"), self.cfg.call_timeout(), replace).await;
+            steps::emit("release", || {
+                json!({"now": steps::ns(Instant::now()), "precondition": steps::rv(&lease),
+                "lease": steps::lease(&lease), "answer": steps::answer(&answer)})
+            });
+            match answer {
                 Ok(_) => {
                     let successor = successor.as_deref().unwrap_or("(none)");
                     info!(lock = %self.lock, identity = %self.identity, %successor, "released the lease");
@@ -280,7 +311,7 @@ impl Keeper {
                 Err(Failure::Conflict) => {
                     let get = self.api.get(&self.lock.name);
                     let current = call(lease_op(&self.lock, "get"), self.cfg.call_timeout(), get).await;
-                    if current.is_err() || self.term.reread(current, Instant::now()) != Step::Keep {
+                    if current.is_err() || self.reread(current) != Step::Keep {
                         return Ok(()); // not ours any more: nothing to release
                     }
                 }
@@ -293,6 +324,18 @@ impl Keeper {
             }
         }
         Ok(())
+    }
+
+    /// Judges the answer to a re-read (a step recorded for trace checking).
+    fn reread(&mut self, answer: Result<Lease, Failure>) -> Step {
+        let now = Instant::now();
+        let recorded = steps::if_listening(|| steps::answer(&answer));
+        let step = self.term.reread(answer, now);
+        steps::emit(
+            "reread",
+            || json!({"now": steps::ns(now), "answer": recorded, "step": steps::step(&step)}),
+        );
+        step
     }
 
     /// The Lease names this candidate but this process did not write it: another process

@@ -344,5 +344,6 @@ fn newer(a: &Lease, b: &Lease) -> bool {
     lock::is_newer(rv(a).as_deref(), rv(b).as_deref())
 }
 
+pub(crate) mod steps;
 #[cfg(test)]
 mod tests;
