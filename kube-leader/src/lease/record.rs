@@ -128,8 +128,8 @@ pub(crate) fn written_by(lease: &Lease, record: &LeaseRecord, instance: &str) ->
     id == instance && record.renew_time.is_some() && time.parse::<Timestamp>().ok() == record.renew_time
 }
 
-/// Whose a Lease's record is, as a candidate that holds (or held) a term on it judges it: the
-/// one judgement of "is this term still mine" of the single-Lease keeper and of every shard.
+/// Who owns a Lease's record, as seen by a candidate that holds (or held) a term on it. The
+/// single-Lease keeper and every shard ask "is this term still mine" here, and only here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Owner {
     /// Held by this identity and written by this process (its instance id): still this term's.
@@ -141,8 +141,8 @@ pub(crate) enum Owner {
 }
 
 impl Owner {
-    /// Whose `lease` (its record `record`) is, for the candidate `identity` in the process
-    /// `instance` (see [`written_by`]).
+    /// Who owns `lease` (whose record is `record`), as seen by the candidate `identity` in the
+    /// process `instance` (see [`written_by`]).
     pub(crate) fn of(lease: &Lease, record: &LeaseRecord, identity: &str, instance: &str) -> Self {
         if !record.is_held_by(identity) {
             Owner::Other(record.holder.clone().unwrap_or_default())
