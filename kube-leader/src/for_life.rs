@@ -61,15 +61,16 @@
 mod api;
 mod campaign;
 mod config;
-mod decide;
+pub(crate) mod decide;
 mod elector;
-mod fencing;
-mod heartbeat;
+pub(crate) mod fencing;
+pub(crate) mod heartbeat;
+pub(crate) mod holder;
 mod keeper;
 mod kubelet;
 mod observe;
 mod own_pod;
-mod record;
+pub(crate) mod record;
 
 pub use config::MIN_LIVENESS;
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};

@@ -76,6 +76,7 @@ use crate::{
     successor::PREFERRED_HOLDER_ANNOTATION,
 };
 
+mod for_life;
 mod tests;
 
 /// A deliberately broken variant of the world, which the checker must refute.

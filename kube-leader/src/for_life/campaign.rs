@@ -12,7 +12,8 @@ use super::{
     api::{cm_op, pod_op},
     config::{ForLifeConfig, INITIAL_BACKOFF},
     decide::{
-        dead_pod_to_delete, decide, defer_to_preferred, Decision, Fate, Inputs, Policy, Proof, Stale, Waiting,
+        dead_pod_to_delete, decide, defer_to_preferred, track_fate, Decision, Fate, Inputs, Policy, Proof,
+        Stale, Waiting,
     },
     record::{LeaderPod, LockRecord, LockState, PodRef, PodView},
 };
@@ -306,30 +307,10 @@ impl<'a> Election<'a> {
     /// one, and the last one while there is no lock. A former Pod of this candidate's own name
     /// is gone (this Pod has its name), and was never watched.
     fn track_fate(&mut self, record: Option<&LockRecord>, now: Instant) {
+        let leader_pod = self.leader_pod.as_ref().map(|p| (p.name.as_str(), &p.state));
+        track_fate(&mut self.fate, record, &self.me, leader_pod, now);
         if let Some(record) = record {
-            let Ok(owner) = record.owner.as_ref() else {
-                self.fate = None;
-                return;
-            };
-            if self.fate.as_ref().is_none_or(|f| &f.owner != owner) {
-                self.fate = Some(Fate::new(owner.clone()));
-            }
-            if let Some(f) = self.fate.as_mut() {
-                f.released = record.released;
-                match (&record.preferred, &f.preferred) {
-                    (Some(p), Some((seen, _))) if p == seen => {}
-                    (Some(p), _) => f.preferred = Some((p.clone(), now)),
-                    (None, _) => f.preferred = None,
-                }
-            }
             self.log_bad_heartbeat(record);
-        }
-        let Some(fate) = self.fate.as_mut() else { return };
-        fate.observe_lock(record, now);
-        if fate.owner.name == self.me.name {
-            fate.observe(&LeaderPod::Absent, now);
-        } else if let Some(p) = self.leader_pod.as_ref().filter(|p| p.name == fate.owner.name) {
-            fate.observe(&p.state, now);
         }
     }
 

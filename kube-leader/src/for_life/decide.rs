@@ -14,7 +14,7 @@ mod fate;
 mod without_lock;
 
 pub(crate) use defer::defer_to_preferred;
-pub(crate) use fate::Fate;
+pub(crate) use fate::{track_fate, Fate};
 pub(crate) use without_lock::dead_pod_to_delete;
 use without_lock::decide_without_lock;
 
@@ -291,7 +291,11 @@ pub(crate) fn decide(i: Inputs<'_>) -> Decision {
         Err(m) => return wait(Waiting::Malformed(m.clone())),
         Ok(owner) => owner,
     };
-    if owner == i.me {
+    // This Pod's own lock, unless a former process of this Pod marked it released: its word
+    // that the term's work stopped, on which a waiting candidate takes the lock over at once
+    // (a process that crashed between its release's mark and deletion, restarted). Such a lock
+    // is taken over like any released one, not continued (issue 43's model checker).
+    if owner == i.me && !lock.released {
         return Decision::Continue;
     }
     let holder = owner.name.clone();

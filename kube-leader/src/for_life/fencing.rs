@@ -130,6 +130,6 @@ fn refused(e: &crate::error::Error) -> Step {
 }
 
 /// The fencing token of a lock just created or found: its `resourceVersion` (etcd's revision).
-pub(super) fn fencing_token_of(lock: &ConfigMap) -> u64 {
+pub(crate) fn fencing_token_of(lock: &ConfigMap) -> u64 {
     lock::fencing_token(lock.metadata.resource_version.as_deref(), 0)
 }

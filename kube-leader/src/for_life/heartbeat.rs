@@ -18,6 +18,7 @@ use tracing::{debug, info};
 
 use super::{
     api::cm_op,
+    holder::{lock_loss, Beats},
     record::{set_heartbeat, with_fencing_token, LockRecord, PodRef},
 };
 use crate::{
@@ -27,28 +28,30 @@ use crate::{
 };
 
 /// The heartbeat's timings, from [`ForLifeConfig`](super::ForLifeConfig).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Liveness {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Liveness {
     /// How long a heartbeat confirms the term, from its send.
-    pub(super) confirm: Duration,
+    pub(crate) confirm: Duration,
     /// What the lock advertises: `confirm` plus the time the work may take to stop after.
-    pub(super) advertised: Duration,
+    pub(crate) advertised: Duration,
 }
 
 // === impl Liveness ===
 
 impl Liveness {
     /// A heartbeat every third of the confirmed window: two may fail before it lapses.
-    pub(super) fn period(&self) -> Duration {
+    pub(crate) fn period(&self) -> Duration {
         self.confirm / 3
     }
 }
 
 /// The lock found to be this Pod's own (a restart), made to say what this process does: with
 /// a heartbeat renewed now, or without any (a former process may have written one this one
-/// will not renew, which would let a candidate take over while this one works). Writes only
-/// if something changes, with the `resourceVersion` as precondition. Returns the lock and, if
-/// written, when the write was sent.
+/// will not renew, which would let a candidate take over while this one works). Always
+/// written, with the `resourceVersion` as precondition, also when nothing changes: a request
+/// of the former process still in flight (its release's mark, conditional on the same
+/// `resourceVersion`) then fails, rather than marking this process's term released under it
+/// (issue 43's model checker). Returns the lock and when the write was sent.
 pub(super) async fn adopt(
     configmaps: &Api<ConfigMap>,
     lock: &LockRef,
@@ -56,12 +59,6 @@ pub(super) async fn adopt(
     liveness: Option<Liveness>,
     timeout: Duration,
 ) -> Result<(ConfigMap, Option<Instant>), Failure> {
-    let has = LockRecord::from_config_map(&cm)
-        .heartbeat
-        .is_ok_and(|h| h.is_some());
-    if liveness.is_none() && !has {
-        return Ok((cm, None));
-    }
     let mut desired = cm;
     set_heartbeat(&mut desired, liveness.map(|l| l.advertised));
     let sent = Instant::now();
@@ -77,14 +74,14 @@ pub(super) struct Beat {
     pub(super) lock: LockRef,
     pub(super) lock_uid: String,
     pub(super) me: PodRef,
-    pub(super) liveness: Liveness,
     pub(super) fencing_token: u64,
     pub(super) api_timeout: Duration,
     /// The lock as last written or read: its `resourceVersion` is the next write's
     /// precondition.
     pub(super) current: ConfigMap,
-    /// When the last heartbeat (or the write that made this term) was sent.
-    pub(super) last_sent: Instant,
+    /// The heartbeat's schedule: its liveness, and when the last one (or the write that made
+    /// this term) was sent.
+    pub(super) beats: Beats,
 }
 
 // === impl Beat ===
@@ -93,7 +90,7 @@ impl Beat {
     /// Renews the heartbeat every [`Liveness::period`] while the term lasts; never returns.
     /// Finds the lock gone or replaced (on a conflict or a 404), ends the term with `handle`.
     pub(super) async fn run(mut self, handle: &KeeperHandle) {
-        let mut next = self.last_sent + self.liveness.period();
+        let mut next = self.beats.first_due();
         loop {
             tokio::time::sleep_until(next).await;
             if handle.is_lost() {
@@ -101,10 +98,7 @@ impl Beat {
             }
             let sent = Instant::now();
             match self.write().await {
-                Ok(()) => {
-                    self.last_sent = sent;
-                    handle.confirm_until(sent + self.liveness.confirm);
-                }
+                Ok(()) => handle.confirm_until(self.beats.written(sent)),
                 Err(Failure::Conflict | Failure::NotFound) => {
                     debug!("the lock changed since the last heartbeat; re-reading it");
                     if self.reread(handle).await {
@@ -115,7 +109,7 @@ impl Beat {
                     debug!(error = ?e, "writing the heartbeat failed; the confirmation lapses unless the next one gets through")
                 }
             }
-            next = (sent + self.liveness.period()).max(Instant::now());
+            next = self.beats.next_due(sent, Instant::now());
         }
     }
 
@@ -123,9 +117,8 @@ impl Beat {
     /// whole anyway).
     async fn write(&mut self) -> Result<(), Failure> {
         let mut desired = with_fencing_token(self.current.clone(), self.fencing_token);
-        set_heartbeat(&mut desired, Some(self.liveness.advertised));
-        // A write that has not returned within the confirmed window confirms nothing more.
-        let timeout = self.api_timeout.min(self.liveness.confirm);
+        set_heartbeat(&mut desired, Some(self.beats.liveness.advertised));
+        let timeout = self.beats.write_timeout(self.api_timeout);
         let params = PostParams::default();
         let replace = self.configmaps.replace(&self.lock.name, &params, &desired);
         self.current = call(cm_op(&self.lock, "update"), timeout, replace).await?;
@@ -158,7 +151,7 @@ impl std::fmt::Debug for Beat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Beat")
             .field("lock", &self.lock)
-            .field("liveness", &self.liveness)
+            .field("liveness", &self.beats.liveness)
             .finish_non_exhaustive()
     }
 }
@@ -166,15 +159,17 @@ impl std::fmt::Debug for Beat {
 /// Ends leadership if the lock (`state`, `None`: gone) is no longer the term's (`lock_uid`,
 /// owned by `me`).
 pub(super) fn check_lock(handle: &KeeperHandle, lock_uid: &str, me: &PodRef, state: Option<ConfigMap>) {
-    let Some(cm) = state else {
-        info!("the lock was deleted; no longer leading");
-        handle.lose(LossReason::LockDeleted);
-        return;
-    };
-    let record = LockRecord::from_config_map(&cm);
-    if record.uid != lock_uid || !record.is_owned_by(me) {
-        let holder = record.holder().map(str::to_string);
-        info!(holder = ?holder, lock_uid = %record.uid, "the lock was replaced; no longer leading");
-        handle.lose(LossReason::LockReplaced { holder });
+    let record = state.as_ref().map(LockRecord::from_config_map);
+    match lock_loss(lock_uid, me, record.as_ref()) {
+        None => {}
+        Some(LossReason::LockDeleted) => {
+            info!("the lock was deleted; no longer leading");
+            handle.lose(LossReason::LockDeleted);
+        }
+        Some(reason) => {
+            let uid = record.map(|r| r.uid).unwrap_or_default();
+            info!(%reason, lock_uid = %uid, "the lock was replaced; no longer leading");
+            handle.lose(reason);
+        }
     }
 }

@@ -16,6 +16,7 @@ use super::{
     api::{cm_op, pod_op, uid_precondition},
     config::INITIAL_BACKOFF,
     heartbeat::{check_lock, Beat},
+    holder::{pod_ending, release_mark, Mark},
     record::{lock_config_map, LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
 };
 use crate::{
@@ -180,23 +181,9 @@ impl Keeper {
     /// Ends leadership if this candidate's own Pod is ending (being deleted, gone, replaced,
     /// terminal, or marked with a `DisruptionTarget` condition): its lock goes next.
     fn check_own_pod(&self, handle: &KeeperHandle, pod: Option<&Pod>) {
-        let why = match pod.map(PodView::from_pod) {
-            None => "was deleted".to_string(),
-            Some(v) if v.uid != self.me.uid => {
-                format!("was replaced by another Pod of that name (UID {})", v.uid)
-            }
-            Some(v) if v.deleting => "is being deleted".to_string(),
-            Some(v) if v.is_terminal() => format!(
-                "is in phase {}{}",
-                v.phase.as_deref().unwrap_or_default(),
-                v.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
-            ),
-            // An eviction, a preemption or a taint's deletion is coming: hand over now, while
-            // this Pod can still release, rather than when it is killed.
-            Some(v) => match v.disruption_target {
-                Some(reason) => format!("is about to be disrupted (DisruptionTarget: {reason})"),
-                None => return,
-            },
+        let view = pod.map(PodView::from_pod);
+        let Some(why) = pod_ending(&self.me, view.as_ref()) else {
+            return;
         };
         info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
         handle.lose(LossReason::PodEnding { why });
@@ -351,12 +338,10 @@ impl Keeper {
                 }
             }
         };
-        let record = LockRecord::from_config_map(&cm);
-        if record.uid != self.lock_uid || !record.is_owned_by(&self.me) {
-            return Ok(false);
-        }
-        if record.released {
-            return Ok(true);
+        match release_mark(&self.lock_uid, &self.me, &LockRecord::from_config_map(&cm)) {
+            Mark::NotMine => return Ok(false),
+            Mark::Marked => return Ok(true),
+            Mark::Write => {}
         }
         let (released, annotations) = (
             Timestamp::now(),

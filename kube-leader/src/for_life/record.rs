@@ -92,7 +92,7 @@ impl fmt::Display for Malformed {
 }
 
 /// What a lock ConfigMap says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct LockRecord {
     pub(crate) uid: String,
     pub(crate) resource_version: Option<String>,
@@ -116,7 +116,7 @@ pub(crate) struct LockRecord {
 }
 
 /// A lock's liveness heartbeat as its leader wrote it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Heartbeat {
     /// [`RENEW_TIME_ANNOTATION`]: only compared with the value seen before.
     pub(crate) renew_time: String,
@@ -265,7 +265,7 @@ pub(crate) fn with_fencing_token(mut cm: ConfigMap, token: u64) -> ConfigMap {
 }
 
 /// What a waiting candidate knows about the Pod that owns the lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum LeaderPod {
     /// Not observed yet (its watch has not synced).
     Unknown,
@@ -276,7 +276,7 @@ pub(crate) enum LeaderPod {
 }
 
 /// The parts of a Pod that decide whether its lock is stale.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PodView {
     pub(crate) uid: String,
     pub(crate) phase: Option<String>,

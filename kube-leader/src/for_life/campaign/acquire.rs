@@ -15,6 +15,7 @@ use crate::{
         api::cm_op,
         fencing::fencing_token_of,
         heartbeat::adopt,
+        holder::restart_token,
         record::{lock_config_map, set_heartbeat, LockRecord},
     },
 };
@@ -76,10 +77,7 @@ impl Election<'_> {
     /// says what this process does ([`adopt`]). `None`: that write failed; decide again.
     pub(super) async fn continue_as_leader(&mut self, lock: ConfigMap) -> Result<Option<Won>> {
         let record = LockRecord::from_config_map(&lock);
-        let (fencing_token, token_stored) = match record.fencing_token {
-            Some(token) => (token, true),
-            None => (fencing_token_of(&lock), false),
-        };
+        let (fencing_token, token_stored) = restart_token(&record);
         let liveness = self.config().heartbeat();
         let timeout = self.config().api_timeout;
         let (lock, heartbeat_sent) = match adopt(&self.configmaps, &self.lock, lock, liveness, timeout).await

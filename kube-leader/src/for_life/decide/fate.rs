@@ -11,7 +11,7 @@ use crate::for_life::record::{LeaderPod, LockRecord, PodRef, DEFAULT_GRACE};
 /// kubelet leaves little proof that a Pod's containers are gone (an eviction writes phase
 /// `Failed` without `containerStatuses` and only then kills them, and a terminal Pod's status is
 /// never synced again; a force-deleted Pod vanishes while its containers run).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Fate {
     /// The leader Pod (from the lock's owner reference).
     pub(crate) owner: PodRef,
@@ -37,7 +37,7 @@ pub(crate) struct Fate {
 }
 
 /// A leader's liveness heartbeat as a waiting candidate saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct SeenHeartbeat {
     /// The lock's UID and renew time last seen; `None` once the lock was seen gone.
     pub(crate) mark: Option<(String, String)>,
@@ -127,5 +127,42 @@ impl Fate {
     pub(crate) fn grace_deadline(&self) -> Option<Instant> {
         let grace = self.grace.unwrap_or(DEFAULT_GRACE).max(KUBELET_MIN_GRACE);
         self.ended_since.map(|t| t + grace + KILL_MARGIN)
+    }
+}
+
+/// Keeps `fate` for the lock's owner (`record`, `None`: no lock), as a waiting candidate `me`
+/// saw it at `now`: a new one for a new owner, none for a lock without one, and the last one
+/// while there is no lock; `leader_pod`: the Pod it watches, by name. A former Pod of this
+/// candidate's own name is gone (this Pod has its name), and was never watched.
+pub(crate) fn track_fate(
+    fate: &mut Option<Fate>,
+    record: Option<&LockRecord>,
+    me: &PodRef,
+    leader_pod: Option<(&str, &LeaderPod)>,
+    now: Instant,
+) {
+    if let Some(record) = record {
+        let Ok(owner) = record.owner.as_ref() else {
+            *fate = None;
+            return;
+        };
+        if fate.as_ref().is_none_or(|f| &f.owner != owner) {
+            *fate = Some(Fate::new(owner.clone()));
+        }
+        if let Some(f) = fate.as_mut() {
+            f.released = record.released;
+            match (&record.preferred, &f.preferred) {
+                (Some(p), Some((seen, _))) if p == seen => {}
+                (Some(p), _) => f.preferred = Some((p.clone(), now)),
+                (None, _) => f.preferred = None,
+            }
+        }
+    }
+    let Some(fate) = fate.as_mut() else { return };
+    fate.observe_lock(record, now);
+    if fate.owner.name == me.name {
+        fate.observe(&LeaderPod::Absent, now);
+    } else if let Some((_, state)) = leader_pod.filter(|(name, _)| *name == fate.owner.name) {
+        fate.observe(state, now);
     }
 }

@@ -159,6 +159,25 @@ fn own_lock_by_uid_continues() {
     );
 }
 
+/// Issue 43's model checker: a process that crashed between its release's mark and deletion,
+/// restarted, found its own lock marked released and continued on it, while a waiting
+/// candidate took the lock over on the mark at once (two worked). The mark is the former
+/// process's word that its work stopped: the lock is taken over like any released one.
+#[test]
+fn own_lock_marked_released_is_taken_over_not_continued() {
+    let mut l = lock(Ok(me()));
+    l.released = true;
+    match run(Some(&l), &LeaderPod::Unknown, SEED) {
+        Decision::DeleteLock {
+            why: Stale::Released { .. },
+            proof: Proof::Released,
+            delete_pod: None,
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn same_name_other_uid_is_not_mine_and_is_stale_once_its_grace_has_passed() {
     let former = PodRef {

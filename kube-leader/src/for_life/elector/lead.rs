@@ -11,6 +11,7 @@ use super::{
         campaign::Won,
         fencing::store_fencing_token,
         heartbeat::Beat,
+        holder::Beats,
         keeper::{Keeper, OwnPodWatch},
         record::PodRef,
     },
@@ -76,7 +77,7 @@ impl ForLife {
             if let Some(b) = &keeper.beat {
                 // The write that made the term carried the heartbeat: confirmed from its send,
                 // before the handle is returned.
-                handle.confirm_until(b.last_sent + b.liveness.confirm);
+                handle.confirm_until(b.beats.confirmed_until());
             }
             if let Some(store) = store {
                 // Beside the keeper, so that taking over costs one write; ends with the term.
@@ -112,11 +113,10 @@ impl ForLife {
             lock: lock.clone(),
             lock_uid: lock_uid.to_owned(),
             me: me.clone(),
-            liveness,
             fencing_token: won.fencing_token,
             api_timeout: self.config.api_timeout,
             current: won.lock.clone(),
-            last_sent: sent,
+            beats: Beats::new(liveness, sent),
         })
     }
 }
