@@ -99,6 +99,11 @@ pub(super) struct Election<'a> {
     /// What this candidate saw of the end of the lock's owner, or (while there is no lock) of
     /// the last owner it saw.
     pub(super) fate: Option<Fate>,
+    /// A dead leader's Pod to delete (by policy) once this candidate's create won. Not before:
+    /// deleting a Pod makes the garbage collector delete every lock it owns, a newer one too
+    /// that this candidate's watch has not shown yet (the dead Pod's process campaigned again
+    /// before its eviction reached it).
+    pub(super) dead_pod: Option<PodRef>,
     pub(super) node: Option<NodeCheck>,
     /// When to re-read the lock (and leader Pod) with GET instead of waiting for the watches:
     /// the fallback after an action, a transient error, or while a watch fails.
@@ -141,6 +146,7 @@ impl<'a> Election<'a> {
             lock_watch_failing: false,
             leader_pod: None,
             fate: None,
+            dead_pod: None,
             node: None,
             retry_at: None,
             last_wait: None,
@@ -202,8 +208,15 @@ impl<'a> Election<'a> {
                 self.last_wait = None;
                 match self.confirm_before_create().await? {
                     Confirmed::Yes => {
-                        dead_pod.into_iter().for_each(|p| self.delete_dead_pod(p));
+                        if dead_pod.is_some() {
+                            self.dead_pod = dead_pod;
+                        }
                         if let Some(won) = self.create().await? {
+                            // Only once the create won: no other lock existed then, so the
+                            // dead Pod's deletion cannot take one with it (see `dead_pod`).
+                            if let Some(pod) = self.dead_pod.take() {
+                                self.delete_dead_pod(pod);
+                            }
                             return Ok(Step::Won(Box::new(won)));
                         }
                     }

@@ -294,7 +294,11 @@ mod tests {
         assert_eq!(c.lease_duration, Duration::from_secs(15));
         assert_eq!(c.renew_deadline, Duration::from_secs(10));
         assert_eq!(c.retry_period, Duration::from_secs(2));
-        assert_eq!(c.keep_warm, Some(Duration::from_secs(60)), "under hyper's 90 s idle timeout");
+        assert_eq!(
+            c.keep_warm,
+            Some(Duration::from_secs(60)),
+            "under hyper's 90 s idle timeout"
+        );
         c.validate().unwrap();
         c.clone().keep_warm(None).validate().unwrap();
         assert_eq!(c.lease_duration_seconds(), 15);

@@ -87,6 +87,10 @@ pub(crate) enum Mutant {
     /// A waiting candidate remembers the successor the last release preferred, and defers to
     /// it on any takeover, a crash failover's included.
     StalePreferred,
+    /// A waiting candidate deletes the last leader's dead Pod with its decision (before its
+    /// create, or with a stale lock's deletion), not once its create won (the order before the
+    /// model found the overlap).
+    DeadPodFirst,
 }
 
 /// The model's settings.
@@ -191,6 +195,8 @@ struct Follower {
     /// The leader Pod watched: its slot, and what its watch shows.
     leader: Option<(usize, crate::for_life::record::LeaderPod)>,
     fate: Option<Fate>,
+    /// The dead leader's Pod to delete once its create won (the campaign's `dead_pod`).
+    dead: Option<Pid>,
     /// [`Mutant::StalePreferred`]: the successor the last release it saw preferred.
     stale_preferred: Option<(String, i64)>,
 }
@@ -257,7 +263,8 @@ struct Work {
 /// What a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Why {
-    Create,
+    /// A create, and the dead Pod to delete once it won.
+    Create(Option<Pid>),
     DeleteStale,
     Adopt,
     Beat,
@@ -490,7 +497,9 @@ impl Model for ForLifeModel {
         }
         let target = match self.s.mutant {
             Mutant::None => return all,
-            Mutant::NoProof | Mutant::RecreatedAtOnce | Mutant::OwnByName => ONE_WORKING,
+            Mutant::NoProof | Mutant::RecreatedAtOnce | Mutant::OwnByName | Mutant::DeadPodFirst => {
+                ONE_WORKING
+            }
             Mutant::TokenPerCandidate => TOKENS_INCREASE,
             Mutant::ForgetsOwnLock => LEADS_AFTER_END,
             Mutant::StalePreferred => CRASH_NOT_DELAYED,

@@ -73,8 +73,9 @@ impl Election<'_> {
         tokio::spawn(task.instrument(tracing::Span::current()));
     }
 
-    /// Deletes a stale lock (UID precondition) and, by policy, the dead leader's Pod (in the
-    /// background). `true`: the lock is gone, so decide again at once.
+    /// Deletes a stale lock (UID precondition); by policy, the dead leader's Pod is deleted once
+    /// this candidate's create won (see [`Election::dead_pod`]). `true`: the lock is gone, so
+    /// decide again at once.
     pub(super) async fn delete_stale(
         &mut self,
         (lock_uid, version): (&str, Option<&str>),
@@ -83,8 +84,8 @@ impl Election<'_> {
         delete_pod: Option<PodRef>,
     ) -> Result<bool> {
         info!(reason = %why, %proof, lock_uid, "the lock is stale; deleting it");
-        if let Some(pod) = delete_pod {
-            self.delete_dead_pod(pod);
+        if delete_pod.is_some() {
+            self.dead_pod = delete_pod;
         }
         let mut params = uid_precondition(lock_uid);
         if let Some(p) = params.preconditions.as_mut() {

@@ -19,7 +19,11 @@ impl ForLifeModel {
         let answer = f.answer.clone().expect("an answer");
         let beat_sent = self.s.liveness.map(|_| f.sent);
         match (f.why, answer) {
-            (Why::Create, Answer::Ok(Some(l))) => {
+            (Why::Create(dead), Answer::Ok(Some(l))) => {
+                // The campaign deletes the last leader's dead Pod once its create won.
+                if let Some(p) = dead {
+                    w.apply(&Req::DeletePod(p));
+                }
                 let token = created_token(&l, &self.s);
                 self.win(w, i, l, token, false, beat_sent);
             }

@@ -321,8 +321,14 @@ impl ForLifeModel {
         let (req, why) = match decision {
             Decision::Create => {
                 if let Some(p) = dead {
-                    w.apply(&Req::DeletePod(pid_of(&p)));
+                    f.dead = Some(pid_of(&p));
                 }
+                if self.s.mutant == Mutant::DeadPodFirst {
+                    if let Some(p) = f.dead.take() {
+                        w.apply(&Req::DeletePod(p));
+                    }
+                }
+                let dead = f.dead;
                 let lock = Lock {
                     uid: 0,
                     rv: 0,
@@ -331,7 +337,7 @@ impl ForLifeModel {
                     preferred: None,
                     beat: self.s.liveness.map(|_| 0),
                 };
-                (Req::Create(lock), Why::Create)
+                (Req::Create(lock), Why::Create(dead))
             }
             Decision::Continue => {
                 let lock = lock.expect("its own lock");
@@ -354,7 +360,12 @@ impl ForLifeModel {
                 ..
             } => {
                 if let Some(p) = delete_pod {
-                    w.apply(&Req::DeletePod(pid_of(&p)));
+                    f.dead = Some(pid_of(&p));
+                }
+                if self.s.mutant == Mutant::DeadPodFirst {
+                    if let Some(p) = f.dead.take() {
+                        w.apply(&Req::DeletePod(p));
+                    }
                 }
                 let uid = lock_uid["lock-".len()..].parse().expect("a lock UID");
                 let rv = matches!(proof, Proof::LivenessLapsed { .. })

@@ -216,24 +216,38 @@ fn a_candidate_that_takes_a_former_pods_lock_for_its_own_lets_two_work() {
     assert!(trace.contains("Recreate"), "{trace}");
 }
 
-/// An open finding (not fixed; see docs/safety.md): a leader that released campaigns again
+/// Found by this model (then an open finding): a leader that released campaigns again
 /// (`rejoin`), its Pod is evicted, and it wins a new term before its own Pod watch shows the
-/// eviction; a waiting candidate that saw the release, and the lock gone, creates it and
-/// deletes the Evicted Pod (the default `DeadLeaderPod::DeleteEvicted`) as its predecessor's
-/// dead Pod; the garbage collector deletes the new term's lock with it, and both work until
-/// the evicted one learns it.
+/// eviction; a waiting candidate that saw the release, and the lock gone, but not yet the new
+/// lock, deleted the Evicted Pod (the default `DeadLeaderPod::DeleteEvicted`) before its create;
+/// the garbage collector deleted the new term's lock with it, the waiting candidate's create
+/// won, and both worked until the evicted one learnt it. The campaign now deletes the dead Pod
+/// only once its create won (no other lock existed then): safe, and the old order
+/// ([`Mutant::DeadPodFirst`]) is refuted with that counterexample.
 #[test]
-fn a_rejoining_leader_whose_evicted_pod_is_deleted_overlaps() {
-    let (model, checker) = run(Settings {
+fn a_rejoining_leader_whose_evicted_pod_is_deleted_keeps_its_term_alone() {
+    let rejoin = || Settings {
         rejoin: true,
         releases: 1,
         evictions: 1,
         horizon: 0,
         ..Settings::small()
+    };
+    let (model, checker) = run(rejoin());
+    for property in [ONE_WORKING, TOKENS_INCREASE] {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property} fails:\n{}", trace(&model, path));
+        }
+    }
+    let (model, checker) = run(Settings {
+        mutant: Mutant::DeadPodFirst,
+        ..rejoin()
     });
-    let path = checker.discovery(ONE_WORKING).expect("the open finding");
+    let path = checker
+        .discovery(ONE_WORKING)
+        .expect("the dead Pod deleted before the create lets two work");
     let trace = trace(&model, path);
-    println!("the open finding:\n{trace}");
+    println!("DeadPodFirst breaks {ONE_WORKING}:\n{trace}");
     assert!(
         trace.contains("Release") && trace.contains("Evict") && trace.contains("Collect"),
         "{trace}"
