@@ -76,6 +76,7 @@ use crate::{
     successor::PREFERRED_HOLDER_ANNOTATION,
 };
 
+mod shards;
 mod tests;
 
 /// A deliberately broken variant of the world, which the checker must refute.
