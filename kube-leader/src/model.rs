@@ -77,6 +77,7 @@ use crate::{
 };
 
 mod for_life;
+mod shards;
 mod tests;
 
 /// A deliberately broken variant of the world, which the checker must refute.

@@ -6,10 +6,10 @@
 //! process renews all its shards from one scheduler over one list/watch; see [`Shards`].
 
 mod assignments;
-mod balance;
+pub(crate) mod balance;
 mod candidate;
 mod config;
-mod engine;
+pub(crate) mod engine;
 mod names;
 mod scheduler;
 

@@ -12,7 +12,7 @@ const THREADS: usize = 2;
 
 /// One model run at a time, on both cores (the test harness runs tests in parallel): each run's
 /// time is then its own.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(super) static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Explores the model of `settings`, alone.
 fn run(settings: Settings) -> impl Checker<LeaseModel> {

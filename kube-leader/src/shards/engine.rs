@@ -53,10 +53,10 @@ mod answers;
 mod counts;
 mod handover;
 mod io;
-mod rebalance;
+pub(crate) mod rebalance;
 mod schedule;
 mod setup;
-mod table;
+pub(crate) mod table;
 mod watching;
 mod writes;
 

@@ -7,10 +7,9 @@ use super::*;
 /// Both cores of the test machine.
 const THREADS: usize = 2;
 
-/// One for-life model run at a time, on both cores (the test harness runs tests in parallel):
-/// each run's time is then its own (as far as the Lease model's runs, under a lock of their
-/// own, leave the cores).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One model run at a time, on both cores, the Lease and shards models' runs included (the
+/// test harness runs tests in parallel): each run's time is then its own.
+use crate::model::tests::ONE_AT_A_TIME;
 
 /// Explores the model of `settings`, alone.
 fn run(settings: Settings) -> (ForLifeModel, impl Checker<ForLifeModel>) {
@@ -114,7 +113,7 @@ fn leader_for_life_is_safe() {
 /// [`safety_runs`] a tick further, and the fair world a tick further.
 #[test]
 #[ignore]
-fn deeper_runs() {
+fn deep_runs() {
     for settings in safety_runs(true) {
         holds(settings, &[]);
     }

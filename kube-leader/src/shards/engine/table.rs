@@ -57,8 +57,8 @@ use crate::{
 };
 
 /// Where a held term of a shard is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum State {
     /// Held; renewed.
     Active,
     /// Lost by handover or shutdown: still renewed until the work stops (`done`), then
@@ -73,7 +73,7 @@ pub(super) enum State {
 
 /// What happens to a term (see the [module](self)'s table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Event {
+pub(crate) enum Event {
     /// Handed over, handed back on shutdown, or given up: the work stops until `until`, then
     /// the term is released if `release`.
     Leave { until: Instant, release: bool },
@@ -96,7 +96,7 @@ pub(super) enum Event {
 
 /// What a row of the table leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Next {
+pub(crate) enum Next {
     /// The term goes on in this state.
     To(State),
     /// The term is over: the shard has no term.
@@ -214,7 +214,7 @@ pub(super) struct Held {
 
 /// The table (see the [module](self)): the next state of a term in `state` (its work stopped
 /// if `done`) on `event`; `None` if the table has no such row.
-pub(super) fn next(state: State, done: bool, event: Event) -> Option<Next> {
+pub(crate) fn next(state: State, done: bool, event: Event) -> Option<Next> {
     use {Event as E, Next::*, State as S};
     Some(match (state, event) {
         (S::Active, E::Leave { until, release }) => To(S::Leaving { until, release }),
@@ -241,7 +241,12 @@ fn next_campaign(now: Campaign, to: Campaign) -> Option<Campaign> {
 
 /// When the orphan of a term (lost at `lost_at` while its work goes on) stops guarding the shard
 /// (see [`Held::orphaned_from`]); `None`: it is no such term.
-fn orphaned_from(state: State, done: bool, lost_at: Option<Instant>, grace: Duration) -> Option<Instant> {
+pub(crate) fn orphaned_from(
+    state: State,
+    done: bool,
+    lost_at: Option<Instant>,
+    grace: Duration,
+) -> Option<Instant> {
     if state != State::Gone || done {
         return None;
     }
