@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use super::heartbeat::Liveness;
+use super::holder::Liveness;
 use crate::{
     discovery,
     election::Election,

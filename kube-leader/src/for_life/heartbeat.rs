@@ -18,7 +18,7 @@ use tracing::{debug, info};
 
 use super::{
     api::cm_op,
-    holder::{lock_loss, Beats},
+    holder::{lock_loss, Beats, Liveness},
     record::{set_heartbeat, with_fencing_token, LockRecord, PodRef},
 };
 use crate::{
@@ -26,24 +26,6 @@ use crate::{
     leadership::{KeeperHandle, LossReason},
     lock::LockRef,
 };
-
-/// The heartbeat's timings, from [`ForLifeConfig`](super::ForLifeConfig).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Liveness {
-    /// How long a heartbeat confirms the term, from its send.
-    pub(crate) confirm: Duration,
-    /// What the lock advertises: `confirm` plus the time the work may take to stop after.
-    pub(crate) advertised: Duration,
-}
-
-// === impl Liveness ===
-
-impl Liveness {
-    /// A heartbeat every third of the confirmed window: two may fail before it lapses.
-    pub(crate) fn period(&self) -> Duration {
-        self.confirm / 3
-    }
-}
 
 /// The lock found to be this Pod's own (a restart), made to say what this process does: with
 /// a heartbeat renewed now, or without any (a former process may have written one this one

@@ -4,13 +4,30 @@
 //! ([`super::heartbeat`]), the campaign's restart ([`super::campaign`]) and the model checker
 //! call these, so that the model drives the shipped decisions.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use super::{
-    heartbeat::Liveness,
-    record::{LockRecord, PodRef, PodView},
-};
+use super::record::{LockRecord, PodRef, PodView};
 use crate::{leadership::LossReason, lock};
+
+/// The heartbeat's timings, from [`ForLifeConfig`](super::ForLifeConfig).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Liveness {
+    /// How long a heartbeat confirms the term, from its send.
+    pub(crate) confirm: Duration,
+    /// What the lock advertises: `confirm` plus the time the work may take to stop after.
+    pub(crate) advertised: Duration,
+}
+
+// === impl Liveness ===
+
+impl Liveness {
+    /// A heartbeat every third of the confirmed window: two may fail before it lapses.
+    pub(crate) fn period(&self) -> Duration {
+        self.confirm / 3
+    }
+}
 
 /// Why the term is over, from the lock as seen (`None`: gone): deleted, or no longer the
 /// term's (another UID, or not owned by `me`). `None` while it is still the term's.
