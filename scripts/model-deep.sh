@@ -64,7 +64,7 @@ for run in "${runs[@]}"; do
       failed=1
       ;;
   esac
-  lines=$(grep -E '^model ' <<<"$log" || true)
+  lines=$(grep -E '^(for-life |shards )?model ' <<<"$log" || true)
   echo "$lines" >&2
   echo "    $verdict" >&2
   {

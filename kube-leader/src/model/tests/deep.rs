@@ -5,23 +5,9 @@
 
 use super::*;
 
-/// Every fault family at once, one of each, to horizon 3 (to 4 it needs more than 12 GB).
-#[test]
-#[ignore = "deep: scripts/model-deep.sh"]
-fn deep_every_fault_at_once() {
-    holds(
-        Settings {
-            horizon: 3,
-            losses: 1,
-            crashes: 1,
-            relists: 1,
-            releases: 1,
-            deletes: 1,
-            ..Settings::small()
-        },
-        &[],
-    );
-}
+// Every fault family at once (a loss, a crash, a re-list, a release and a deletion) does not
+// fit: to tick 3 it needs more than 12 GB (scripts/model-deep.sh, 2026-12-06). The runs below
+// take them two or three at a time.
 
 /// No fault but late answers, late events and pauses, to horizon 7 (the test command's: 6).
 #[test]
