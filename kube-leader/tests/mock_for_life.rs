@@ -235,7 +235,10 @@ async fn a_lock_deleted_under_its_leader_is_taken_once_the_leader_says_it_stoppe
     assert!(b.fencing_token() > a_token);
 }
 
-/// A restarted leader (the same Pod, by UID) continues on its own lock without writing it.
+/// A restarted leader (the same Pod, by UID) continues on its own lock, the same term: it
+/// writes the lock once, with its resourceVersion as precondition, so that a request of the
+/// former process still in flight (its release's mark) fails rather than marking the restarted
+/// term released (found by the for-life model; docs/safety.md).
 #[tokio::test(start_paused = true)]
 async fn a_restarted_leader_continues_on_its_own_lock() {
     let mock = Mock::default();
@@ -248,6 +251,10 @@ async fn a_restarted_leader_continues_on_its_own_lock() {
     let writes_before = mock.0.lock().unwrap().revision;
     let again = candidate(&mock, "a").become_leader(&shutdown).await.unwrap();
     assert_eq!(again.fencing_token(), token, "the same term goes on");
-    assert_eq!(mock.0.lock().unwrap().revision, writes_before, "nothing written");
+    assert_eq!(
+        mock.0.lock().unwrap().revision,
+        writes_before + 1,
+        "one write: the lock adopted with its resourceVersion as precondition"
+    );
     assert_eq!(mock.lock_owner().as_deref(), Some("a"));
 }
