@@ -18,7 +18,7 @@ use crate::{
         balance::{plan, quota},
         engine::{
             rebalance::{availability, live_members, shard_decision, tally, Free, Known},
-            table::{next, orphaned_from, Event, Next, State},
+            table::{advance, orphaned_from, Event, Next, State},
         },
     },
 };
@@ -39,17 +39,9 @@ impl ShardsModel {
         if event == Event::Finish && busy {
             return false;
         }
-        match next(t.state, t.done, event) {
+        match advance(&mut t.state, &mut t.done, &mut t.lost_at, event, now) {
             None => return false,
-            Some(Next::To(state)) => {
-                if event == Event::Done {
-                    t.done = true;
-                }
-                if state == State::Gone && matches!(event, Event::Lost | Event::GraceOver) {
-                    t.lost_at = Some(now);
-                }
-                t.state = state;
-            }
+            Some(Next::To(_)) => {}
             Some(Next::Over) => slot.term = None,
         }
         true

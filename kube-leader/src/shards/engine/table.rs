@@ -94,6 +94,30 @@ pub(crate) enum Event {
     Finish,
 }
 
+/// One row of the table applied to a term's state: its [`State`], whether its work stopped
+/// (`done`), and when it was lost (`lost_at`, set when a loss or the grace's end makes it
+/// [`State::Gone`]). `None`: the table has no such row, nothing changed; `Some(Next::Over)`: the
+/// term is over, for the caller to end. [`Engine::apply`] and the model checker call it.
+pub(crate) fn advance<T>(
+    state: &mut State,
+    done: &mut bool,
+    lost_at: &mut Option<T>,
+    event: Event,
+    now: T,
+) -> Option<Next> {
+    let to = next(*state, *done, event)?;
+    if let Next::To(to) = to {
+        if event == Event::Done {
+            *done = true;
+        }
+        if to == State::Gone && matches!(event, Event::Lost | Event::GraceOver) {
+            *lost_at = Some(now);
+        }
+        *state = to;
+    }
+    Some(to)
+}
+
 /// What a row of the table leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -316,8 +340,8 @@ impl Engine {
         });
     }
 
-    /// Applies `event` at `now` to the term of shard `index`, by the table; `false` (nothing
-    /// changed) if there is no term or the table has no such row.
+    /// Applies `event` at `now` to the term of shard `index`, by the table ([`advance`]); `false`
+    /// (nothing changed) if there is no term or the table has no such row.
     pub(super) fn apply(&mut self, index: u32, event: Event, now: Instant) -> bool {
         let busy = self.io.busy(Key::Shard(index));
         let slot = &mut self.slots[index as usize];
@@ -328,17 +352,9 @@ impl Engine {
             // A call on the shard is in flight: the term ends when it returns.
             return false;
         }
-        match next(t.state, t.done, event) {
+        match advance(&mut t.state, &mut t.done, &mut t.lost_at, event, now) {
             None => return false,
-            Some(Next::To(state)) => {
-                if event == Event::Done {
-                    t.done = true;
-                }
-                if state == State::Gone && matches!(event, Event::Lost | Event::GraceOver) {
-                    t.lost_at = Some(now);
-                }
-                t.state = state;
-            }
+            Some(Next::To(_)) => {}
             Some(Next::Over) => {
                 if let Some(tx) = t.released.take() {
                     let _ = tx.send(());
