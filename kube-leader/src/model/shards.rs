@@ -107,6 +107,10 @@ pub(crate) struct Settings {
     pub(crate) prompt: bool,
     /// In a fair world, the tick (after the start) from which on nothing fails, joins or leaves.
     pub(crate) calm_from: i64,
+    /// The start itself is explored: the horizon counts from tick 0, where every replica has
+    /// just sent its first acquisition, and every fault may come during the race (else the
+    /// start is played out once in a fair world, clocks alike, until every shard is held).
+    pub(crate) explore_start: bool,
     /// The broken variant, if any.
     pub(crate) mutant: Mutant,
 }
@@ -133,6 +137,7 @@ impl Settings {
             stalls: 0,
             prompt: false,
             calm_from: 0,
+            explore_start: false,
             mutant: Mutant::None,
         }
     }

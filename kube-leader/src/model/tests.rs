@@ -6,6 +6,7 @@
 use super::*;
 
 mod deep;
+mod ratio;
 
 /// Both cores of the test machine.
 const THREADS: usize = 2;

@@ -174,7 +174,10 @@ impl Model for ShardsModel {
                 for i in 0..self.s.replicas {
                     self.turn(&mut w, i);
                 }
-                let mut w = self.settled_start(w);
+                let mut w = match self.s.explore_start {
+                    true => w,
+                    false => self.settled_start(w),
+                };
                 w.end = w.real + self.s.horizon;
                 w.calm = w.real + self.s.calm_from;
                 w

@@ -82,3 +82,40 @@ fn deep_fair_successors_three_candidates() {
         &[LEADS_AFTER_STOP, CRASH_NOT_DELAYED],
     );
 }
+
+/// The defaults' ratio with a tick of drift: lease 6, renew deadline 4, retry 1 (the defaults
+/// 15 s / 10 s / 2 s scaled by 0.4, the retry rounded up to a tick; the margin `lease − renew
+/// deadline`, 2 ticks, covers twice the drift, as in [`Settings::small`]), the holder's Lease
+/// deleted under it, to horizon 7 (the other candidate's wait, a lease from its last
+/// observation, ends by tick 7).
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_default_ratio_with_drift_and_a_deletion() {
+    holds(
+        Settings {
+            lease: 6,
+            renew_deadline: 4,
+            deletes: 1,
+            horizon: 7,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
+
+/// The same ratio with a crash and a lost request, to horizon 7.
+#[test]
+#[ignore = "deep: scripts/model-deep.sh"]
+fn deep_default_ratio_with_drift_a_crash_and_a_lost_request() {
+    holds(
+        Settings {
+            lease: 6,
+            renew_deadline: 4,
+            crashes: 1,
+            losses: 1,
+            horizon: 7,
+            ..Settings::small()
+        },
+        &[],
+    );
+}
