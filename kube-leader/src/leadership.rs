@@ -154,7 +154,7 @@ pub struct LeaderInfo {
 impl LeaderInfo {
     /// A lock of `strategy` that nobody holds; set the other fields that are known.
     #[must_use]
-    pub fn new(strategy: Strategy, lock: LockRef) -> Self {
+    pub(crate) fn new(strategy: Strategy, lock: LockRef) -> Self {
         Self {
             strategy,
             lock,
@@ -354,29 +354,9 @@ impl Leadership {
         self.reason.clone()
     }
 
-    /// This candidate's identity.
-    pub fn identity(&self) -> &str {
-        &self.term.identity
-    }
-
-    /// The lock held.
-    pub fn lock(&self) -> &LockRef {
-        &self.term.lock
-    }
-
-    /// The strategy that elected this leader.
-    pub fn strategy(&self) -> Strategy {
-        self.term.strategy
-    }
-
-    /// Everything about this term at once.
+    /// Returns this term: who leads which lock, since when, with which fencing token.
     pub fn term(&self) -> &Term {
         &self.term
-    }
-
-    /// When this candidate became leader.
-    pub fn acquired_at(&self) -> SystemTime {
-        self.term.acquired_at
     }
 
     /// The fencing token of this term: greater for every later leader of the same lock.
@@ -404,10 +384,16 @@ impl Leadership {
         self.term.fencing_token
     }
 
-    /// `client` with every request carrying this term's fencing token, impersonating `user`
-    /// (the writer's own user: `system:serviceaccount:<namespace>:<name>` for a ServiceAccount),
-    /// so that `kube-leader fence` refuses its writes to fenced objects once a later leader
-    /// wrote, or the lock moved on. One line for an operator:
+    /// Returns `client` with this term's fencing token on every request, so that the
+    /// `kube-leader fence` webhook refuses its writes once a later leader wrote or the lock
+    /// moved on.
+    ///
+    /// `user` is the writer's own user: `system:serviceaccount:<namespace>:<name>` for a
+    /// ServiceAccount. Each request impersonates `user` with the token as a user extra
+    /// (`kube-leader.io/fencing-token`). Objects it creates or replaces, and the merge,
+    /// strategic-merge and apply patches it sends, carry the token in the annotation
+    /// `kube-leader.io/fenced-token`. It works on any client, for example one from
+    /// `kube_leader::client::http2` or with layers of your own.
     ///
     /// ```no_run
     /// # async fn doc(leadership: kube_leader::Leadership, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -416,13 +402,12 @@ impl Leadership {
     /// # }
     /// ```
     ///
-    /// The objects it creates or replaces, and the merge, strategic-merge and apply patches it
-    /// sends, are stamped with the token too (`kube-leader.io/fenced-token`,
-    /// [`fence::stamp_body`](crate::fence::stamp_body)), as the fence's mutating half would.
-    ///
-    /// The writer needs `impersonate` on itself and on the token's user extra (see
-    /// [`fence`](crate::fence); `kube-leader rbac --fence` prints it). A write refused by the
-    /// fence fails with a 403 whose message names the lock, the tokens and the holder.
+    /// The writer needs `impersonate` on its own user (for a ServiceAccount: `serviceaccounts`
+    /// with its name, in its namespace) and on `authentication.k8s.io`
+    /// `userextras/kube-leader.io/fencing-token` (a ClusterRole). `kube-leader rbac --fence`
+    /// prints both. Impersonation replaces the caller's groups, so grant the writer's
+    /// permissions to its user or ServiceAccount, not to a group. A write refused by the fence
+    /// fails with a 403 that names the lock, the tokens and the holder. See docs/fence.md.
     ///
     /// # Errors
     ///
@@ -438,7 +423,7 @@ impl Leadership {
 
     /// Whether no election took place: leader for life outside a cluster
     /// ([`OutsideCluster::Skip`](crate::OutsideCluster::Skip)), or the election
-    /// [disabled](crate::Election::Disabled). The fencing token is then absent (0).
+    /// [turned off](crate::LeaseConfig::election). The fencing token is then absent (0).
     pub fn is_skipped(&self) -> bool {
         self.skipped
     }
@@ -477,7 +462,7 @@ impl Leadership {
     /// - A skipped election: `None`.
     ///
     /// [`confirmations`](Self::confirmations) follows it as it moves.
-    pub fn confirmed_until(&self) -> Option<Instant> {
+    pub(crate) fn confirmed_until(&self) -> Option<Instant> {
         *self.confirmed.borrow()
     }
 

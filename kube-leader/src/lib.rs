@@ -72,7 +72,7 @@ mod election;
 mod elector;
 mod error;
 mod events;
-pub mod fence;
+mod fence;
 mod for_life;
 #[doc(hidden)]
 pub mod internal;
@@ -110,12 +110,11 @@ pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
     }
 }
 
-pub use election::Election;
 pub use elector::Elector;
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
-pub use lease::{Coordinated, LeaseConfig, LeaseElector, Recampaign, Unhealthy};
+pub use lease::{Coordinated, LeaseConfig, LeaseElector};
 pub use lock::LockRef;
 pub use shards::{Assignments, Shard, ShardSet, Shards, ShardsConfig};
 pub use successor::{CandidatePod, Successor};

@@ -2,6 +2,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use kube_leader::Strategy;
+
 /// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s` (at most 365 days).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -39,6 +41,24 @@ pub(crate) fn parse_liveness(s: &str) -> Result<LivenessArg, String> {
         "off" | "0" => Ok(LivenessArg(None)),
         s => parse_duration(s).map(|d| LivenessArg((!d.is_zero()).then_some(d))),
     }
+}
+
+/// `--strategy`: `for-life` or `lease`, each with its help.
+pub(super) fn parse_strategy() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("for-life")
+            .help("Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk `leader.Become`)"),
+        PossibleValue::new("lease")
+            .help("A `coordination.k8s.io/v1` Lease renewed by the leader (client-go `leaderelection`)"),
+    ])
+    .map(|s| {
+        if s == "lease" {
+            Strategy::Lease
+        } else {
+            Strategy::ForLife
+        }
+    })
 }
 
 /// The longest duration any flag accepts.

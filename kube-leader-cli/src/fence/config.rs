@@ -82,7 +82,17 @@ pub(crate) struct LockSpec {
     /// Its name.
     pub(crate) name: String,
     /// Its strategy (`lease`, `for-life`).
+    #[serde(deserialize_with = "strategy")]
     pub(crate) strategy: Strategy,
+}
+
+/// A strategy by its name: `lease` or `for-life`.
+fn strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Strategy, D::Error> {
+    match String::deserialize(d)?.as_str() {
+        "lease" => Ok(Strategy::Lease),
+        "for-life" => Ok(Strategy::ForLife),
+        other => Err(serde::de::Error::unknown_variant(other, &["for-life", "lease"])),
+    }
 }
 
 /// A shard set: the object's shard is `<set>-<value of label>`, a Lease.

@@ -5,7 +5,6 @@ use std::{path::PathBuf, time::Duration};
 use super::holder::Liveness;
 use crate::{
     discovery,
-    election::Election,
     error::{invalid, Result},
     setters::setters,
     successor::Successor,
@@ -152,9 +151,9 @@ pub struct ForLifeConfig {
     /// release mark; the preferred one takes over at once. Crash failover (the lock deleted with
     /// its Pod, a stale lock) never waits for it. Default 2 s.
     pub successor_wait: Duration,
-    /// Whether to campaign at all. Default [`Election::Enabled`]; [`Election::Disabled`]
-    /// leads at once without a lock, in or outside a cluster (local runs; see [`Election`]).
-    pub election: Election,
+    /// Whether to campaign for the lock (default `true`). `false` leads at once, without a
+    /// lock, in or outside a cluster: see [`LeaseConfig::election`](crate::LeaseConfig::election).
+    pub election: bool,
 }
 
 impl Default for ForLifeConfig {
@@ -170,7 +169,7 @@ impl Default for ForLifeConfig {
             liveness_grace: Duration::ZERO,
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
-            election: Election::Enabled,
+            election: true,
         }
     }
 }
@@ -187,13 +186,13 @@ setters!(ForLifeConfig {
     liveness_grace: Duration => liveness_grace,
     successor: Successor => successor,
     successor_wait: Duration => successor_wait,
-    election: Election => election,
+    election: bool => election,
 });
 
 impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
     /// and takeover grace, and no duration beyond i64 nanoseconds (about 292 years).
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |field, m: String| Err(invalid(field, m));
         if self.backoff_cap < INITIAL_BACKOFF {
             return bad(

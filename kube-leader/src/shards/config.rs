@@ -80,7 +80,7 @@ setters!(ShardsConfig {
 impl ShardsConfig {
     /// Checks the Lease timings with client-go's rules ([`LeaseConfig::validate`]) and the
     /// shard settings.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         self.lease.validate()?;
         if self.lease.coordinated.is_some() {
             return Err(invalid(
