@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use kube_leader::{
     internal::{leader, StrategyExt as _},
-    LeaderInfo, LockRef, Strategy,
+    LeaderInfo, LockRef,
 };
 use serde::Serialize;
 
@@ -45,11 +45,9 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
     .await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let info = match args.lock.strategy {
-        Strategy::Lease => leader::lease_current(client, &lock).await,
-        _ => leader::for_life_current(client, &lock).await,
-    }
-    .map_err(|e| Fail::new(exit::for_error(&e), e))?;
+    let info = leader::current(client, args.lock.strategy, &lock)
+        .await
+        .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());
     match args.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&out).or_exit(exit::INTERNAL)?),

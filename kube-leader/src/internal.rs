@@ -59,10 +59,23 @@ impl LeaseConfigExt for LeaseConfig {
     }
 }
 
+/// Every strategy, as the sidecar lists them (`--strategy`, the fence's config).
+pub const STRATEGIES: [Strategy; 2] = [Strategy::ForLife, Strategy::Lease];
+
+/// The names of [`STRATEGIES`], in order.
+pub const STRATEGY_NAMES: [&str; 2] = ["for-life", "lease"];
+
+/// The strategy named `name` (`for-life`, `lease`).
+pub fn strategy_named(name: &str) -> Option<Strategy> {
+    STRATEGIES.into_iter().find(|s| s.as_str() == name)
+}
+
 /// What the sidecar asks of a strategy instead of naming one.
 pub trait StrategyExt {
     /// Its name in flags and files: `for-life` or `lease`.
     fn as_str(self) -> &'static str;
+    /// One line about it, for `--help`.
+    fn help(self) -> &'static str;
     /// Whether the lock expires by itself when its leader goes silent (a Lease).
     fn expires(self) -> bool;
     /// Whether a leader keeps its lock when its work ends by itself (leader for life).
@@ -74,6 +87,16 @@ pub trait StrategyExt {
 impl StrategyExt for Strategy {
     fn as_str(self) -> &'static str {
         Strategy::as_str(self)
+    }
+    fn help(self) -> &'static str {
+        match self {
+            Strategy::ForLife => {
+                "Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk `leader.Become`)"
+            }
+            Strategy::Lease => {
+                "A `coordination.k8s.io/v1` Lease renewed by the leader (client-go `leaderelection`)"
+            }
+        }
     }
     fn expires(self) -> bool {
         Strategy::expires(self)
@@ -258,6 +281,22 @@ impl ElectorExt for Elector {
 pub mod leader {
     pub use crate::for_life::{current_leader as for_life_current, watch_leader as for_life_watch};
     pub use crate::lease::{current_leader as lease_current, watch_leader as lease_watch};
+    use crate::{LeaderInfo, LockRef, Result, Strategy};
+
+    /// Reads the current leader of a lock of `strategy` once (`None`: no lock).
+    ///
+    /// # Errors
+    /// The API's, named.
+    pub async fn current(
+        client: kube::Client,
+        strategy: Strategy,
+        lock: &LockRef,
+    ) -> Result<Option<LeaderInfo>> {
+        match strategy {
+            Strategy::ForLife => for_life_current(client, lock).await,
+            Strategy::Lease => lease_current(client, lock).await,
+        }
+    }
 }
 
 /// Where a candidate runs: its namespace and identity from the environment.
@@ -315,3 +354,15 @@ pub mod client {
 #[cfg(any(test, feature = "trace-check"))]
 #[path = "model/trace.rs"]
 pub mod trace;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_strategy_has_its_name() {
+        assert_eq!(STRATEGIES.map(StrategyExt::as_str), STRATEGY_NAMES);
+        assert_eq!(STRATEGY_NAMES.map(strategy_named), STRATEGIES.map(Some));
+        assert_eq!(strategy_named("leases"), None);
+    }
+}

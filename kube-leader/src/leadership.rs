@@ -126,8 +126,7 @@ pub struct Term {
 
 /// What is known about the current leader of a lock, by anybody who can read it.
 ///
-/// Build one with [`LeaderInfo::new`] and set the fields that are known: the struct may gain
-/// fields in a minor release.
+/// Built by the electors only; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaderInfo {
@@ -178,7 +177,7 @@ pub(crate) struct KeeperHandle {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
     release_requested: Arc<AtomicBool>,
-    /// Until when the term is confirmed (see [`Leadership::confirmed_until`]).
+    /// Until when the term is confirmed (see [`Leadership::confirmations`]).
     confirmed: watch::Sender<Option<Instant>>,
     /// `false` for a skipped election, which has no task and never ends.
     armed: bool,
@@ -444,30 +443,27 @@ impl Leadership {
         self.reason.borrow().clone()
     }
 
-    /// Until when this term is confirmed, on this process's monotonic clock: the renew deadline
-    /// counted from when the last successful write of the term (the acquiring write, then each
-    /// renewal) was *sent* — client-go's fail-stop rule, so time spent waiting for an answer is
-    /// not given again.
-    ///
-    /// - Lease and shards: `Some` once the term's first write succeeded; work that must not
-    ///   outlive leadership stops by this instant even if the loss is not reported yet (a hung
-    ///   renewal is reported only when its deadline passes).
-    /// - Leader for life with a [liveness heartbeat](crate::ForLifeConfig::liveness): `Some`
-    ///   from the lock's create (or, after a restart, the first heartbeat): the liveness counted
-    ///   from the send of the last successful heartbeat. It lapses while heartbeats cannot be
-    ///   written, without a loss (the term goes on; a successor may take over only once the Pod
-    ///   has ended), and moves on with the next one that gets through.
-    /// - Leader for life without one: `None`: the lock has no expiry, and the term lasts until
-    ///   its loss is reported ([`lost`](Self::lost)).
-    /// - A skipped election: `None`.
-    ///
-    /// [`confirmations`](Self::confirmations) follows it as it moves.
+    /// Until when this term is confirmed (see [`confirmations`](Self::confirmations)).
     pub(crate) fn confirmed_until(&self) -> Option<Instant> {
         *self.confirmed.borrow()
     }
 
-    /// A watch of [`confirmed_until`](Self::confirmed_until): changes with every successful
-    /// renewal. The sender goes away with the term's keeper.
+    /// Watches until when this term is confirmed, on this process's monotonic clock.
+    ///
+    /// The instant is the renew deadline counted from when the term's last successful write
+    /// was *sent* (the acquiring write, then each renewal): client-go's fail-stop rule. Work
+    /// that must not outlive leadership stops by this instant, even if the loss is not
+    /// reported yet (a hung renewal is reported only when its deadline passes).
+    ///
+    /// - Lease and shards: `Some` once the term's first write succeeded.
+    /// - Leader for life with a [liveness heartbeat](crate::ForLifeConfig::liveness): `Some`
+    ///   from the lock's create (after a restart, from the first heartbeat), counted with the
+    ///   liveness. It lapses while heartbeats fail, without a loss, and moves on with the next
+    ///   heartbeat that gets through.
+    /// - Leader for life without one, and a skipped election: `None`. The term lasts until its
+    ///   loss is reported ([`lost`](Self::lost)).
+    ///
+    /// The value changes with every successful renewal. The sender goes away with the term.
     pub fn confirmations(&self) -> watch::Receiver<Option<Instant>> {
         self.confirmed.clone()
     }

@@ -43,22 +43,12 @@ pub(crate) fn parse_liveness(s: &str) -> Result<LivenessArg, String> {
     }
 }
 
-/// `--strategy`: `for-life` or `lease`, each with its help.
+/// `--strategy`: the library's strategies by name, each with its help.
 pub(super) fn parse_strategy() -> impl clap::builder::TypedValueParser<Value = Strategy> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
-    PossibleValuesParser::new([
-        PossibleValue::new("for-life")
-            .help("Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk `leader.Become`)"),
-        PossibleValue::new("lease")
-            .help("A `coordination.k8s.io/v1` Lease renewed by the leader (client-go `leaderelection`)"),
-    ])
-    .map(|s| {
-        if s == "lease" {
-            Strategy::Lease
-        } else {
-            Strategy::ForLife
-        }
-    })
+    use kube_leader::internal::{strategy_named, StrategyExt as _, STRATEGIES};
+    PossibleValuesParser::new(STRATEGIES.map(|s| PossibleValue::new(s.as_str()).help(s.help())))
+        .try_map(|name| strategy_named(&name).ok_or("no such strategy"))
 }
 
 /// The longest duration any flag accepts.

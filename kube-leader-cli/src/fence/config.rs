@@ -86,13 +86,11 @@ pub(crate) struct LockSpec {
     pub(crate) strategy: Strategy,
 }
 
-/// A strategy by its name: `lease` or `for-life`.
+/// A strategy by its name (`lease`, `for-life`).
 fn strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Strategy, D::Error> {
-    match String::deserialize(d)?.as_str() {
-        "lease" => Ok(Strategy::Lease),
-        "for-life" => Ok(Strategy::ForLife),
-        other => Err(serde::de::Error::unknown_variant(other, &["for-life", "lease"])),
-    }
+    use kube_leader::internal::{strategy_named, STRATEGY_NAMES};
+    let name = String::deserialize(d)?;
+    strategy_named(&name).ok_or_else(|| serde::de::Error::unknown_variant(&name, &STRATEGY_NAMES))
 }
 
 /// A shard set: the object's shard is `<set>-<value of label>`, a Lease.

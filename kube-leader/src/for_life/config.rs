@@ -121,7 +121,7 @@ pub struct ForLifeConfig {
     /// The liveness heartbeat, opt-in. `Some(liveness)`: the leader writes the lock's
     /// [`RENEW_TIME_ANNOTATION`](crate::lock::RENEW_TIME_ANNOTATION) every third of
     /// `liveness` (the first with the lock's create), and
-    /// [`Leadership::confirmed_until`](crate::Leadership::confirmed_until) is the send of the
+    /// [`Leadership::confirmations`](crate::Leadership::confirmations) is the send of the
     /// last successful write plus `liveness`: **work gated on the term must stop by then** (as
     /// with a Lease's renew deadline). A heartbeat that cannot be written does not end the term
     /// (a partition of a live Pod hands nothing over): the confirmation lapses, and moves on
@@ -138,9 +138,9 @@ pub struct ForLifeConfig {
     /// cost). At least 1 s.
     pub liveness: Option<Duration>,
     /// With [`liveness`](Self::liveness): how long the work may still run after
-    /// [`confirmed_until`](crate::Leadership::confirmed_until) has passed (the sidecar's
+    /// the [confirmation](crate::Leadership::confirmations) has passed (the sidecar's
     /// SIGTERM → SIGKILL grace). Advertised in the lock with the liveness, so that successors
-    /// wait for it too. Default zero: the work stops by `confirmed_until`.
+    /// wait for it too. Default zero: the work stops when the confirmation lapses.
     pub liveness_grace: Duration,
     /// Which candidate a leader that steps down ([`Leadership::release`](crate::Leadership::release),
     /// after its Pod began to terminate) hands over to. Default [`Successor::Youngest`]: the

@@ -29,7 +29,7 @@ fn jittered_retry_period(retry_period: Duration) -> Duration {
 /// client-go's rule for a renewing loop: the renew deadline must exceed
 /// [`JITTER_FACTOR`] × the retry period (computed as client-go does, in nanoseconds), so that a
 /// renewal can be retried at least once before the deadline. Part of
-/// [`LeaseConfig::validate`]; the `kube-leader` sidecar applies it to its supervisor's
+/// `LeaseConfig::validate`; the `kube-leader` sidecar applies it to its supervisor's
 /// heartbeats under both strategies.
 pub fn check_renew_deadline(renew_deadline: Duration, retry_period: Duration) -> Result<()> {
     let retry_period = retry_period.min(MAX_DURATION);

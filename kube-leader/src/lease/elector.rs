@@ -52,10 +52,9 @@ pub struct Unhealthy {
 /// # Ok(()) }
 /// ```
 ///
-/// A clone is the same candidate: it shares [`observe`](Self::observe),
-/// [`renewals`](Self::renewals) and the instance id with the original (clone it to campaign in
-/// a task and observe from another). Changing a setting (any builder method) makes a new
-/// candidate with state of its own, so `a.clone().identity("b")` shares nothing with `a`.
+/// A clone is the same candidate: it shares [`observe`](Self::observe) and its state with the
+/// original. Clone it to campaign in one task and observe from another. A setter makes a new
+/// candidate with state of its own: `a.clone().identity("b")` shares nothing with `a`.
 ///
 /// # Permissions
 ///
