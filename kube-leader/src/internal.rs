@@ -73,7 +73,7 @@ pub fn strategy_named(name: &str) -> Option<Strategy> {
 /// What the sidecar asks of a strategy instead of naming one.
 pub trait StrategyExt {
     /// Its name in flags and files: `for-life` or `lease`.
-    fn as_str(self) -> &'static str;
+    fn as_str(&self) -> &'static str;
     /// One line about it, for `--help`.
     fn help(self) -> &'static str;
     /// Whether the lock expires by itself when its leader goes silent (a Lease).
@@ -85,8 +85,8 @@ pub trait StrategyExt {
 }
 
 impl StrategyExt for Strategy {
-    fn as_str(self) -> &'static str {
-        Strategy::as_str(self)
+    fn as_str(&self) -> &'static str {
+        Strategy::as_str(*self)
     }
     fn help(self) -> &'static str {
         match self {
@@ -361,7 +361,7 @@ mod tests {
 
     #[test]
     fn every_strategy_has_its_name() {
-        assert_eq!(STRATEGIES.map(StrategyExt::as_str), STRATEGY_NAMES);
+        assert_eq!(STRATEGIES.map(|s| StrategyExt::as_str(&s)), STRATEGY_NAMES);
         assert_eq!(STRATEGY_NAMES.map(strategy_named), STRATEGIES.map(Some));
         assert_eq!(strategy_named("leases"), None);
     }
