@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     info!(
-        identity = leadership.identity(),
+        identity = leadership.term().identity,
         fencing_token = leadership.fencing_token(),
         skipped = leadership.is_skipped(),
         "leading; starting the controller"
@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 2. Reconcile while leading. Leadership ends on shutdown too (`LossReason::Cancelled`);
     //    the shutdown trigger is there as well for a skipped election, which never ends.
-    let configmaps = Api::<ConfigMap>::namespaced(client, &leadership.lock().namespace);
+    let configmaps = Api::<ConfigMap>::namespaced(client, &leadership.term().lock.namespace);
     let ctx = Arc::new(Context {
         fencing_token: leadership.fencing_token(),
     });

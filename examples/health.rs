@@ -2,7 +2,7 @@
 //! waiting for the Lease and for a leader whose renewals go through, and 500 with the reason
 //! once leadership was lost or when the renew loop is stuck.
 //!
-//! - Leading: healthy while the term is confirmed ([`Leadership::confirmed_until`]: the
+//! - Leading: healthy while the term is confirmed ([`Leadership::confirmations`]: the
 //!   renew deadline counted from the last successful renewal). Past it, the renew loop is
 //!   stuck: 500 `renew loop stuck: ...`. (The elector itself stops leading at that instant, so
 //!   this shows only if its keeper hangs; the loss follows.)

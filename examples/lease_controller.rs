@@ -93,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e.into()),
         };
         info!(
-            identity = leadership.identity(),
+            identity = leadership.term().identity,
             fencing_token = leadership.fencing_token(),
             "leading: reconciling"
         );
@@ -111,7 +111,7 @@ async fn reconcile_while_leading(client: &Client, ns: &str, leadership: &Leaders
     let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        identity: leadership.identity().to_string(),
+        identity: leadership.term().identity.clone(),
         fencing_token: leadership.fencing_token(),
     });
     let lost = leadership.lost_token();

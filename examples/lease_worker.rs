@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use kube_leader::{LeaseElector, Recampaign};
+use kube_leader::LeaseElector;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
     });
 
     elector
-        .run(&shutdown, Recampaign::Always, |term, lost| async move {
+        .run(&shutdown, |term, lost| async move {
             tracing::info!(identity = %term.identity, fencing_token = term.fencing_token, "leading: working");
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {

@@ -26,7 +26,7 @@ use clap::Parser;
 use http_body_util::Full;
 use hyper::{body::Bytes, header, server::conn::http1, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kube_leader::{metrics::LeaderMetrics, LeaseElector, Recampaign};
+use kube_leader::{metrics::LeaderMetrics, LeaseElector};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -84,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         on_signal.cancel();
     });
     elector
-        .run(&shutdown, Recampaign::Always, |term, lost| async move {
+        .run(&shutdown, |term, lost| async move {
             info!(fencing_token = term.fencing_token, "leading");
             lost.cancelled().await; // your work, until leadership is lost
             info!("no longer leading");

@@ -38,7 +38,7 @@ use kube::{
     runtime::{controller::Action, watcher, Controller},
     Api, Client, ResourceExt,
 };
-use kube_leader::args::LeaderElectionArgs;
+use kube_leader::{args::LeaderElectionArgs, Term};
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::{mpsc, RwLock},
@@ -67,11 +67,11 @@ struct Cli {
 /// What a reconcile needs.
 struct Ctx {
     client: Client,
-    identity: String,
     count: u32,
-    /// The shards held now, with their fencing tokens. A reconcile holds the read lock while it
-    /// writes; a shard is removed under the write lock, so no write for it is in flight after.
-    held: RwLock<BTreeMap<u32, u64>>,
+    /// The shards held now, with their terms (identity, fencing token). A reconcile holds the
+    /// read lock while it writes; a shard is removed under the write lock, so no write for it
+    /// is in flight after.
+    held: RwLock<BTreeMap<u32, Term>>,
 }
 
 /// The shard of an object: FNV-1a of its name, modulo the shard count.
@@ -103,7 +103,6 @@ async fn main() -> anyhow::Result<()> {
 
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        identity: shards.resolved_identity()?,
         count: cli.shards,
         held: RwLock::new(BTreeMap::new()),
     });
@@ -120,12 +119,12 @@ async fn main() -> anyhow::Result<()> {
         let ctx = ctx.clone();
         let gained = gained_tx.clone();
         async move {
-            ctx.held.write().await.insert(index, term.fencing_token);
             info!(
                 shard = index,
                 fencing_token = term.fencing_token,
                 "shard acquired"
             );
+            ctx.held.write().await.insert(index, term);
             let _ = gained.send(());
             lost.cancelled().await;
             // Waits for this replica's reconciles in flight: none writes for the shard after.
@@ -147,11 +146,11 @@ fn tokio_stream_of(mut rx: mpsc::UnboundedReceiver<()>) -> impl futures::Stream<
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
     let shard = shard_of(&cm.name_any(), ctx.count);
     let held = ctx.held.read().await;
-    let Some(token) = held.get(&shard) else {
+    let Some(term) = held.get(&shard) else {
         // Another replica's object: it is reconciled again when this one gains the shard.
         return Ok(Action::await_change());
     };
-    let stamp = format!("{} {shard} {token}", ctx.identity);
+    let stamp = format!("{} {shard} {}", term.identity, term.fencing_token);
     if cm.annotations().get(STAMP) != Some(&stamp) {
         let ns = cm.namespace().unwrap_or_default();
         let patch = serde_json::json!({ "metadata": { "annotations": { STAMP: stamp } } });

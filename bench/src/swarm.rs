@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::Context;
 use kube::{config::Kubeconfig, Client, Config};
-use kube_leader::{LeaseElector, Recampaign};
+use kube_leader::LeaseElector;
 use tokio::{io::AsyncBufReadExt, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -112,7 +112,7 @@ pub(crate) async fn run(args: SwarmArgs) -> anyhow::Result<()> {
         let (shutdown, step_down) = (shutdown.clone(), step_down.clone());
         tasks.spawn(async move {
             let result = elector
-                .run(&shutdown, Recampaign::Always, |term, lost| {
+                .run(&shutdown, |term, lost| {
                     let (identity, step_down) = (identity.clone(), step_down.clone());
                     async move {
                         let mine = CancellationToken::new();

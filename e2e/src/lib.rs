@@ -10,6 +10,8 @@ pub mod interop;
 pub mod shard_fleet;
 pub mod shard_sidecars;
 
+use kube_leader::internal::ForLifeExt as _;
+use kube_leader::internal::LeaseElectorExt as _;
 use std::time::Duration;
 
 /// CLOCK_MONOTONIC now, in nanoseconds: one clock for every process on this host, so events of

@@ -1,11 +1,12 @@
-//! `Election::Disabled` against a real control plane: every elector leads at once without a
-//! single request (counted in the API server's audit log), has no fencing token, and ends its
+//! The election turned off (`election: false`) against a real control plane: every elector
+//! leads at once without a single request (counted in the API server's audit log), has no fencing token, and ends its
 //! term on shutdown; a shard set hands this replica every shard.
 
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader_e2e::Tune;
 use std::time::Duration;
 
-use kube_leader::{internal::Environment, Election, ForLife, LossReason, Shards};
+use kube_leader::{internal::Environment, ForLife, LossReason, Shards};
 use kube_leader_e2e::short_lease_elector;
 use kube_leader_testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;
@@ -22,16 +23,15 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let client = cp.user_client(&user).await;
     let shutdown = CancellationToken::new();
 
-    let elector =
-        short_lease_elector(&client, ns.name(), "lock", "me").tune(|c| c.election(Election::Disabled));
+    let elector = short_lease_elector(&client, ns.name(), "lock", "me").tune(|c| c.election(false));
     let lease = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
         .await
         .unwrap()
         .unwrap();
     assert!(lease.is_skipped() && lease.is_leader());
     assert_eq!(lease.fencing_token(), 0);
-    assert_eq!(lease.lock().namespace, ns.name());
-    assert_eq!(lease.identity(), "me");
+    assert_eq!(lease.term().lock.namespace, ns.name());
+    assert_eq!(lease.term().identity, "me");
 
     // Leader for life, in a cluster (a namespace and a Pod name): no Pod, no lock, no error.
     let env = Environment {
@@ -41,27 +41,26 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     };
     let elector = ForLife::new(client.clone(), "lock")
         .environment(env)
-        .config(kube_leader::ForLifeConfig::default().election(Election::Disabled));
+        .config(kube_leader::ForLifeConfig::default().election(false));
     let for_life = tokio::time::timeout(SOON, elector.become_leader(&shutdown))
         .await
         .unwrap()
         .unwrap();
     assert!(for_life.is_skipped() && for_life.is_leader());
-    assert_eq!(for_life.identity(), "no-such-pod");
+    assert_eq!(for_life.term().identity, "no-such-pod");
 
     let mut shards = Shards::new(client.clone(), "work", 3)
         .namespace(ns.name())
         .identity("me")
         .config(
-            kube_leader::ShardsConfig::default()
-                .lease(kube_leader::LeaseConfig::default().election(Election::Disabled)),
+            kube_leader::ShardsConfig::default().lease(kube_leader::LeaseConfig::default().election(false)),
         )
         .start(&shutdown)
         .unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
         let shard = tokio::time::timeout(SOON, shards.next()).await.unwrap().unwrap();
-        assert_eq!(shard.fencing_token(), 0);
+        assert_eq!(shard.leadership().fencing_token(), 0);
         got.push(shard);
     }
     assert_eq!(got.iter().map(|s| s.index()).collect::<Vec<_>>(), [0, 1, 2]);
@@ -77,7 +76,7 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
         LossReason::Cancelled
     );
     for shard in &got {
-        tokio::time::timeout(SOON, shard.lost_token().cancelled())
+        tokio::time::timeout(SOON, shard.leadership().lost_token().cancelled())
             .await
             .unwrap();
     }
@@ -101,10 +100,8 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
 async fn a_disabled_election_still_validates_its_settings() {
     let cp = ControlPlane::shared();
     let client = cp.client().await;
-    let e = short_lease_elector(&client, "default", "lock", "me").tune(|c| {
-        c.renew_deadline(Duration::from_secs(5))
-            .election(Election::Disabled)
-    });
+    let e = short_lease_elector(&client, "default", "lock", "me")
+        .tune(|c| c.renew_deadline(Duration::from_secs(5)).election(false));
     let err = e.become_leader(&CancellationToken::new()).await.unwrap_err();
     assert!(err.to_string().contains("renew"), "{err}");
 }

@@ -19,7 +19,7 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     Api, Client,
 };
-use kube_leader::{fence::FENCED_TOKEN_ANNOTATION, Leadership, LeaseElector};
+use kube_leader::{internal::fence::FENCED_TOKEN_ANNOTATION, Leadership, LeaseElector};
 use kube_leader_e2e::fence_env::free_port;
 use kube_leader_testenv::{bind_role, rule, ControlPlane, TestNamespace};
 use tokio_util::sync::CancellationToken;

@@ -11,6 +11,7 @@ mod liveness;
 #[path = "for_life/proof.rs"]
 mod proof;
 
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader_e2e::Tune;
 use std::{
     io::Write,
@@ -86,7 +87,7 @@ async fn first_leader(campaigns: Vec<Campaign>) -> (Leadership, Instant, Vec<Cam
         .unwrap_or_else(|_| panic!("no leader within {SOON:?}"));
     let (pod, result, at) = done.expect("campaign task");
     let leadership = result.unwrap_or_else(|e| panic!("{pod} failed to become leader: {e}"));
-    assert_eq!(leadership.identity(), pod);
+    assert_eq!(leadership.term().identity.as_str(), pod);
     (leadership, at, rest)
 }
 
@@ -176,7 +177,7 @@ async fn create_pods(client: &Client, ns: &str, names: &[&str]) {
 /// fencing token is written just after the takeover, so it is waited for).
 async fn assert_lock_held_by(client: &Client, ns: &str, lock: &str, leader: &Leadership) {
     let cm = lock_object(client, ns, lock).await.expect("the lock exists");
-    let uid = uid_of_pod(client, ns, leader.identity()).await;
+    let uid = uid_of_pod(client, ns, leader.term().identity.as_str()).await;
     assert_eq!(
         owner_uids(&cm),
         vec![uid],
@@ -184,7 +185,7 @@ async fn assert_lock_held_by(client: &Client, ns: &str, lock: &str, leader: &Lea
     );
     assert_eq!(
         cm.annotations().get(HOLDER_ANNOTATION).map(String::as_str),
-        Some(leader.identity())
+        Some(leader.term().identity.as_str())
     );
     let token = leader.fencing_token().to_string();
     wait_for("the fencing token in the lock", SOON, || async {
@@ -275,7 +276,7 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
         .collect();
 
     let (first, _, rest) = first_leader(campaigns).await;
-    assert_eq!(first.strategy(), Strategy::ForLife);
+    assert_eq!(first.term().strategy, Strategy::ForLife);
     assert!(!first.is_skipped());
     assert_lock_held_by(&admin, ns, "lock", &first).await;
     assert_still_waiting(&rest, "while the first leader's Pod lives").await;
@@ -289,7 +290,9 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
             .any(|e| {
                 e.involved_object.name.as_deref() == Some("lock")
                     && e.reason.as_deref() == Some("LeaderElection")
-                    && e.message.as_deref().is_some_and(|m| m.contains(first.identity()))
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains(first.term().identity.as_str()))
             })
             .then_some(())
     })
@@ -298,7 +301,7 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
     // The leader's Pod is deleted: exactly one other takes over, the old one learns it.
     let first_lost = loss_instant(&first);
     let deleted = Instant::now();
-    delete_pod_now(&admin, ns, first.identity()).await;
+    delete_pod_now(&admin, ns, first.term().identity.as_str()).await;
     let (second, won, rest) = first_leader(rest).await;
     eprintln!("pod deletion -> new leader: {:?}", won - deleted);
     // The old leader (its process still runs: no kubelet here) steps down on its Pod's
@@ -313,7 +316,7 @@ async fn three_candidates_one_leader_then_pod_deletion_elects_exactly_one() {
         lost_at - won
     );
     eprintln!("pod deletion -> old leader stops: {:?}", lost_at - deleted);
-    assert_ne!(second.identity(), first.identity());
+    assert_ne!(second.term().identity.as_str(), first.term().identity.as_str());
     assert!(
         second.fencing_token() > first.fencing_token(),
         "the fencing token grows"
@@ -460,7 +463,7 @@ async fn dead_leader(phase: &str, reason: Option<&str>, policy: DeadLeaderPod, p
         "{phase}/{reason:?}: taken over {:?} after the terminal phase, before the grace proof ({GRACE_PROOF:?})",
         won - terminated
     );
-    assert_eq!(b.identity(), "b");
+    assert_eq!(b.term().identity, "b");
     assert_lock_held_by(&admin, ns, "lock", &b).await;
     // A leader whose Pod is terminal steps down at once (here its process still runs).
     let lost_at = tokio::time::timeout(SOON, a_lost)
@@ -998,7 +1001,11 @@ async fn a_leader_on_a_not_ready_node_is_replaced_only_by_opt_in() {
     // b deletes the stale lock; whichever waiting candidate re-creates it first leads (c,
     // watching the lock, may win that race).
     let (b, won, rest) = first_leader(vec![b, c]).await;
-    assert!(["b", "c"].contains(&b.identity()), "{}", b.identity());
+    assert!(
+        ["b", "c"].contains(&b.term().identity.as_str()),
+        "{}",
+        b.term().identity.as_str()
+    );
     assert!(
         won - started >= grace,
         "took over after {:?}, before the grace",

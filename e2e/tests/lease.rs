@@ -60,7 +60,7 @@ async fn one_leader_graceful_handover_and_crash_takeover() {
         "a second candidate became leader"
     );
     let rec = record(&client, ns.name(), "lock").await;
-    assert_eq!(rec.holder.as_deref(), Some(first.identity()));
+    assert_eq!(rec.holder.as_deref(), Some(first.term().identity.as_str()));
     assert_eq!(rec.transitions, 0);
     assert!(first.fencing_token() > 0, "a resourceVersion");
 

@@ -27,6 +27,7 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
     Api, Client,
 };
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{
     internal::labels::FENCING_TOKEN_ANNOTATION, internal::Environment, Error, ForLife, LeaseElector, LockRef,
     LossReason,

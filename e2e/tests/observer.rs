@@ -12,6 +12,7 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Event},
 };
 use kube::{api::ListParams, Api, Client};
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{
     internal::labels::EVENT_REASON as REASON,
     internal::Environment,

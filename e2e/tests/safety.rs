@@ -12,6 +12,7 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{internal::Environment, internal::LeaseRecord, ForLife, LossReason};
 use kube_leader_e2e::{
     faults::{Fault, Faulty, Matcher},

@@ -5,6 +5,7 @@
 //! Leader for life's candidates are Pod objects (no kubelet), created a second apart: a Pod's
 //! `creationTimestamp` has whole seconds.
 
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader_e2e::Tune;
 use std::time::{Duration, Instant};
 
@@ -117,7 +118,7 @@ async fn lease_leader_steps_down_to_the_youngest_candidate() {
         .unwrap()
         .unwrap();
     eprintln!("release → youngest leads: {:?}", released.elapsed());
-    assert_eq!(next.identity(), "young");
+    assert_eq!(next.term().identity, "young");
     assert!(
         !middle.is_finished(),
         "the older candidate did not take the lease"
@@ -139,7 +140,7 @@ async fn lease_leader_steps_down_to_the_youngest_candidate() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(third.identity(), "middle");
+    assert_eq!(third.term().identity, "middle");
     third.release().await.unwrap();
     shutdown.cancel();
 }
@@ -226,7 +227,7 @@ async fn a_stopping_lease_candidate_withdraws_and_a_missing_successor_is_waited_
         .unwrap();
     let gap = released.elapsed();
     eprintln!("release → a non-preferred candidate leads (the preferred one never came): {gap:?}");
-    assert_eq!(next.identity(), "follower");
+    assert_eq!(next.term().identity, "follower");
     assert!(
         gap >= Duration::from_secs(1),
         "it deferred to the preferred successor first: {gap:?}"
@@ -288,7 +289,7 @@ async fn a_stopping_leader_withdraws_after_its_release() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(next.identity(), "follower");
+    assert_eq!(next.term().identity, "follower");
     next.release().await.unwrap();
     shutdown.cancel();
 }
@@ -357,7 +358,7 @@ async fn step_down_as(cp: &ControlPlane, rules: Vec<k8s_openapi::api::rbac::v1::
         l = middle => l,
     };
     let next = next.unwrap().unwrap();
-    let id = next.identity().to_string();
+    let id = next.term().identity.clone();
     next.release().await.unwrap();
     shutdown.cancel();
     StepDown {
@@ -488,7 +489,7 @@ async fn for_life_leader_steps_down_to_the_youngest_pod_and_a_going_pod_never_ca
         .unwrap()
         .unwrap();
     eprintln!("for life: release → youngest leads: {:?}", released.elapsed());
-    assert_eq!(next.identity(), "young");
+    assert_eq!(next.term().identity, "young");
     tokio::time::sleep(STILL_WAITING).await;
     assert!(!middle.is_finished(), "the older candidate did not take the lock");
     next.release().await.unwrap();
@@ -497,7 +498,7 @@ async fn for_life_leader_steps_down_to_the_youngest_pod_and_a_going_pod_never_ca
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(third.identity(), "middle");
+    assert_eq!(third.term().identity, "middle");
     shutdown.cancel();
 }
 

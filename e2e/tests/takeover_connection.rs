@@ -20,6 +20,7 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use kube::{client::ConfigExt as _, Client, Config};
+use kube_leader::internal::LeaseElectorExt as _;
 use kube_leader_e2e::{short_lease_elector, wait_for};
 use kube_leader_testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;

@@ -234,7 +234,7 @@ async fn metrics_count_a_term_lost_to_a_partition_and_the_next_one() {
         .await;
     assert!(has_line(&text, &master_status(lease, 0)), "{text}");
 
-    // Healed: a campaigns again (Recampaign::Always) and leads a second term.
+    // Healed: a campaigns again (`run` campaigns again) and leads a second term.
     proxy.set(Fault::Pass);
     let acquired = format!(r#"kube_leader_leadership_acquired_total{{name="{lease}"}} 2"#);
     let (_, text) = a

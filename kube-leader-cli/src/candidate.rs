@@ -10,12 +10,14 @@
 use std::time::Duration;
 
 use kube::Client;
+use kube_leader::internal::StrategyExt as _;
+use kube_leader::internal::Validate as _;
 use kube_leader::{
     internal::{
         rbac::{self, PolicyRule},
         MIN_LIVENESS,
     },
-    CandidatePod, Coordinated, DeadLeaderPod, Election, Elector, Error, ForLife, ForLifeConfig, LeaseConfig,
+    CandidatePod, Coordinated, DeadLeaderPod, Elector, Error, ForLife, ForLifeConfig, LeaseConfig,
     LeaseElector, OutsideCluster, Strategy, Successor,
 };
 
@@ -57,8 +59,8 @@ pub(crate) struct Candidate {
     /// This candidate's identity. Default: `POD_NAME`, else the host name. Leader for life:
     /// the name of this candidate's Pod.
     pub(crate) identity: Option<String>,
-    /// Whether to campaign at all (see [`Election`]).
-    pub(crate) election: Election,
+    /// Whether to campaign at all (see [`LeaseConfig::election`]).
+    pub(crate) election: bool,
     /// The Lease's duration (client-go's 15 s). Leader for life has none.
     pub(crate) lease_duration: Duration,
     /// The Lease's renew deadline (client-go's 10 s).
@@ -105,7 +107,7 @@ impl Candidate {
             lock: lock.into(),
             namespace: None,
             identity: None,
-            election: Election::Enabled,
+            election: true,
             lease_duration: lease.lease_duration,
             renew_deadline: lease.renew_deadline,
             retry_period: lease.retry_period,

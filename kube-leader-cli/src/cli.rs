@@ -27,7 +27,7 @@ pub(crate) use fence::{FenceArgs, FenceCertsArgs, FenceCommand, FenceServeArgs, 
 pub(crate) use on_change::OnChange;
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
-use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace};
+use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace, parse_strategy};
 
 /// Run any program only while it leads, on a Kubernetes lock.
 #[derive(Debug, Parser)]
@@ -155,7 +155,7 @@ pub(crate) struct LockArgs {
     pub(crate) namespace: Option<String>,
 
     /// Election strategy.
-    #[arg(long, value_enum, default_value_t = Strategy::ForLife, value_name = "STRATEGY")]
+    #[arg(long, default_value_t = Strategy::ForLife, value_parser = parse_strategy(), value_name = "STRATEGY")]
     pub(crate) strategy: Strategy,
 }
 

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use anyhow::anyhow;
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::{Leadership, LockRef, LossReason};
 use tracing::{info, warn};
 

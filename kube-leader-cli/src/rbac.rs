@@ -200,7 +200,7 @@ fn fence_cluster_role(y: &mut String, service_account: &str, namespace: &str) {
     let _ = writeln!(
         y,
         "    resources: [\"userextras/{}\"]",
-        kube_leader::fence::FENCING_TOKEN_EXTRA
+        kube_leader::internal::fence::FENCING_TOKEN_EXTRA
     );
     let _ = writeln!(y, "    verbs: [\"impersonate\"]");
     let _ = writeln!(y, "---");

@@ -5,6 +5,7 @@
 //! end asks; [`signals`] are those kube-leader receives and forwards; [`own_pod`] is
 //! `--watch-own-pod`; [`set_up`] is the start-up of `run` and `run --shards` alike.
 
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::LockRef;
 use tokio::time::Instant;
 use tracing::info;

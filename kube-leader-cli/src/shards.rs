@@ -33,6 +33,7 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
+use kube_leader::internal::Validate as _;
 use kube_leader::{Assignments, Shards, ShardsConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

@@ -3,6 +3,8 @@
 
 use std::{sync::Arc, time::SystemTime};
 
+use kube_leader::internal::ElectorExt as _;
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::{LeaderInfo, LockRef};
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
@@ -137,7 +139,7 @@ impl Status {
 
     /// The lock's leader as the elector sees it.
     pub(crate) fn leader(&self) -> watch::Receiver<Option<LeaderInfo>> {
-        self.elector.observe(&self.lock)
+        self.elector.observe_lock(&self.lock)
     }
 
     /// The election watchdog.

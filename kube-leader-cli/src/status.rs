@@ -2,7 +2,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use kube_leader::{LeaderInfo, LockRef};
+use kube_leader::{
+    internal::{leader, StrategyExt as _},
+    LeaderInfo, LockRef,
+};
 use serde::Serialize;
 
 use crate::{
@@ -42,7 +45,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
     .await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
-    let info = kube_leader::Elector::current_leader(client, args.lock.strategy, &lock)
+    let info = leader::current(client, args.lock.strategy, &lock)
         .await
         .map_err(|e| Fail::new(exit::for_error(&e), e))?;
     let out = StatusOut::new(&lock, args.lock.strategy.as_str(), info.as_ref());

@@ -7,7 +7,6 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::{
-    election::Election,
     elector::Elector,
     error::{invalid, Result},
     for_life::{ForLife, ForLifeConfig},
@@ -17,15 +16,18 @@ use crate::{
     shards::{Shards, ShardsConfig},
 };
 
-/// The lock kinds of `--leader-elect-resource-lock`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-#[non_exhaustive]
-pub enum ResourceLock {
-    /// A `coordination.k8s.io/v1` Lease (client-go's `leases`): [`Strategy::Lease`].
-    Leases,
-    /// Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk's `leader.Become`):
-    /// [`Strategy::ForLife`].
-    ForLife,
+/// The values of `--leader-elect-resource-lock`: client-go's `leases`, or `for-life`.
+fn resource_lock() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("leases").help("A `coordination.k8s.io/v1` Lease (client-go's `leases`)"),
+        PossibleValue::new("for-life")
+            .help("Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk's `leader.Become`)"),
+    ])
+    .map(|kind| match kind.as_str() {
+        "for-life" => Strategy::ForLife,
+        _ => Strategy::Lease,
+    })
 }
 
 /// Leader-election flags to flatten into an operator's `clap` parser, named as Kubernetes
@@ -83,8 +85,8 @@ pub struct LeaderElectionArgs {
     pub retry_period: Duration,
     /// The kind of lock
     #[arg(long = "leader-elect-resource-lock", env = "LEADER_ELECT_RESOURCE_LOCK",
-        value_name = "KIND", value_enum, default_value_t = ResourceLock::Leases)]
-    pub resource_lock: ResourceLock,
+        value_name = "KIND", default_value = "leases", value_parser = resource_lock())]
+    pub resource_lock: Strategy,
     /// The lock's name [default: the program's]
     #[arg(
         long = "leader-elect-resource-name",
@@ -126,36 +128,23 @@ impl Default for LeaderElectionArgs {
 // === impl LeaderElectionArgs ===
 
 impl LeaderElectionArgs {
-    /// The strategy `--leader-elect-resource-lock` names.
-    pub fn strategy(&self) -> Strategy {
-        match self.resource_lock {
-            ResourceLock::Leases => Strategy::Lease,
-            ResourceLock::ForLife => Strategy::ForLife,
-        }
-    }
-
-    /// Whether to campaign (`--leader-elect`).
-    pub fn election(&self) -> Election {
-        Election::from_enabled(self.leader_elect)
-    }
-
-    /// The lock's name: `--leader-elect-resource-name`, else `default_name`.
-    pub fn lock_name<'a>(&'a self, default_name: &'a str) -> &'a str {
-        self.resource_name.as_deref().unwrap_or(default_name)
-    }
-
-    /// The Lease settings: the three timings and `--leader-elect`.
+    /// Returns the Lease settings: the three timings and `--leader-elect`.
     pub fn lease_config(&self) -> LeaseConfig {
         LeaseConfig::default()
             .lease_duration(self.lease_duration)
             .renew_deadline(self.renew_deadline)
             .retry_period(self.retry_period)
-            .election(self.election())
+            .election(self.leader_elect)
     }
 
-    /// The leader-for-life settings: `--leader-elect`. Leader for life has no timings.
+    /// Returns the leader-for-life settings: `--leader-elect`. Leader for life has no timings.
     pub fn for_life_config(&self) -> ForLifeConfig {
-        ForLifeConfig::default().election(self.election())
+        ForLifeConfig::default().election(self.leader_elect)
+    }
+
+    /// The lock's name: `--leader-elect-resource-name`, else `default_name`.
+    fn lock_name<'a>(&'a self, default_name: &'a str) -> &'a str {
+        self.resource_name.as_deref().unwrap_or(default_name)
     }
 
     /// The candidate these flags describe, for a lock named `default_name` unless
@@ -167,7 +156,7 @@ impl LeaderElectionArgs {
     pub fn elector(&self, client: Client, default_name: &str) -> Result<Elector> {
         let name = self.lock_name(default_name);
         lock::validate_name(name)?;
-        Ok(match self.strategy() {
+        Ok(match self.resource_lock {
             Strategy::Lease => {
                 let config = self.lease_config();
                 config.validate()?;
@@ -199,7 +188,7 @@ impl LeaderElectionArgs {
     /// # Errors
     /// As [`elector`](Self::elector); leader for life has no shards.
     pub fn shards(&self, client: Client, default_name: &str, count: u32) -> Result<Shards> {
-        if self.strategy() != Strategy::Lease {
+        if self.resource_lock != Strategy::Lease {
             return Err(invalid(
                 "leader-elect-resource-lock",
                 "shards are Leases, not a for-life lock: choose `--leader-elect-resource-lock leases`",
@@ -240,7 +229,7 @@ mod tests {
     fn the_defaults_are_kubernetes_components() {
         let a = LeaderElectionArgs::default();
         assert!(a.leader_elect);
-        assert_eq!(a.strategy(), Strategy::Lease);
+        assert_eq!(a.resource_lock, Strategy::Lease);
         assert_eq!(a.lock_name("my-operator"), "my-operator");
         assert_eq!(a.lease_config(), LeaseConfig::default());
     }
@@ -258,7 +247,7 @@ mod tests {
             "--leader-elect-identity=me",
         ])
         .unwrap();
-        assert_eq!(a.strategy(), Strategy::ForLife);
+        assert_eq!(a.resource_lock, Strategy::ForLife);
         assert_eq!(
             (
                 a.lock_name("ignored"),
@@ -267,12 +256,12 @@ mod tests {
             ),
             ("lock", Some("ops"), Some("me"))
         );
-        assert_eq!(a.for_life_config().election, Election::Disabled);
+        assert!(!a.for_life_config().election);
         let secs = Duration::from_secs;
         let l = a.lease_config();
         assert_eq!(
             (l.lease_duration, l.renew_deadline, l.retry_period, l.election),
-            (secs(60), secs(40), secs(5), Election::Disabled)
+            (secs(60), secs(40), secs(5), false)
         );
         // A bare `--leader-elect` is `true`.
         assert!(parse(&["--leader-elect"]).unwrap().leader_elect);

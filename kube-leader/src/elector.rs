@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -10,7 +9,7 @@ use crate::{
     error::Result,
     for_life::{self, ForLife},
     leadership::{LeaderInfo, Leadership, Strategy},
-    lease::{self, LeaseElector, Renewals, Unhealthy},
+    lease::{LeaseElector, Renewals, Unhealthy},
     lock::LockRef,
     observer::Observer,
     successor::CandidatePod,
@@ -57,7 +56,7 @@ impl From<LeaseElector> for Elector {
 
 impl Elector {
     /// The strategy of this candidate.
-    pub fn strategy(&self) -> Strategy {
+    pub(crate) fn strategy(&self) -> Strategy {
         match self {
             Self::ForLife(_) => Strategy::ForLife,
             Self::Lease(_) => Strategy::Lease,
@@ -90,7 +89,7 @@ impl Elector {
     ///
     /// # Errors
     /// No namespace (leader for life outside a cluster), or an invalid lock name.
-    pub fn lock(&self) -> Result<LockRef> {
+    pub(crate) fn lock(&self) -> Result<LockRef> {
         match self {
             Self::ForLife(e) => e.lock(),
             Self::Lease(e) => e.lock(),
@@ -102,7 +101,7 @@ impl Elector {
     ///
     /// # Errors
     /// None can be found.
-    pub fn identity(&self) -> Result<String> {
+    pub(crate) fn identity(&self) -> Result<String> {
         match self {
             Self::ForLife(e) => e.resolved_identity(),
             Self::Lease(e) => e.resolved_identity(),
@@ -131,11 +130,20 @@ impl Elector {
         }
     }
 
-    /// The current leader of `lock` (this candidate's lock) as this candidate sees it. A Lease
-    /// candidate publishes what its own campaign watches ([`LeaseElector::observe`], no second
-    /// watch, `lock` is its own); leader for life gets a watch of its own
-    /// ([`for_life::watch_leader`]).
-    pub fn observe(&self, lock: &LockRef) -> watch::Receiver<Option<LeaderInfo>> {
+    /// Watches the current leader of this candidate's lock.
+    ///
+    /// A Lease candidate shares what its own campaign watches ([`LeaseElector::observe`]).
+    /// Leader for life starts a watch of its own.
+    ///
+    /// # Errors
+    /// The lock cannot be resolved: no namespace (leader for life outside a cluster), or an
+    /// invalid lock name.
+    pub fn observe(&self) -> Result<watch::Receiver<Option<LeaderInfo>>> {
+        Ok(self.observe_lock(&self.lock()?))
+    }
+
+    /// The current leader of `lock` (this candidate's lock, resolved by the caller).
+    pub(crate) fn observe_lock(&self, lock: &LockRef) -> watch::Receiver<Option<LeaderInfo>> {
         match self {
             Self::ForLife(e) => for_life::watch_leader(e.client.clone(), lock.clone()),
             Self::Lease(e) => e.observe(),
@@ -144,8 +152,7 @@ impl Elector {
 
     /// A Lease candidate's renewal figures ([`LeaseElector::renewals`]); leader for life has
     /// no renewals.
-    #[doc(hidden)]
-    pub fn renewals(&self) -> Option<watch::Receiver<Renewals>> {
+    pub(crate) fn renewals(&self) -> Option<watch::Receiver<Renewals>> {
         match self {
             Self::ForLife(_) => None,
             Self::Lease(e) => Some(e.renewals()),
@@ -154,39 +161,10 @@ impl Elector {
 
     /// The election watchdog ([`LeaseElector::check_health`]). Leader for life is always
     /// healthy: it has no renewals to miss, and its lock watch reports a loss at once.
-    pub fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
+    pub(crate) fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
         match self {
             Self::ForLife(_) => Ok(()),
             Self::Lease(e) => e.check_health(tolerance),
-        }
-    }
-
-    /// Reads the current leader of a lock of `strategy` once, without campaigning (`None`: no
-    /// lock): [`for_life::current_leader`] or [`lease::current_leader`].
-    ///
-    /// # Cancellation safety
-    /// Cancel-safe.
-    pub async fn current_leader(
-        client: Client,
-        strategy: Strategy,
-        lock: &LockRef,
-    ) -> Result<Option<LeaderInfo>> {
-        match strategy {
-            Strategy::ForLife => for_life::current_leader(client, lock).await,
-            Strategy::Lease => lease::current_leader(client, lock).await,
-        }
-    }
-
-    /// Watches the current leader of a lock of `strategy` without campaigning:
-    /// [`for_life::watch_leader`] or [`lease::watch_leader`].
-    pub fn watch_leader(
-        client: Client,
-        strategy: Strategy,
-        lock: LockRef,
-    ) -> watch::Receiver<Option<LeaderInfo>> {
-        match strategy {
-            Strategy::ForLife => for_life::watch_leader(client, lock),
-            Strategy::Lease => lease::watch_leader(client, lock),
         }
     }
 }

@@ -1,28 +1,13 @@
 //! Fencing the API server: requests that carry this term's fencing token, so that Kubernetes
-//! itself refuses a deposed leader's writes to fenced objects.
+//! itself refuses a deposed leader's writes to fenced objects. Users call
+//! [`Leadership::fenced_client`](crate::Leadership::fenced_client); the rest is the sidecar's
+//! (`kube_leader::internal::fence`).
 //!
-//! `kube-leader fence` is an admission webhook that refuses a write to a fenced object when the
-//! writer's token is older than the token last stored on the object
-//! ([`FENCED_TOKEN_ANNOTATION`]) or older than the lock's current one. The token travels in the
-//! request's user info: the writer impersonates *itself* with one extra,
-//! [`FENCING_TOKEN_EXTRA`] (`Impersonate-User: <own user>`,
-//! `Impersonate-Extra-kube-leader.io%2Ffencing-token: <token>`), which reaches the webhook's
-//! `request.userInfo.extra` for every verb, delete included, without touching the objects.
-//!
-//! [`Leadership::fenced_client`](crate::Leadership::fenced_client) turns a client into one whose
-//! every request carries the headers; [`FencedLayer`] is the same as a tower layer, for a client
-//! stack of your own. The writer needs `impersonate` on its own user (for a ServiceAccount:
-//! `serviceaccounts` with its name, in its namespace) and on
-//! `authentication.k8s.io` `userextras/kube-leader.io/fencing-token` (cluster-scoped: a
-//! ClusterRole); `kube-leader rbac --fence` prints both.
-//!
-//! Impersonating a user replaces the caller's groups: a plain user keeps only
-//! `system:authenticated`, a ServiceAccount gets its `system:serviceaccounts` groups back (the
-//! API server adds them). Grant the writer's permissions to the user or ServiceAccount itself,
-//! not to a group only it is in.
-//!
-//! A token is a claim: the fence protects against honest writers that are paused, partitioned
-//! or late, not against a malicious one, which can send any number. See docs/fence.md.
+//! The token travels in the request's user info: the writer impersonates itself with one
+//! extra, [`FENCING_TOKEN_EXTRA`]. `kube-leader fence` reads it in
+//! `request.userInfo.extra` for every verb, and compares it with [`FENCED_TOKEN_ANNOTATION`] on
+//! the object and with the lock's current token. A token is a claim: the fence protects against
+//! honest writers that are paused, partitioned or late, not against a malicious one.
 
 pub(crate) mod judge;
 pub(crate) mod lock;
@@ -74,23 +59,9 @@ pub fn fencing_headers(
     ])
 }
 
-/// A tower layer that adds a fencing token to every request: see the [module docs](self).
-///
-/// It adds the headers only; the objects it writes are stamped by the fence's mutating half
-/// (or stamp them yourself with [`stamp_body`]). [`Leadership::fenced_client`](crate::Leadership::fenced_client)
+/// A tower layer that adds a fencing token to every request (the headers only: see
+/// [`stamp_body`] for the objects). [`Leadership::fenced_client`](crate::Leadership::fenced_client)
 /// does both.
-///
-/// ```no_run
-/// # async fn doc(leadership: kube_leader::Leadership) -> Result<(), Box<dyn std::error::Error>> {
-/// use kube::{client::ClientBuilder, Config};
-/// use kube_leader::fence::FencedLayer;
-///
-/// let config = Config::infer().await?;
-/// let layer = FencedLayer::new("system:serviceaccount:app:orders", leadership.fencing_token())?;
-/// let client = ClientBuilder::try_from(config)?.with_layer(&layer).build();
-/// # let _ = client; Ok(())
-/// # }
-/// ```
 #[derive(Clone)]
 pub struct FencedLayer {
     headers: [(HeaderName, HeaderValue); 2],

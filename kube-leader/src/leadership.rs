@@ -126,8 +126,7 @@ pub struct Term {
 
 /// What is known about the current leader of a lock, by anybody who can read it.
 ///
-/// Build one with [`LeaderInfo::new`] and set the fields that are known: the struct may gain
-/// fields in a minor release.
+/// Built by the electors only; the struct may gain fields in a minor release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaderInfo {
@@ -154,7 +153,7 @@ pub struct LeaderInfo {
 impl LeaderInfo {
     /// A lock of `strategy` that nobody holds; set the other fields that are known.
     #[must_use]
-    pub fn new(strategy: Strategy, lock: LockRef) -> Self {
+    pub(crate) fn new(strategy: Strategy, lock: LockRef) -> Self {
         Self {
             strategy,
             lock,
@@ -178,7 +177,7 @@ pub(crate) struct KeeperHandle {
     lost: CancellationToken,
     reason: watch::Sender<Option<LossReason>>,
     release_requested: Arc<AtomicBool>,
-    /// Until when the term is confirmed (see [`Leadership::confirmed_until`]).
+    /// Until when the term is confirmed (see [`Leadership::confirmations`]).
     confirmed: watch::Sender<Option<Instant>>,
     /// `false` for a skipped election, which has no task and never ends.
     armed: bool,
@@ -354,29 +353,9 @@ impl Leadership {
         self.reason.clone()
     }
 
-    /// This candidate's identity.
-    pub fn identity(&self) -> &str {
-        &self.term.identity
-    }
-
-    /// The lock held.
-    pub fn lock(&self) -> &LockRef {
-        &self.term.lock
-    }
-
-    /// The strategy that elected this leader.
-    pub fn strategy(&self) -> Strategy {
-        self.term.strategy
-    }
-
-    /// Everything about this term at once.
+    /// Returns this term: who leads which lock, since when, with which fencing token.
     pub fn term(&self) -> &Term {
         &self.term
-    }
-
-    /// When this candidate became leader.
-    pub fn acquired_at(&self) -> SystemTime {
-        self.term.acquired_at
     }
 
     /// The fencing token of this term: greater for every later leader of the same lock.
@@ -404,10 +383,16 @@ impl Leadership {
         self.term.fencing_token
     }
 
-    /// `client` with every request carrying this term's fencing token, impersonating `user`
-    /// (the writer's own user: `system:serviceaccount:<namespace>:<name>` for a ServiceAccount),
-    /// so that `kube-leader fence` refuses its writes to fenced objects once a later leader
-    /// wrote, or the lock moved on. One line for an operator:
+    /// Returns `client` with this term's fencing token on every request, so that the
+    /// `kube-leader fence` webhook refuses its writes once a later leader wrote or the lock
+    /// moved on.
+    ///
+    /// `user` is the writer's own user: `system:serviceaccount:<namespace>:<name>` for a
+    /// ServiceAccount. Each request impersonates `user` with the token as a user extra
+    /// (`kube-leader.io/fencing-token`). Objects it creates or replaces, and the merge,
+    /// strategic-merge and apply patches it sends, carry the token in the annotation
+    /// `kube-leader.io/fenced-token`. It works on any client, for example one from
+    /// `kube_leader::client::http2` or with layers of your own.
     ///
     /// ```no_run
     /// # async fn doc(leadership: kube_leader::Leadership, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -416,13 +401,12 @@ impl Leadership {
     /// # }
     /// ```
     ///
-    /// The objects it creates or replaces, and the merge, strategic-merge and apply patches it
-    /// sends, are stamped with the token too (`kube-leader.io/fenced-token`,
-    /// [`fence::stamp_body`](crate::fence::stamp_body)), as the fence's mutating half would.
-    ///
-    /// The writer needs `impersonate` on itself and on the token's user extra (see
-    /// [`fence`](crate::fence); `kube-leader rbac --fence` prints it). A write refused by the
-    /// fence fails with a 403 whose message names the lock, the tokens and the holder.
+    /// The writer needs `impersonate` on its own user (for a ServiceAccount: `serviceaccounts`
+    /// with its name, in its namespace) and on `authentication.k8s.io`
+    /// `userextras/kube-leader.io/fencing-token` (a ClusterRole). `kube-leader rbac --fence`
+    /// prints both. Impersonation replaces the caller's groups, so grant the writer's
+    /// permissions to its user or ServiceAccount, not to a group. A write refused by the fence
+    /// fails with a 403 that names the lock, the tokens and the holder. See docs/fence.md.
     ///
     /// # Errors
     ///
@@ -438,7 +422,7 @@ impl Leadership {
 
     /// Whether no election took place: leader for life outside a cluster
     /// ([`OutsideCluster::Skip`](crate::OutsideCluster::Skip)), or the election
-    /// [disabled](crate::Election::Disabled). The fencing token is then absent (0).
+    /// [turned off](crate::LeaseConfig::election). The fencing token is then absent (0).
     pub fn is_skipped(&self) -> bool {
         self.skipped
     }
@@ -459,30 +443,27 @@ impl Leadership {
         self.reason.borrow().clone()
     }
 
-    /// Until when this term is confirmed, on this process's monotonic clock: the renew deadline
-    /// counted from when the last successful write of the term (the acquiring write, then each
-    /// renewal) was *sent* — client-go's fail-stop rule, so time spent waiting for an answer is
-    /// not given again.
-    ///
-    /// - Lease and shards: `Some` once the term's first write succeeded; work that must not
-    ///   outlive leadership stops by this instant even if the loss is not reported yet (a hung
-    ///   renewal is reported only when its deadline passes).
-    /// - Leader for life with a [liveness heartbeat](crate::ForLifeConfig::liveness): `Some`
-    ///   from the lock's create (or, after a restart, the first heartbeat): the liveness counted
-    ///   from the send of the last successful heartbeat. It lapses while heartbeats cannot be
-    ///   written, without a loss (the term goes on; a successor may take over only once the Pod
-    ///   has ended), and moves on with the next one that gets through.
-    /// - Leader for life without one: `None`: the lock has no expiry, and the term lasts until
-    ///   its loss is reported ([`lost`](Self::lost)).
-    /// - A skipped election: `None`.
-    ///
-    /// [`confirmations`](Self::confirmations) follows it as it moves.
-    pub fn confirmed_until(&self) -> Option<Instant> {
+    /// Until when this term is confirmed (see [`confirmations`](Self::confirmations)).
+    pub(crate) fn confirmed_until(&self) -> Option<Instant> {
         *self.confirmed.borrow()
     }
 
-    /// A watch of [`confirmed_until`](Self::confirmed_until): changes with every successful
-    /// renewal. The sender goes away with the term's keeper.
+    /// Watches until when this term is confirmed, on this process's monotonic clock.
+    ///
+    /// The instant is the renew deadline counted from when the term's last successful write
+    /// was *sent* (the acquiring write, then each renewal): client-go's fail-stop rule. Work
+    /// that must not outlive leadership stops by this instant, even if the loss is not
+    /// reported yet (a hung renewal is reported only when its deadline passes).
+    ///
+    /// - Lease and shards: `Some` once the term's first write succeeded.
+    /// - Leader for life with a [liveness heartbeat](crate::ForLifeConfig::liveness): `Some`
+    ///   from the lock's create (after a restart, from the first heartbeat), counted with the
+    ///   liveness. It lapses while heartbeats fail, without a loss, and moves on with the next
+    ///   heartbeat that gets through.
+    /// - Leader for life without one, and a skipped election: `None`. The term lasts until its
+    ///   loss is reported ([`lost`](Self::lost)).
+    ///
+    /// The value changes with every successful renewal. The sender goes away with the term.
     pub fn confirmations(&self) -> watch::Receiver<Option<Instant>> {
         self.confirmed.clone()
     }

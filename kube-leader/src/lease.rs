@@ -19,7 +19,7 @@ pub(crate) mod term;
 
 pub use config::{check_renew_deadline, LeaseConfig, JITTER_FACTOR};
 pub use coordinated::Coordinated;
-pub use elector::{LeaseElector, Recampaign, Unhealthy};
+pub use elector::{LeaseElector, Unhealthy};
 pub use observe::{current_leader, watch_leader};
 pub use record::{LeaseRecord, INSTANCE_ANNOTATION};
 pub use shared::Renewals;

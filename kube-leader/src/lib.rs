@@ -2,30 +2,30 @@
 //!
 //! Leader election for Kubernetes workloads, on [kube-rs](https://kube.rs).
 //!
-//! Two strategies behind one [`Leadership`] handle:
+//! Pick an elector, call `become_leader`, and work while the [`Leadership`] it returns lasts:
 //!
-//! - **Leader for life** ([`ForLife`]): operator-sdk's `leader.Become`. The leader creates a
-//!   ConfigMap owned by its own Pod and leads until that Pod is deleted, when Kubernetes' garbage
-//!   collector deletes the lock. kube-leader watches instead of polling, recognises dead leaders
-//!   in every terminal Pod phase, checks Pod UIDs (not names) on restart, and tells a leader
-//!   that its lock was deleted.
-//! - **Lease** ([`LeaseElector`]): client-go's `leaderelection` on a `coordination.k8s.io/v1`
-//!   Lease, interoperable with Go candidates on the same Lease. Followers watch instead of
-//!   polling, the leader renews with one write, and stops leading before anybody else can see
-//!   its lease as expired (fail-stop).
+//! - [`LeaseElector`]: client-go's `leaderelection` on a `coordination.k8s.io/v1` Lease. It
+//!   works beside Go candidates on the same Lease. Followers watch instead of polling, and the
+//!   leader stops leading before anybody else can see its lease as expired.
+//! - [`ForLife`]: operator-sdk's leader for life. The leader creates a ConfigMap owned by its
+//!   Pod and leads until the Pod is deleted.
+//! - [`Shards`]: many Leases per process, spread fairly over the live candidates.
+//! - [`Elector`]: a [`LeaseElector`] or a [`ForLife`], for programs that let their users choose.
 //!
-//! [`Elector`] is either, for programs that let their users choose. Both give a
-//! [fencing token](Leadership::fencing_token) and a token that is cancelled when
-//! leadership is lost, record client-go's `LeaderElection` [Events](LeaseElector::events) on the lock, and
-//! report to an optional [observer] for metrics of your own. With the feature
-//! `prometheus-client`, `kube_leader::metrics::LeaderMetrics` is such an observer: client-go's
-//! leader election metrics in your `prometheus_client` registry.
+//! Each elector takes a config ([`LeaseConfig`], [`ForLifeConfig`], [`ShardsConfig`]) with
+//! public fields and a setter per field. A [`Leadership`] gives the term's
+//! [fencing token](Leadership::fencing_token), a token cancelled when leadership is lost, and
+//! a [fenced client](Leadership::fenced_client) for the `kube-leader fence` webhook.
+//!
+//! The electors record client-go's `LeaderElection` [Events](LeaseElector::events) on the lock
+//! and report to an optional [observer]. With the feature `prometheus-client`,
+//! `metrics::LeaderMetrics` is such an observer. With the feature `clap`,
+//! `args::LeaderElectionArgs` adds Kubernetes components' `--leader-elect*` flags to your parser.
 //!
 //! The library picks no `k8s-openapi` version feature and no TLS stack: enable one of each in
-//! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`).
-//! The opt-in feature `http2` adds `kube_leader::client`: an API client over HTTP/2, with
-//! kube's layers and liveness bounds from the renew deadline, for a faster handover (it brings
-//! rustls with ring).
+//! your binary (for example `k8s-openapi/earliest` and kube's `rustls-tls` with `ring`). The
+//! feature `http2` adds `client::http2`: an API client over HTTP/2 for a faster handover (it
+//! brings rustls with ring).
 //!
 //! # Quick start
 //!
@@ -72,7 +72,7 @@ mod election;
 mod elector;
 mod error;
 mod events;
-pub mod fence;
+mod fence;
 mod for_life;
 #[doc(hidden)]
 pub mod internal;
@@ -110,12 +110,11 @@ pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
     }
 }
 
-pub use election::Election;
 pub use elector::Elector;
 pub use error::{Error, Result};
 pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
-pub use lease::{Coordinated, LeaseConfig, LeaseElector, Recampaign, Unhealthy};
+pub use lease::{Coordinated, LeaseConfig, LeaseElector};
 pub use lock::LockRef;
 pub use shards::{Assignments, Shard, ShardSet, Shards, ShardsConfig};
 pub use successor::{CandidatePod, Successor};

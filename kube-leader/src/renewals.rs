@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// What a candidate's renewals look like, published on [`LeaseElector::renewals`](crate::LeaseElector::renewals): a
+/// What a candidate's renewals look like, published on `LeaseElector::renewals`: a
 /// heartbeat for supervisors, and the figures for metrics.
 ///
 /// Built by the elector (or from [`Default`]); the struct may gain fields in a minor release.

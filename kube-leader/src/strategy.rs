@@ -5,9 +5,7 @@
 use std::fmt;
 
 /// Which election strategy produced a [`Leadership`](crate::leadership::Leadership).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Strategy {
     /// Leader for life: a ConfigMap owned by the leader's Pod (operator-sdk `leader.Become`).
@@ -28,7 +26,7 @@ impl fmt::Display for Strategy {
 /// the `kube-leader` sidecar decides its defaults, its RBAC and its step-down with these.
 impl Strategy {
     /// Its name in flags and configuration files: `for-life` or `lease`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Strategy::ForLife => "for-life",
             Strategy::Lease => "lease",
@@ -41,8 +39,7 @@ impl Strategy {
     /// (the sidecar's stop bound). Leader
     /// for life's lock is held until its Pod is deleted; a silent leader is noticed by its
     /// liveness heartbeat, if any.
-    #[doc(hidden)]
-    pub fn expires(self) -> bool {
+    pub(crate) fn expires(self) -> bool {
         match self {
             Strategy::ForLife => false,
             Strategy::Lease => true,
@@ -52,16 +49,14 @@ impl Strategy {
     /// Whether a leader keeps its lock when its work ends by itself (not asked to stop):
     /// leader for life does (a process restarted in the same Pod continues the term, as
     /// operator-sdk's); a Lease is released, so that another candidate takes over at once.
-    #[doc(hidden)]
-    pub fn keeps_lock_after_work(self) -> bool {
+    pub(crate) fn keeps_lock_after_work(self) -> bool {
         !self.expires()
     }
 
     /// Whether a candidate watches its own Pod by itself: leader for life does (its lock is
     /// owned by its Pod); a Lease candidate only when given its Pod
     /// ([`LeaseElector::candidate_pod`](crate::LeaseElector::candidate_pod)).
-    #[doc(hidden)]
-    pub fn watches_own_pod(self) -> bool {
+    pub(crate) fn watches_own_pod(self) -> bool {
         !self.expires()
     }
 }

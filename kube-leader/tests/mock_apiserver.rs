@@ -8,6 +8,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
+use kube_leader::internal::LeaseElectorExt as _;
 use kube_leader::{
     internal::labels::{PREFERRED_HOLDER_ANNOTATION, REGISTRATION_HEARTBEAT},
     LeaseConfig, LeaseElector, LossReason, Successor,
@@ -343,7 +344,7 @@ async fn a_release_seen_by_the_watch_is_taken_at_once() {
         "took over {:?} after the release",
         released_at.elapsed()
     );
-    assert_eq!(leadership.identity(), "me");
+    assert_eq!(leadership.term().identity, "me");
     let s = mock.0.lock().unwrap();
     assert_eq!(s.lease.as_ref().unwrap()["spec"]["holderIdentity"], "me");
 }

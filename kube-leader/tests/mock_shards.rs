@@ -240,12 +240,12 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
     );
     assert_eq!(second.index(), 0);
     assert!(second.leadership().is_leader());
-    assert!(second.fencing_token() > first.fencing_token());
+    assert!(second.leadership().fencing_token() > first.leadership().fencing_token());
     assert!(!first.leadership().is_leader());
     assert_eq!(mock.holder("set-0").as_deref(), Some("me"));
     assert_eq!(
         assignments.held().borrow().held.get(&0),
-        Some(&second.fencing_token())
+        Some(&second.leadership().fencing_token())
     );
 
     // The kept guard goes at last: nothing changes for the new term.
@@ -376,11 +376,11 @@ async fn a_shard_lost_in_a_freeze_whose_guard_is_kept_is_taken_again_after_the_s
         "taken again only {waited:?} after its loss"
     );
     assert_eq!(second.index(), 0);
-    assert!(second.fencing_token() > first.fencing_token());
+    assert!(second.leadership().fencing_token() > first.leadership().fencing_token());
     assert!(!first.leadership().is_leader());
     assert_eq!(
         assignments.held().borrow().held.get(&0),
-        Some(&second.fencing_token())
+        Some(&second.leadership().fencing_token())
     );
     drop(first);
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -10,6 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{internal::Environment, ForLife};
 use serde_json::{json, Value};
 use tokio::{sync::mpsc, time::Instant};

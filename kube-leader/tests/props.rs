@@ -7,6 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_leader::{
     internal::{validate_name, LeaseRecord},
+    internal::{LeaseConfigExt as _, Validate as _},
     Error, LeaseConfig,
 };
 use proptest::prelude::*;

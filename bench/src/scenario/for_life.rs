@@ -17,6 +17,7 @@ use kube::{
     api::{DeleteParams, PostParams},
     Api, Client, ResourceExt,
 };
+use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{internal::Environment, ForLife, Leadership};
 use kube_leader_testenv::create_pod;
 use tokio::sync::mpsc;

@@ -26,7 +26,8 @@
 use std::{fmt, io::Write as _, process::ExitCode, time::Duration};
 
 use kube::Client;
-use kube_leader::{internal::Environment, ForLife, LeaseElector, Recampaign};
+use kube_leader::internal::ForLifeExt as _;
+use kube_leader::{internal::Environment, ForLife, LeaseElector};
 use kube_leader_e2e::{
     chaos::{Ledger, Outcome},
     mono_ns,
@@ -192,7 +193,7 @@ async fn lease(args: &[String]) -> Result<u8> {
         );
     let shutdown = on_sigterm()?;
     elector
-        .run(&shutdown, Recampaign::Always, |term, lost| {
+        .run(&shutdown, |term, lost| {
             lead(
                 ledger.clone(),
                 identity.clone(),

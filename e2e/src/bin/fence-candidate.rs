@@ -33,7 +33,7 @@ use kube::{
     api::{Patch, PatchParams},
     Api, Client,
 };
-use kube_leader::{fence::FENCED_TOKEN_ANNOTATION, LeaseElector};
+use kube_leader::{internal::fence::FENCED_TOKEN_ANNOTATION, LeaseElector};
 use kube_leader_e2e::mono_ns;
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};

@@ -12,7 +12,7 @@
 use kube_leader_e2e::Tune;
 use std::{io::Write, time::Duration};
 
-use kube_leader::{LeaseElector, Recampaign};
+use kube_leader::LeaseElector;
 use tokio_util::sync::CancellationToken;
 
 fn emit(v: serde_json::Value) {
@@ -89,7 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let id = identity.clone();
     elector
-        .run(&shutdown, Recampaign::Always, |term, lost| {
+        .run(&shutdown, |term, lost| {
             let id = id.clone();
             async move {
                 emit(serde_json::json!({"event": "started_leading", "identity": id,

@@ -94,7 +94,7 @@ async fn run(args: &[String]) -> Result<()> {
         tokio::select! {
             shard = assignments.next() => match shard {
                 Some(shard) => {
-                    let (index, token, lost) = (shard.index(), shard.fencing_token(), shard.lost_token());
+                    let (index, token, lost) = (shard.index(), shard.leadership().fencing_token(), shard.leadership().lost_token());
                     emit(json!({"event": "started_leading", "identity": identity, "shard": index,
                         "fencing_token": token}));
                     let identity = identity.clone();

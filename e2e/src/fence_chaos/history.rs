@@ -18,7 +18,7 @@ use kube::{
     Api, Client, Resource, ResourceExt as _,
 };
 use kube_leader::{
-    fence::FENCED_TOKEN_ANNOTATION,
+    internal::fence::FENCED_TOKEN_ANNOTATION,
     internal::labels::{FENCING_TOKEN_ANNOTATION, HOLDER_ANNOTATION},
 };
 use tokio::task::JoinHandle;

@@ -5,6 +5,7 @@
 
 use http::Method;
 use kube_leader::internal::labels::{LIVENESS_ANNOTATION, RENEW_TIME_ANNOTATION};
+use kube_leader::internal::LeadershipExt as _;
 use kube_leader_e2e::faults::{Fault, Faulty, Matcher};
 
 use super::*;

@@ -31,7 +31,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
     Api, Client,
 };
-use kube_leader::{fence::FENCED_TOKEN_ANNOTATION, Leadership, LeaseElector};
+use kube_leader::{internal::fence::FENCED_TOKEN_ANNOTATION, Leadership, LeaseElector};
 use kube_leader_e2e::{balancer::Balancer, wait_for};
 use kube_leader_testenv::{bind_role, rule, ControlPlane, TestNamespace};
 use serde_json::{json, Value};

@@ -2,6 +2,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use kube_leader::Strategy;
+
 /// Parses a duration written as `500ms`, `2s`, `1m`, `1m30s` (at most 365 days).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -39,6 +41,14 @@ pub(crate) fn parse_liveness(s: &str) -> Result<LivenessArg, String> {
         "off" | "0" => Ok(LivenessArg(None)),
         s => parse_duration(s).map(|d| LivenessArg((!d.is_zero()).then_some(d))),
     }
+}
+
+/// `--strategy`: the library's strategies by name, each with its help.
+pub(super) fn parse_strategy() -> impl clap::builder::TypedValueParser<Value = Strategy> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    use kube_leader::internal::{strategy_named, StrategyExt as _, STRATEGIES};
+    PossibleValuesParser::new(STRATEGIES.map(|s| PossibleValue::new(s.as_str()).help(s.help())))
+        .try_map(|name| strategy_named(&name).ok_or("no such strategy"))
 }
 
 /// The longest duration any flag accepts.

@@ -82,7 +82,15 @@ pub(crate) struct LockSpec {
     /// Its name.
     pub(crate) name: String,
     /// Its strategy (`lease`, `for-life`).
+    #[serde(deserialize_with = "strategy")]
     pub(crate) strategy: Strategy,
+}
+
+/// A strategy by its name (`lease`, `for-life`).
+fn strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Strategy, D::Error> {
+    use kube_leader::internal::{strategy_named, STRATEGY_NAMES};
+    let name = String::deserialize(d)?;
+    strategy_named(&name).ok_or_else(|| serde::de::Error::unknown_variant(&name, &STRATEGY_NAMES))
 }
 
 /// A shard set: the object's shard is `<set>-<value of label>`, a Lease.

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use kube_leader::fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA};
 pub(crate) use kube_leader::internal::fence::{judge, stamp, Write};
+use kube_leader::internal::fence::{FENCED_TOKEN_ANNOTATION, FENCING_TOKEN_EXTRA};
 
 use super::config::KUBE_SYSTEM;
 

@@ -7,7 +7,7 @@
 //! token (a Pod on the host network shares its loopback with the node), strips the caller's
 //! credentials and impersonation headers, adds the fencing headers (`Impersonate-User` of
 //! kube-leader's own user with the term's token as the user extra), stamps the objects and
-//! patches it forwards (`kube_leader::fence::stamp_body`), and sends the request to the API
+//! patches it forwards (`kube_leader::internal::fence::stamp_body`), and sends the request to the API
 //! server with kube-leader's own credentials. Responses, watches included, stream back.
 //!
 //! With `--shards` the token is a shard's: the kubeconfig has a context `shard-<i>` per shard
@@ -69,7 +69,7 @@ pub(crate) enum Tokens {
 /// Starts a proxy on 127.0.0.1 that forwards through `client` as `user` with `tokens`, and
 /// writes its kubeconfig into `dir`.
 pub(crate) async fn start(client: Client, user: &str, tokens: Tokens, dir: &Path) -> Result<Proxy, String> {
-    kube_leader::fence::fencing_headers(user, 0)
+    kube_leader::internal::fence::fencing_headers(user, 0)
         .map_err(|e| format!("--fence-user {user:?} cannot be a header value: {e}"))?;
     let bearer = random_hex(32)?;
     let certs = super::tls::generate_pem(&["127.0.0.1".to_string()])?;
@@ -262,7 +262,7 @@ async fn forward(shared: &Shared, req: Request<Incoming>) -> Response<ProxyBody>
         }
     };
     let bytes = match stampable
-        .then(|| kube_leader::fence::stamp_body(&bytes, token.unwrap_or_default()))
+        .then(|| kube_leader::internal::fence::stamp_body(&bytes, token.unwrap_or_default()))
         .flatten()
     {
         Some(stamped) => Bytes::from(stamped),
@@ -332,7 +332,7 @@ fn rewrite_headers(
         headers.remove(k);
     }
     if let Some(token) = token {
-        let fencing = kube_leader::fence::fencing_headers(user, token)
+        let fencing = kube_leader::internal::fence::fencing_headers(user, token)
             .map_err(|_| "the fencing headers cannot be built")?;
         for (name, value) in fencing {
             headers.insert(name, value);

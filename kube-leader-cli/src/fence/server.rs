@@ -462,7 +462,7 @@ mod tests {
         assert!(mutate(allow, &stamped, &Writer::Token(7)).patch.is_none());
     }
 
-    const FENCED: &str = kube_leader::fence::FENCED_TOKEN_ANNOTATION;
+    const FENCED: &str = kube_leader::internal::fence::FENCED_TOKEN_ANNOTATION;
 
     #[test]
     fn shards_are_named_by_the_objects_label() {

@@ -5,6 +5,8 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::anyhow;
 use kube::Client;
+use kube_leader::internal::ElectorExt as _;
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::{Elector, LeaderInfo, Leadership, LockRef};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -132,7 +134,7 @@ pub(crate) async fn campaign(
              that finds no namespace (--on-outside-cluster skip); set --namespace or POD_NAMESPACE \
              to elect one leader");
     }
-    status.lead(leadership.fencing_token(), leadership.acquired_at());
+    status.lead(leadership.fencing_token(), leadership.term().acquired_at);
     if let Some(label) = label {
         label.set(true);
     }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::{Leadership, LossReason};
 use tokio::{
     sync::watch,
@@ -77,7 +78,7 @@ impl Confirmed {
     /// `leadership`'s confirmations, pinged every `retry_period` where they are not enough.
     pub(crate) fn new(leadership: &Leadership, renew_deadline: Duration, retry_period: Duration) -> Self {
         let library = (!leadership.is_skipped()).then(|| leadership.confirmations());
-        let from_writes = library.is_some() && leadership.strategy().expires();
+        let from_writes = library.is_some() && leadership.term().strategy.expires();
         Self::of(library, from_writes, renew_deadline, retry_period)
     }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kube_leader::internal::StrategyExt as _;
 use kube_leader::Leadership;
 use tracing::{info, warn};
 

@@ -181,7 +181,7 @@ impl Sidecar {
         self.guards
             .iter()
             .filter(|(_, h)| h.shard.leadership().is_leader())
-            .map(|(i, h)| (*i, h.shard.fencing_token()))
+            .map(|(i, h)| (*i, h.shard.leadership().fencing_token()))
             .collect()
     }
 

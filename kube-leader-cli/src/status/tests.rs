@@ -5,7 +5,7 @@ use kube_leader::Strategy;
 fn lease_status() {
     let lock = LockRef::new("ns", "l").unwrap();
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let mut info = LeaderInfo::new(Strategy::Lease, lock.clone());
+    let mut info = kube_leader::internal::leader_info(Strategy::Lease, lock.clone());
     info.holder = Some("pod-a".into());
     info.fencing_token = Some(3);
     info.acquired_at = Some(t0);

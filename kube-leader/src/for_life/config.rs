@@ -5,7 +5,6 @@ use std::{path::PathBuf, time::Duration};
 use super::holder::Liveness;
 use crate::{
     discovery,
-    election::Election,
     error::{invalid, Result},
     setters::setters,
     successor::Successor,
@@ -122,7 +121,7 @@ pub struct ForLifeConfig {
     /// The liveness heartbeat, opt-in. `Some(liveness)`: the leader writes the lock's
     /// [`RENEW_TIME_ANNOTATION`](crate::lock::RENEW_TIME_ANNOTATION) every third of
     /// `liveness` (the first with the lock's create), and
-    /// [`Leadership::confirmed_until`](crate::Leadership::confirmed_until) is the send of the
+    /// [`Leadership::confirmations`](crate::Leadership::confirmations) is the send of the
     /// last successful write plus `liveness`: **work gated on the term must stop by then** (as
     /// with a Lease's renew deadline). A heartbeat that cannot be written does not end the term
     /// (a partition of a live Pod hands nothing over): the confirmation lapses, and moves on
@@ -139,9 +138,9 @@ pub struct ForLifeConfig {
     /// cost). At least 1 s.
     pub liveness: Option<Duration>,
     /// With [`liveness`](Self::liveness): how long the work may still run after
-    /// [`confirmed_until`](crate::Leadership::confirmed_until) has passed (the sidecar's
+    /// the [confirmation](crate::Leadership::confirmations) has passed (the sidecar's
     /// SIGTERM → SIGKILL grace). Advertised in the lock with the liveness, so that successors
-    /// wait for it too. Default zero: the work stops by `confirmed_until`.
+    /// wait for it too. Default zero: the work stops when the confirmation lapses.
     pub liveness_grace: Duration,
     /// Which candidate a leader that steps down ([`Leadership::release`](crate::Leadership::release),
     /// after its Pod began to terminate) hands over to. Default [`Successor::Youngest`]: the
@@ -152,9 +151,9 @@ pub struct ForLifeConfig {
     /// release mark; the preferred one takes over at once. Crash failover (the lock deleted with
     /// its Pod, a stale lock) never waits for it. Default 2 s.
     pub successor_wait: Duration,
-    /// Whether to campaign at all. Default [`Election::Enabled`]; [`Election::Disabled`]
-    /// leads at once without a lock, in or outside a cluster (local runs; see [`Election`]).
-    pub election: Election,
+    /// Whether to campaign for the lock (default `true`). `false` leads at once, without a
+    /// lock, in or outside a cluster: see [`LeaseConfig::election`](crate::LeaseConfig::election).
+    pub election: bool,
 }
 
 impl Default for ForLifeConfig {
@@ -170,7 +169,7 @@ impl Default for ForLifeConfig {
             liveness_grace: Duration::ZERO,
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
-            election: Election::Enabled,
+            election: true,
         }
     }
 }
@@ -187,13 +186,13 @@ setters!(ForLifeConfig {
     liveness_grace: Duration => liveness_grace,
     successor: Successor => successor,
     successor_wait: Duration => successor_wait,
-    election: Election => election,
+    election: bool => election,
 });
 
 impl ForLifeConfig {
     /// Checks the options: a backoff cap of at least the initial 1 s, a non-zero API timeout
     /// and takeover grace, and no duration beyond i64 nanoseconds (about 292 years).
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |field, m: String| Err(invalid(field, m));
         if self.backoff_cap < INITIAL_BACKOFF {
             return bad(

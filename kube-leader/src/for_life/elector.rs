@@ -230,9 +230,8 @@ impl ForLife {
     }
 
     /// Sets where the namespace and Pod name come from when not set (tests).
-    #[doc(hidden)]
     #[must_use]
-    pub fn environment(mut self, environment: Environment) -> Self {
+    pub(crate) fn environment(mut self, environment: Environment) -> Self {
         self.node_check_disabled = Arc::default();
         self.environment = Some(environment);
         self
@@ -243,7 +242,7 @@ impl ForLife {
     ///
     /// # Errors
     /// [`Error::NoNamespace`] outside a cluster; an invalid lock name.
-    pub fn lock(&self) -> Result<LockRef> {
+    pub(crate) fn lock(&self) -> Result<LockRef> {
         let env = self.environment_in_force();
         let (namespace, _) =
             discover_namespace(self.namespace.as_deref(), &env).ok_or_else(|| Error::NoNamespace {
@@ -256,7 +255,7 @@ impl ForLife {
     ///
     /// # Errors
     /// [`Error::NoPodName`] when there is none, as [`become_leader`](Self::become_leader).
-    pub fn resolved_identity(&self) -> Result<String> {
+    pub(crate) fn resolved_identity(&self) -> Result<String> {
         self.pod_name_in(&self.environment_in_force())
             .filter(|n| !n.is_empty())
             .ok_or(Error::NoPodName)
@@ -290,7 +289,7 @@ impl ForLife {
     }
 
     /// The options in force.
-    pub fn settings(&self) -> &ForLifeConfig {
+    pub(crate) fn settings(&self) -> &ForLifeConfig {
         &self.config
     }
 
@@ -326,7 +325,7 @@ impl ForLife {
         let env = self.environment_in_force();
         let pod_name = self.pod_name_in(&env);
         let found = discover_namespace(self.namespace.as_deref(), &env);
-        if self.config.election == crate::election::Election::Disabled {
+        if !self.config.election {
             let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
             let identity = discovery::resolve_identity(pod_name.as_deref()).unwrap_or_default();
             let lock = LockRef::new(namespace, self.name.clone())?;

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use super::coordinated::Coordinated;
 use crate::{
-    election::Election,
     error::{invalid, Result},
     setters::setters,
     successor::Successor,
@@ -30,7 +29,7 @@ fn jittered_retry_period(retry_period: Duration) -> Duration {
 /// client-go's rule for a renewing loop: the renew deadline must exceed
 /// [`JITTER_FACTOR`] × the retry period (computed as client-go does, in nanoseconds), so that a
 /// renewal can be retried at least once before the deadline. Part of
-/// [`LeaseConfig::validate`]; the `kube-leader` sidecar applies it to its supervisor's
+/// `LeaseConfig::validate`; the `kube-leader` sidecar applies it to its supervisor's
 /// heartbeats under both strategies.
 pub fn check_renew_deadline(renew_deadline: Duration, retry_period: Duration) -> Result<()> {
     let retry_period = retry_period.min(MAX_DURATION);
@@ -95,10 +94,31 @@ pub struct LeaseConfig {
     /// within milliseconds. Crash failover never waits for it (nobody stepped down). Default
     /// 2 s.
     pub successor_wait: Duration,
-    /// Whether to campaign at all. Default [`Election::Enabled`]; [`Election::Disabled`]
-    /// leads at once without a lock (local runs; see [`Election`]). The timings are still
-    /// validated.
-    pub election: Election,
+    /// Whether to campaign for the lock (default `true`): Kubernetes components'
+    /// `--leader-elect`.
+    ///
+    /// With `false`, `become_leader` returns at once and logs so at `info`. No request is sent
+    /// for the lock. The fencing token is 0 and [`Leadership::is_skipped`](crate::Leadership::is_skipped)
+    /// is `true`. No Event, observation or registration is recorded. The term ends only on
+    /// shutdown ([`LossReason::Cancelled`](crate::LossReason::Cancelled)) or release. A
+    /// [shard set](crate::Shards) hands this replica every shard.
+    ///
+    /// Every replica started so leads: **never turn the election off for more than one
+    /// replica.** Use it for local runs and single-replica tests.
+    ///
+    /// ```no_run
+    /// # async fn doc(client: kube::Client) -> kube_leader::Result<()> {
+    /// use kube_leader::{LeaseConfig, LeaseElector};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let local = std::env::var_os("KUBERNETES_SERVICE_HOST").is_none();
+    /// let elector =
+    ///     LeaseElector::new(client, "my-operator").config(LeaseConfig::default().election(!local));
+    /// let leadership = elector.become_leader(&CancellationToken::new()).await?;
+    /// assert_eq!(leadership.is_skipped(), local);
+    /// # Ok(()) }
+    /// ```
+    pub election: bool,
     /// Take part in Kubernetes' coordinated leader election (KEP-4355) with these versions: the
     /// controller in kube-apiserver names the holder, and this candidate never takes the Lease
     /// itself (see [`Coordinated`]). Default `None`: a classic candidate,
@@ -129,7 +149,7 @@ impl Default for LeaseConfig {
             api_timeout: None,
             successor: Successor::Youngest,
             successor_wait: Duration::from_secs(2),
-            election: Election::Enabled,
+            election: true,
             coordinated: None,
             keep_warm: Some(Duration::from_secs(60)),
         }
@@ -147,7 +167,7 @@ setters!(LeaseConfig {
     api_timeout: Duration => Some(api_timeout),
     successor: Successor => successor,
     successor_wait: Duration => successor_wait,
-    election: Election => election,
+    election: bool => election,
     coordinated: Coordinated => Some(coordinated),
     keep_warm: Option<Duration> => keep_warm,
 });
@@ -160,7 +180,7 @@ impl LeaseConfig {
     /// whole number of seconds in an `int32`, and every duration to be at most client-go's
     /// longest (`time.Duration` is an `int64` of nanoseconds, about 292 years), so that no
     /// deadline arithmetic can overflow.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         self.check_ranges()?;
         let bad = |field, m: String| Err(invalid(field, m));
         if self.lease_duration < Duration::from_secs(1) {
@@ -244,8 +264,7 @@ impl LeaseConfig {
     }
 
     /// `leaseDurationSeconds` as written to the Lease: the duration rounded up to whole seconds.
-    #[doc(hidden)]
-    pub fn lease_duration_seconds(&self) -> i32 {
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
         let secs = self
             .lease_duration
             .as_secs()

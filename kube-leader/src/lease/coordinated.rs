@@ -95,7 +95,7 @@ impl Coordinated {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the version that is not one.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         for (field, v) in [
             ("coordinated.binary_version", &self.binary_version),
             ("coordinated.emulation_version", &self.emulation_version),

@@ -14,8 +14,7 @@ use super::{
     shared::{Renewals, Shared},
 };
 use crate::{
-    discovery,
-    election::{self, Election},
+    discovery, election,
     error::{Error, Result},
     leadership::{LeaderInfo, Leadership, Strategy, Term},
     lock::LockRef,
@@ -23,19 +22,7 @@ use crate::{
     successor::{CandidatePod, Registry, Successor},
 };
 
-/// Whether [`LeaseElector::run`] campaigns again after losing leadership.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Recampaign {
-    /// Return after the first term, like client-go's `Run`.
-    Once,
-    /// Campaign again after every lost term, until shutdown.
-    Always,
-}
-
-/// Why the watchdog thinks this candidate is unhealthy.
-///
-/// Built by [`LeaseElector::check_health`] only; the struct may gain fields in a minor release.
+/// Why the watchdog thinks this candidate is unhealthy (the sidecar's `/healthz`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 #[error("believes it leads {lock} but has not renewed for {since:?} (lease duration {lease_duration:?} + tolerance {tolerance:?})")]
@@ -65,10 +52,9 @@ pub struct Unhealthy {
 /// # Ok(()) }
 /// ```
 ///
-/// A clone is the same candidate: it shares [`observe`](Self::observe),
-/// [`renewals`](Self::renewals) and the instance id with the original (clone it to campaign in
-/// a task and observe from another). Changing a setting (any builder method) makes a new
-/// candidate with state of its own, so `a.clone().identity("b")` shares nothing with `a`.
+/// A clone is the same candidate: it shares [`observe`](Self::observe) and its state with the
+/// original. Clone it to campaign in one task and observe from another. A setter makes a new
+/// candidate with state of its own: `a.clone().identity("b")` shares nothing with `a`.
 ///
 /// # Permissions
 ///
@@ -238,18 +224,18 @@ impl LeaseElector {
     }
 
     /// The timings and options in force.
-    pub fn settings(&self) -> &LeaseConfig {
+    pub(crate) fn settings(&self) -> &LeaseConfig {
         &self.config
     }
 
     /// The lock this candidate campaigns for (namespace resolved as documented in [`new`](Self::new)).
-    pub fn lock(&self) -> Result<LockRef> {
+    pub(crate) fn lock(&self) -> Result<LockRef> {
         let ns = discovery::namespace_or_default(self.namespace.as_deref(), &self.client);
         LockRef::new(ns, self.name.clone())
     }
 
     /// This candidate's identity (resolved as documented in [`new`](Self::new)).
-    pub fn resolved_identity(&self) -> Result<String> {
+    pub(crate) fn resolved_identity(&self) -> Result<String> {
         discovery::resolve_identity(self.identity.as_deref()).ok_or_else(|| Error::InvalidConfig {
             field: "identity",
             reason: "must not be empty (set it, or POD_NAME, or a host name)".into(),
@@ -263,14 +249,13 @@ impl LeaseElector {
 
     /// Renewal figures of this candidate, updated on every renewal attempt: a heartbeat for
     /// supervisors and the source of renewal metrics.
-    #[doc(hidden)]
-    pub fn renewals(&self) -> watch::Receiver<Renewals> {
+    pub(crate) fn renewals(&self) -> watch::Receiver<Renewals> {
         self.shared.renewals.subscribe()
     }
 
     /// The election watchdog (client-go's `HealthzAdaptor`): unhealthy if this candidate believes
     /// it leads but has not renewed for longer than the lease duration plus `tolerance`.
-    pub fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
+    pub(crate) fn check_health(&self, tolerance: Duration) -> Result<(), Unhealthy> {
         let h = self.shared.renewals.borrow();
         match (h.leading, h.last_success) {
             (true, Some(last)) if last.elapsed() > self.config.lease_duration + tolerance => Err(Unhealthy {
@@ -304,7 +289,7 @@ impl LeaseElector {
         self.config.validate()?;
         let lock = self.lock()?;
         let identity = self.resolved_identity()?;
-        if self.config.election == Election::Disabled {
+        if !self.config.election {
             return Ok(election::unelected(Strategy::Lease, lock, identity, shutdown));
         }
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
@@ -352,19 +337,16 @@ impl LeaseElector {
 
     /// Runs `work` whenever this candidate leads, until `shutdown`.
     ///
-    /// `work` gets the term and a token cancelled when leadership is lost (or on shutdown); it
-    /// must return soon after. Only then is the lease released, so work never overlaps the next
-    /// leader's through a premature release. With [`Recampaign::Always`] the candidate
-    /// campaigns again after each term; with [`Recampaign::Once`] it returns after one.
+    /// `work` gets the term and a token that is cancelled when leadership is lost or on
+    /// shutdown. It must return soon after. Only then is the Lease released, so work never
+    /// overlaps the next leader's. After each term the candidate campaigns again.
+    ///
+    /// For one term only, call [`become_leader`](Self::become_leader) and
+    /// [`Leadership::release`] yourself.
     ///
     /// # Cancellation safety
     /// Not cancel-safe: use `shutdown` to stop it.
-    pub async fn run<F, Fut>(
-        &self,
-        shutdown: &CancellationToken,
-        recampaign: Recampaign,
-        mut work: F,
-    ) -> Result<()>
+    pub async fn run<F, Fut>(&self, shutdown: &CancellationToken, mut work: F) -> Result<()>
     where
         F: FnMut(Term, CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
@@ -377,7 +359,7 @@ impl LeaseElector {
             };
             work(leadership.term().clone(), leadership.lost_token()).await;
             leadership.release().await?;
-            if shutdown.is_cancelled() || recampaign == Recampaign::Once {
+            if shutdown.is_cancelled() {
                 return Ok(());
             }
         }

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
 
 use crate::{error::Result, leadership::Leadership};
 
@@ -42,7 +41,7 @@ impl Assignments {
     /// already cancelled, so that the consumer sees the loss: drop it. Shards come in the order
     /// they were acquired; a shard lost and taken again comes again as a new [`Shard`] (a new
     /// fencing token) while the old one may still be kept: keep shards keyed by index and let
-    /// the new one replace the old, or watch each one's [`lost_token`](Shard::lost_token). The
+    /// the new one replace the old, or watch each one's [`lost_token`](Leadership::lost_token). The
     /// [`held`](Self::held) set alone cannot tell a consumer of every loss: a shard acquired
     /// and lost between two looks at it never appears there.
     ///
@@ -100,16 +99,6 @@ impl Shard {
     /// The shard's index, `0..count`.
     pub fn index(&self) -> u32 {
         self.index
-    }
-
-    /// The fencing token of this term of the shard (see [`Leadership::fencing_token`]).
-    pub fn fencing_token(&self) -> u64 {
-        self.leadership.fencing_token()
-    }
-
-    /// A token cancelled the moment this shard is lost or handed over.
-    pub fn lost_token(&self) -> CancellationToken {
-        self.leadership.lost_token()
     }
 
     /// The leadership of this shard's Lease.

@@ -16,8 +16,7 @@ use super::{
     engine::{Engine, Spec},
 };
 use crate::{
-    discovery,
-    election::{self, Election},
+    discovery, election,
     error::{invalid, Error, Result},
     leadership::{Strategy, Term},
     lock::{self, LockRef},
@@ -156,27 +155,27 @@ impl Shards {
     }
 
     /// The settings in force.
-    pub fn settings(&self) -> &ShardsConfig {
+    pub(crate) fn settings(&self) -> &ShardsConfig {
         &self.config
     }
 
     /// How many shards the set has.
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.count
     }
 
     /// The name of shard `index`'s Lease: `<name>-<index>`.
-    pub fn lease_name(&self, index: u32) -> String {
+    pub(crate) fn lease_name(&self, index: u32) -> String {
         format!("{}-{index}", self.name)
     }
 
     /// The namespace of the Leases (resolved as documented in [`new`](Self::new)).
-    pub fn resolved_namespace(&self) -> String {
+    pub(crate) fn resolved_namespace(&self) -> String {
         discovery::namespace_or_default(self.namespace.as_deref(), &self.client)
     }
 
     /// This candidate's identity (resolved as documented in [`new`](Self::new)).
-    pub fn resolved_identity(&self) -> Result<String> {
+    pub(crate) fn resolved_identity(&self) -> Result<String> {
         discovery::resolve_identity(self.identity.as_deref()).ok_or_else(|| {
             invalid(
                 "identity",
@@ -186,7 +185,7 @@ impl Shards {
     }
 
     /// Checks the settings and names without sending anything.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         self.config.validate()?;
         if self.count == 0 || self.count > MAX_SHARDS {
             return Err(invalid(
@@ -229,7 +228,7 @@ impl Shards {
         let identity = self.resolved_identity()?;
         let namespace = self.resolved_namespace();
         let (out, rx) = mpsc::unbounded_channel();
-        if self.config.lease.election == Election::Disabled {
+        if !self.config.lease.election {
             return Ok(self.start_unelected(shutdown, &namespace, identity));
         }
         let (held_tx, held) = watch::channel(ShardSet::default());
@@ -301,7 +300,8 @@ impl Shards {
             tokio::select! {
                 shard = assignments.next() => match shard {
                     Some(shard) => {
-                        let fut = work(shard.index(), shard.leadership().term().clone(), shard.lost_token());
+                        let l = shard.leadership();
+                        let fut = work(shard.index(), l.term().clone(), l.lost_token());
                         running.push(async move {
                             fut.await;
                             drop(shard);

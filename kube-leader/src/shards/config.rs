@@ -12,23 +12,23 @@ use crate::{
 /// (1,000 Leases at 2 s are 500 writes/s), and small enough that every index fits a `u32`.
 pub const MAX_SHARDS: u32 = 100_000;
 
-/// How a set of shard Leases is held.
+/// Settings of a shard set ([`Shards`](crate::Shards)).
 ///
-/// Every shard is a client-go compatible Lease with the timings of [`ShardsConfig::lease`],
-/// validated with client-go's rules, and its holder stops acting on it exactly as a
-/// [`LeaseElector`](crate::LeaseElector) leader does: when its renew deadline passes without a
-/// successful renewal, per shard.
+/// Every shard is a client-go compatible Lease with the timings of [`ShardsConfig::lease`].
+/// Its holder stops acting on it as a [`LeaseElector`](crate::LeaseElector) leader does: when
+/// its renew deadline passes without a successful renewal. [`Shards::start`](crate::Shards::start)
+/// checks the settings.
 ///
-/// Build it from [`Default`] and its setters, or set the fields of a default one: the struct
+/// Build it from [`Default`] and its setters, or set the fields of a default one. The struct
 /// may gain fields in a minor release.
 ///
 /// ```
 /// use std::time::Duration;
 /// use kube_leader::{LeaseConfig, ShardsConfig};
 ///
-/// let lease = LeaseConfig::default().lease_duration(Duration::from_secs(15)).renew_deadline(Duration::from_secs(10)).retry_period(Duration::from_secs(2));
+/// let lease = LeaseConfig::default().renew_deadline(Duration::from_secs(8));
 /// let config = ShardsConfig::default().lease(lease).max_in_flight(16);
-/// config.validate().unwrap();
+/// assert_eq!(config.lease.renew_deadline, Duration::from_secs(8));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -80,7 +80,7 @@ setters!(ShardsConfig {
 impl ShardsConfig {
     /// Checks the Lease timings with client-go's rules ([`LeaseConfig::validate`]) and the
     /// shard settings.
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         self.lease.validate()?;
         if self.lease.coordinated.is_some() {
             return Err(invalid(
