@@ -501,7 +501,7 @@ impl Cand {
     /// `Election::delete_dead_pod`: only once this candidate's create won.
     fn delete_pod(&mut self, s: &Value) -> Verdict {
         let pod = field(s, "pod", fl::pod_ref_from)?;
-        if !self.won.as_ref().is_some_and(|w| w.op == "create") || self.held.is_some() {
+        if self.won.as_ref().is_none_or(|w| w.op != "create") || self.held.is_some() {
             return Err(format!(
                 "the dead Pod {} deleted before this candidate's create won",
                 pod.name
@@ -741,7 +741,7 @@ impl Held {
                         self.lock_uid, self.current_rv
                     ));
                 }
-                if !record.is_some_and(|r| r.fencing_token == Some(self.token)) {
+                if record.is_none_or(|r| r.fencing_token != Some(self.token)) {
                     return Err("a heartbeat without the term's fencing token".into());
                 }
                 self.due_min = sent
