@@ -196,19 +196,17 @@ impl<'a> Election<'a> {
         self.track_node();
         let now = Instant::now();
         self.track_fate(record.as_ref(), now);
-        let unknown = LeaderPod::Unknown;
         let inputs = Inputs {
             lock: record.as_ref(),
-            leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
+            leader_pod: self.leader_pod.as_ref().map_or(&LeaderPod::Unknown, |p| &p.state),
             node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
             fate: self.fate.as_ref(),
             me: &self.me,
             now,
             policy: self.policy(),
         };
-        let decision = decide(inputs);
         let wait = self.config().successor_wait;
-        let decision = defer_to_preferred(decision, self.fate.as_ref(), &self.me, now, wait);
+        let decision = defer_to_preferred(decide(inputs), self.fate.as_ref(), &self.me, now, wait);
         let dead_pod = dead_pod_to_delete(&inputs);
         let watched = self.leader_pod.as_ref().map(|p| p.name.as_str());
         steps::decided(state.as_ref(), watched, &inputs, &decision, dead_pod.as_ref());
