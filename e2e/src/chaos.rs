@@ -16,4 +16,4 @@ pub use analysis::{
 };
 pub use ledger::{Ledger, Outcome, LEDGER};
 pub use rng::{seed_from_env, Rng};
-pub use trace::{Steps, TraceCheck};
+pub use trace::{Model, Steps, TraceCheck};

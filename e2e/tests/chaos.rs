@@ -100,8 +100,8 @@ use kube::{
 };
 use kube_leader_e2e::{
     chaos::{
-        seed_from_env, Analysis, Deposition, Fault, Findings, Ledger, Pause, Rng, Steps, TraceCheck, Write,
-        WriteOutcome,
+        seed_from_env, Analysis, Deposition, Fault, Findings, Ledger, Model, Pause, Rng, Steps, TraceCheck,
+        Write, WriteOutcome,
     },
     checker::History,
     mono_ns,
@@ -578,7 +578,7 @@ struct Arena {
     exit_codes: BTreeMap<String, usize>,
     leaked: Arc<Mutex<Vec<String>>>,
     started: u64,
-    /// Library Lease candidates: their decision steps, and their replay (issue 43).
+    /// Library candidates: their decision steps, and their replay (issue 43).
     steps: Steps,
     trace: Option<TraceCheck>,
 }
@@ -1796,8 +1796,12 @@ impl Arena {
         }
         .run();
         self.write_timeline(&faults, until);
-        if self.strategy == Strategy::Lease && self.flavor == Flavor::Library {
-            self.trace = Some(self.steps.replay(&self.dir));
+        if self.flavor == Flavor::Library {
+            let model = match self.strategy {
+                Strategy::Lease => Model::Lease,
+                Strategy::ForLife => Model::ForLife,
+            };
+            self.trace = Some(self.steps.replay(model, &self.dir));
         }
         let trace = self.trace.as_ref().map_or(String::new(), |t| format!("\n{t}"));
         let summary = format!(

@@ -71,6 +71,7 @@ mod kubelet;
 mod observe;
 mod own_pod;
 pub(crate) mod record;
+pub(crate) mod steps;
 
 pub use config::MIN_LIVENESS;
 pub use config::{DeadLeaderPod, Environment, ForLifeConfig, OutsideCluster};

@@ -259,3 +259,113 @@ async fn a_restarted_leader_continues_on_its_own_lock() {
     );
     assert_eq!(mock.lock_owner().as_deref(), Some("a"));
 }
+
+/// With the hidden feature `trace-check` (issue 43's trace checking): a leader with a liveness
+/// heartbeat, restarted in its Pod (it adopts its own lock) and then released, records decision
+/// steps that the leader-for-life model explains: the paths the chaos run's library candidates
+/// do not take (the adopt, the heartbeat and its confirmations).
+#[cfg(feature = "trace-check")]
+#[tokio::test(start_paused = true)]
+async fn a_heartbeating_leader_restarted_and_released_records_steps_the_model_explains() {
+    use kube_leader::internal::trace::{for_life, Trace};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(steps::Layer(steps.clone()));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let mock = Mock::default();
+    mock.pod("a");
+    let shutdown = CancellationToken::new();
+    let live = || {
+        let config = kube_leader::ForLifeConfig::default()
+            .successor(kube_leader::Successor::Any)
+            .liveness(Duration::from_secs(3));
+        candidate(&mock, "a").config(config)
+    };
+    let first = live().become_leader(&shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(first);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = live().become_leader(&shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    again.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let steps = steps.lock().unwrap().clone();
+    let seen = |kind: &str, op: Option<&str>| {
+        steps
+            .iter()
+            .filter(|s| s["kind"] == kind && op.is_none_or(|op| s["step"]["op"] == op))
+            .count()
+    };
+    let trace = Trace {
+        candidate: "a".into(),
+        steps: steps.clone(),
+    };
+    let report = for_life::replay(&[trace]);
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert_eq!((report.candidates, report.terms), (1, 2));
+    for (kind, op) in [
+        ("write", Some("create")),
+        ("write", Some("adopt")),
+        ("write", Some("beat")),
+        ("confirmed", None),
+        ("release_mark", None),
+        ("write", Some("mark")),
+        ("write", Some("release_delete")),
+    ] {
+        assert!(seen(kind, op) > 0, "no {kind} {op:?} step in {steps:#?}");
+    }
+    assert!(seen("confirmed", None) >= 4, "a heartbeat a second");
+}
+
+/// A `tracing` layer that keeps the library's decision steps (`kube_leader::step` events).
+#[cfg(feature = "trace-check")]
+mod steps {
+    use std::{
+        fmt,
+        sync::{Arc, Mutex},
+    };
+
+    use serde_json::{json, Value};
+    use tracing::field::{Field, Visit};
+
+    pub(super) struct Layer(pub(super) Arc<Mutex<Vec<Value>>>);
+
+    #[derive(Default)]
+    struct Fields {
+        kind: String,
+        step: String,
+    }
+
+    impl Visit for Fields {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "kind" {
+                self.kind = value.to_string();
+            }
+        }
+
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            match field.name() {
+                "step" => self.step = format!("{value:?}"),
+                "kind" => self.kind = format!("{value:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
+        fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            if event.metadata().target() != "kube_leader::step" {
+                return;
+            }
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            let step: Value = serde_json::from_str(&fields.step).unwrap_or(Value::Null);
+            self.0
+                .lock()
+                .unwrap()
+                .push(json!({"kind": fields.kind, "step": step}));
+        }
+    }
+}

@@ -18,8 +18,8 @@
 //!
 //! Events: `started_leading` (`fencing_token`, `pid`), `ledger_write_started` (`start_ns`),
 //! `ledger_write` (`start_ns`, `outcome`, `stored`), `stopped_leading`, `exit`, `error`
-//! (`message`), and (`lease`) `step` (`kind`, `step`: a decision step of the library, its
-//! `kube_leader::step` events, for trace checking); each with `identity` and `mono_ns`. A write that has started when leadership ends is finished and reported: it was
+//! (`message`), and (`lease`, `for-life`) `step` (`kind`, `step`: a decision step of the
+//! library, its `kube_leader::step` events, for trace checking); each with `identity` and `mono_ns`. A write that has started when leadership ends is finished and reported: it was
 //! made while leading, and the fencing check decides its fate. With `RUST_LOG` set, logs go to
 //! stderr.
 
@@ -59,7 +59,7 @@ const USAGE: &str =
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match (args.first().map(String::as_str), args.get(4)) {
-        (Some("lease"), Some(identity)) => init_tracing_with_steps(identity),
+        (Some("lease" | "for-life"), Some(identity)) => init_tracing_with_steps(identity),
         _ => kube_leader_e2e::init_process_tracing(),
     }
     let result = match args.first().map(String::as_str) {

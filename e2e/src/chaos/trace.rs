@@ -1,10 +1,11 @@
-//! Trace checking of a chaos run (issue 43): the decision steps each library Lease candidate
-//! reported (`step` events of `chaos-candidate lease`), replayed through the model's rules by
-//! [`kube_leader::internal::trace::replay`].
+//! Trace checking of a chaos run (issue 43): the decision steps each library candidate
+//! reported (`step` events of `chaos-candidate lease|for-life`), replayed through the model's
+//! rules by [`kube_leader::internal::trace::replay`] (Lease) or
+//! [`kube_leader::internal::trace::for_life::replay`] (leader for life).
 
 use std::{collections::BTreeMap, fmt, fs, path::Path, time::Duration};
 
-use kube_leader::internal::trace::{replay, Replayer, Report, Trace};
+use kube_leader::internal::trace::{self, for_life, Report, Trace};
 use serde_json::{json, Value};
 
 /// The steps reported so far, per candidate process (as JSON text: a long run reports many).
@@ -30,6 +31,91 @@ pub struct TraceCheck {
 /// The mutants of a real trace: a name, the kind of step broken (its first instance where
 /// `applies`), and the break.
 type Mutant = (&'static str, &'static str, fn(&Value) -> bool, fn(&mut Value));
+
+/// The strategy whose model replays the steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// `chaos-candidate lease`.
+    Lease,
+    /// `chaos-candidate for-life`.
+    ForLife,
+}
+
+impl Model {
+    fn mutants(self) -> &'static [Mutant] {
+        match self {
+            Model::Lease => &MUTANTS,
+            Model::ForLife => &FOR_LIFE_MUTANTS,
+        }
+    }
+
+    fn replay(self, traces: &[Trace]) -> Report {
+        match self {
+            Model::Lease => trace::replay(traces),
+            Model::ForLife => for_life::replay(traces),
+        }
+    }
+}
+
+/// A replay fed one candidate at a time, of either model.
+enum Replayer {
+    Lease(trace::Replayer),
+    ForLife(for_life::Replayer),
+}
+
+impl Replayer {
+    fn candidate(&mut self, t: &Trace) {
+        match self {
+            Replayer::Lease(r) => r.candidate(t),
+            Replayer::ForLife(r) => r.candidate(t),
+        }
+    }
+
+    fn finish(self) -> Report {
+        match self {
+            Replayer::Lease(r) => r.finish(),
+            Replayer::ForLife(r) => r.finish(),
+        }
+    }
+}
+
+/// The mutants of a real leader-for-life trace.
+const FOR_LIFE_MUTANTS: [Mutant; 5] = [
+    (
+        "a create with a precondition",
+        "write",
+        |s| s["op"] == "create",
+        |s| s["precondition"]["rv"] = json!("1"),
+    ),
+    (
+        "a stale lock deleted without its UID precondition",
+        "write",
+        |s| s["op"] == "delete",
+        |s| s["precondition"]["uid"] = Value::Null,
+    ),
+    (
+        "a create decided while another Pod leads",
+        "decide",
+        |s| s["decision"].get("wait").is_some() && !s["lock"].is_null(),
+        |s| s["decision"] = json!("create"),
+    ),
+    (
+        "a released lock taken over without its mark",
+        "decide",
+        |s| s["decision"]["delete_lock"]["proof"] == "Released",
+        |s| {
+            if let Some(a) = s["lock"]["metadata"]["annotations"].as_object_mut() {
+                a.remove("kube-leader.io/released-at");
+            }
+        },
+    ),
+    (
+        "a fencing token not the winning write's revision",
+        "lead",
+        |_| true,
+        |s| s["token"] = json!(s["token"].as_u64().unwrap_or(0) + 1),
+    ),
+];
 
 const MUTANTS: [Mutant; 4] = [
     (
@@ -68,14 +154,18 @@ impl Steps {
             .push(step.to_string());
     }
 
-    /// Replays every candidate's steps, and each mutant of them. When the model cannot explain
-    /// some (or with `KUBE_LEADER_CHAOS_KEEP`), the traces are written to `dir`
+    /// Replays every candidate's steps through `model`, and each mutant of them. When the model
+    /// cannot explain some (or with `KUBE_LEADER_CHAOS_KEEP`), the traces are written to `dir`
     /// (`steps-KEY.jsonl`) for a look.
-    pub fn replay(&self, dir: &Path) -> TraceCheck {
+    pub fn replay(&self, model: Model, dir: &Path) -> TraceCheck {
         let began = std::time::Instant::now();
-        let mut replayer = Replayer::default();
+        let mut replayer = match model {
+            Model::Lease => Replayer::Lease(trace::Replayer::default()),
+            Model::ForLife => Replayer::ForLife(for_life::Replayer::default()),
+        };
         let mut kinds = BTreeMap::new();
-        let mut mutants: Vec<(&'static str, Option<bool>)> = MUTANTS.iter().map(|m| (m.0, None)).collect();
+        let all = model.mutants();
+        let mut mutants: Vec<(&'static str, Option<bool>)> = all.iter().map(|m| (m.0, None)).collect();
         for (key, lines) in &self.by_candidate {
             let trace = Trace {
                 candidate: key.clone(),
@@ -92,9 +182,9 @@ impl Steps {
             }
             // Each mutant breaks the first step it applies to, in the first candidate that has
             // one, and that candidate's trace alone is replayed.
-            for (i, m) in MUTANTS.iter().enumerate() {
+            for (i, m) in all.iter().enumerate() {
                 if let (None, Some(broken)) = (mutants[i].1, mutate(&trace, m)) {
-                    mutants[i].1 = Some(!replay(&[broken]).violations.is_empty());
+                    mutants[i].1 = Some(!model.replay(&[broken]).violations.is_empty());
                 }
             }
         }

@@ -16,6 +16,7 @@ use super::{
         Stale, Waiting,
     },
     record::{LeaderPod, LockRecord, LockState, PodRef, PodView},
+    steps,
 };
 use crate::{
     api::{call, Failure},
@@ -132,6 +133,7 @@ impl<'a> Election<'a> {
         let configmaps: Api<ConfigMap> = Api::namespaced(elector.client.clone(), &lock.namespace);
         let lock_watch = ObjectWatch::new(configmaps.clone(), &lock.name, cm_op(&lock, "watch"));
         let own_pod = ObjectWatch::new(pods.clone(), &me.name, pod_op(&lock.namespace, &me.name, "watch"));
+        steps::campaign(&me, elector.config.successor_wait);
         Self {
             own_pod,
             own_pod_refused: false,
@@ -173,7 +175,12 @@ impl<'a> Election<'a> {
             let mut recheck_at = None;
             if let Some(state) = self.lock_state.known() {
                 match self.step(state).await? {
-                    Step::Won(won) => return Ok(*won),
+                    Step::Won(won) => {
+                        let beat = self.config().heartbeat().zip(won.heartbeat_sent);
+                        let (token, lock) = (won.fencing_token, &won.lock);
+                        steps::lead(token, won.restarted, won.token_stored, lock, beat);
+                        return Ok(*won);
+                    }
                     Step::Again => continue,
                     Step::Wait(at) => recheck_at = at,
                 }
@@ -189,20 +196,20 @@ impl<'a> Election<'a> {
         self.track_node();
         let now = Instant::now();
         self.track_fate(record.as_ref(), now);
-        let unknown = LeaderPod::Unknown;
         let inputs = Inputs {
             lock: record.as_ref(),
-            leader_pod: self.leader_pod.as_ref().map_or(&unknown, |p| &p.state),
+            leader_pod: self.leader_pod.as_ref().map_or(&LeaderPod::Unknown, |p| &p.state),
             node_not_ready_since: self.node.as_ref().and_then(|n| n.not_ready_since),
             fate: self.fate.as_ref(),
             me: &self.me,
             now,
             policy: self.policy(),
         };
-        let decision = decide(inputs);
         let wait = self.config().successor_wait;
-        let decision = defer_to_preferred(decision, self.fate.as_ref(), &self.me, now, wait);
+        let decision = defer_to_preferred(decide(inputs), self.fate.as_ref(), &self.me, now, wait);
         let dead_pod = dead_pod_to_delete(&inputs);
+        let watched = self.leader_pod.as_ref().map(|p| p.name.as_str());
+        steps::decided(state.as_ref(), watched, &inputs, &decision, dead_pod.as_ref());
         match decision {
             Decision::Create => {
                 self.last_wait = None;

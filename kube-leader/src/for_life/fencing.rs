@@ -11,6 +11,7 @@ use super::{
     api::cm_op,
     config::INITIAL_BACKOFF,
     record::{with_fencing_token, LockRecord, PodRef},
+    steps,
 };
 use crate::{
     api::{call, Failure},
@@ -81,8 +82,17 @@ impl TokenStore {
     async fn write(&mut self, lock: &ConfigMap) -> Step {
         let desired = with_fencing_token(lock.clone(), self.token);
         let params = PostParams::default();
-        let replace = self.configmaps.replace(&self.lock_ref.name, &params, &desired);
-        match call(cm_op(&self.lock_ref, "update"), self.timeout, replace).await {
+        let (replace, sent) = (
+            self.configmaps.replace(&self.lock_ref.name, &params, &desired),
+            tokio::time::Instant::now(),
+        );
+        let written = call(cm_op(&self.lock_ref, "update"), self.timeout, replace).await;
+        let pre = (
+            desired.metadata.uid.as_deref(),
+            desired.metadata.resource_version.as_deref(),
+        );
+        steps::write("token", pre, Some(&desired), sent, &written, steps::written);
+        match written {
             Ok(_) => {
                 debug!(fencing_token = self.token, "stored the fencing token in the lock");
                 Step::Done

@@ -20,6 +20,7 @@ use super::{
     api::cm_op,
     holder::{lock_loss, Beats, Liveness},
     record::{set_heartbeat, with_fencing_token, LockRecord, PodRef},
+    steps,
 };
 use crate::{
     api::{call, Failure},
@@ -46,8 +47,13 @@ pub(super) async fn adopt(
     let sent = Instant::now();
     let params = PostParams::default();
     let replace = configmaps.replace(&lock.name, &params, &desired);
-    let written = call(cm_op(lock, "update"), timeout, replace).await?;
-    Ok((written, Some(sent)))
+    let written = call(cm_op(lock, "update"), timeout, replace).await;
+    let pre = (
+        desired.metadata.uid.as_deref(),
+        desired.metadata.resource_version.as_deref(),
+    );
+    steps::write("adopt", pre, Some(&desired), sent, &written, steps::written);
+    Ok((written?, Some(sent)))
 }
 
 /// The leader's heartbeat, beside its keeper's watches.
@@ -78,9 +84,14 @@ impl Beat {
             if handle.is_lost() {
                 return std::future::pending().await;
             }
+            steps::beat(next);
             let sent = Instant::now();
-            match self.write().await {
-                Ok(()) => handle.confirm_until(self.beats.written(sent)),
+            match self.write(sent).await {
+                Ok(()) => {
+                    let until = self.beats.written(sent);
+                    steps::confirmed(sent, until);
+                    handle.confirm_until(until);
+                }
                 Err(Failure::Conflict | Failure::NotFound) => {
                     debug!("the lock changed since the last heartbeat; re-reading it");
                     if self.reread(handle).await {
@@ -97,13 +108,19 @@ impl Beat {
 
     /// One heartbeat: the lock as last known, renewed (with the fencing token: writes go
     /// whole anyway).
-    async fn write(&mut self) -> Result<(), Failure> {
+    async fn write(&mut self, sent: Instant) -> Result<(), Failure> {
         let mut desired = with_fencing_token(self.current.clone(), self.fencing_token);
         set_heartbeat(&mut desired, Some(self.beats.liveness.advertised));
         let timeout = self.beats.write_timeout(self.api_timeout);
         let params = PostParams::default();
         let replace = self.configmaps.replace(&self.lock.name, &params, &desired);
-        self.current = call(cm_op(&self.lock, "update"), timeout, replace).await?;
+        let written = call(cm_op(&self.lock, "update"), timeout, replace).await;
+        let pre = (
+            desired.metadata.uid.as_deref(),
+            desired.metadata.resource_version.as_deref(),
+        );
+        steps::write("beat", pre, Some(&desired), sent, &written, steps::written);
+        self.current = written?;
         Ok(())
     }
 
@@ -112,7 +129,7 @@ impl Beat {
         let get = self.configmaps.get_opt(&self.lock.name);
         match call(cm_op(&self.lock, "get"), self.api_timeout, get).await {
             Ok(state) => {
-                check_lock(handle, &self.lock_uid, &self.me, state.clone());
+                check_lock("beat", handle, &self.lock_uid, &self.me, state.clone());
                 match state {
                     Some(cm) if !handle.is_lost() => {
                         self.current = cm;
@@ -138,11 +155,19 @@ impl std::fmt::Debug for Beat {
     }
 }
 
-/// Ends leadership if the lock (`state`, `None`: gone) is no longer the term's (`lock_uid`,
-/// owned by `me`).
-pub(super) fn check_lock(handle: &KeeperHandle, lock_uid: &str, me: &PodRef, state: Option<ConfigMap>) {
+/// Ends leadership if the lock (`state`, `None`: gone; seen by `from`: `watch`, or `beat`
+/// after a heartbeat's conflict) is no longer the term's (`lock_uid`, owned by `me`).
+pub(super) fn check_lock(
+    from: &'static str,
+    handle: &KeeperHandle,
+    lock_uid: &str,
+    me: &PodRef,
+    state: Option<ConfigMap>,
+) {
     let record = state.as_ref().map(LockRecord::from_config_map);
-    match lock_loss(lock_uid, me, record.as_ref()) {
+    let loss = lock_loss(lock_uid, me, record.as_ref());
+    steps::lock_loss(from, lock_uid, state.as_ref(), loss.as_ref());
+    match loss {
         None => {}
         Some(LossReason::LockDeleted) => {
             info!("the lock was deleted; no longer leading");

@@ -18,6 +18,7 @@ use super::{
     heartbeat::{check_lock, Beat},
     holder::{pod_ending, release_mark, Mark},
     record::{lock_config_map, LockRecord, LockState, PodRef, PodView, RELEASED_ANNOTATION},
+    steps,
 };
 use crate::{
     api::{call, Failure},
@@ -128,7 +129,7 @@ impl Keeper {
                 () = &mut beat, if leading && beating => LockState::Unseen,
             };
             if let Some(state) = seen.known() {
-                check_lock(&handle, &self.lock_uid, &self.me, state);
+                check_lock("watch", &handle, &self.lock_uid, &self.me, state);
             }
         }
     }
@@ -182,9 +183,9 @@ impl Keeper {
     /// terminal, or marked with a `DisruptionTarget` condition): its lock goes next.
     fn check_own_pod(&self, handle: &KeeperHandle, pod: Option<&Pod>) {
         let view = pod.map(PodView::from_pod);
-        let Some(why) = pod_ending(&self.me, view.as_ref()) else {
-            return;
-        };
+        let why = pod_ending(&self.me, view.as_ref());
+        steps::pod_ending(view.as_ref(), why.as_deref());
+        let Some(why) = why else { return };
         info!(pod = %self.me.name, "this candidate's Pod {why}; no longer leading");
         handle.lose(LossReason::PodEnding { why });
         self.look_up_successor();
@@ -282,8 +283,17 @@ impl Keeper {
             stopped (waiting candidates take over once this Pod ends)";
         let params = PostParams::default();
         loop {
-            let create = self.configmaps.create(&params, &cm);
-            match call(cm_op(&self.lock, "create"), self.api_timeout, create).await {
+            let (create, sent) = (self.configmaps.create(&params, &cm), Instant::now());
+            let created = call(cm_op(&self.lock, "create"), self.api_timeout, create).await;
+            steps::write(
+                "say_stopped",
+                (None, None),
+                Some(&cm),
+                sent,
+                &created,
+                steps::written,
+            );
+            match created {
                 Ok(_) => {
                     let successor = successor.as_deref().unwrap_or("(none)");
                     info!(%successor, "the lock had been deleted under this leader; its work has \
@@ -338,7 +348,9 @@ impl Keeper {
                 }
             }
         };
-        match release_mark(&self.lock_uid, &self.me, &LockRecord::from_config_map(&cm)) {
+        let mark = release_mark(&self.lock_uid, &self.me, &LockRecord::from_config_map(&cm));
+        steps::release_mark(&cm, mark);
+        match mark {
             Mark::NotMine => return Ok(false),
             Mark::Marked => return Ok(true),
             Mark::Write => {}
@@ -356,17 +368,34 @@ impl Keeper {
         }
         // The update carries the resourceVersion just read: a 409 means re-read.
         let params = PostParams::default();
-        let update = self.configmaps.replace(&self.lock.name, &params, &cm);
-        call(cm_op(&self.lock, "update"), self.api_timeout, update).await?;
-        Ok(true)
+        let (update, sent) = (
+            self.configmaps.replace(&self.lock.name, &params, &cm),
+            Instant::now(),
+        );
+        let marked = call(cm_op(&self.lock, "update"), self.api_timeout, update).await;
+        let pre = (
+            cm.metadata.uid.as_deref(),
+            cm.metadata.resource_version.as_deref(),
+        );
+        steps::write("mark", pre, Some(&cm), sent, &marked, steps::written);
+        marked.map(|_| true)
     }
 
     /// Deletes the lock if it is still this term's (UID precondition). `false`: gone or
     /// replaced.
     async fn delete_lock(&self) -> Result<bool, Failure> {
         let params = uid_precondition(&self.lock_uid);
-        let delete = self.configmaps.delete(&self.lock.name, &params);
-        match call(cm_op(&self.lock, "delete"), self.api_timeout, delete).await {
+        let (delete, sent) = (self.configmaps.delete(&self.lock.name, &params), Instant::now());
+        let deleted = call(cm_op(&self.lock, "delete"), self.api_timeout, delete).await;
+        steps::write(
+            "release_delete",
+            (Some(&self.lock_uid), None),
+            None,
+            sent,
+            &deleted,
+            |_| None,
+        );
+        match deleted {
             Ok(_) => Ok(true),
             Err(Failure::NotFound | Failure::Conflict) => Ok(false),
             Err(e) => Err(e),

@@ -645,6 +645,10 @@ impl Held {
     }
 }
 
+/// Trace checking of leader for life.
+#[path = "trace/for_life.rs"]
+pub mod for_life;
+
 #[cfg(test)]
 #[path = "trace/tests.rs"]
 mod tests;

@@ -17,6 +17,7 @@ use crate::{
         heartbeat::adopt,
         holder::restart_token,
         record::{lock_config_map, set_heartbeat, LockRecord},
+        steps,
     },
 };
 
@@ -39,7 +40,9 @@ impl Election<'_> {
             timeout,
             self.configmaps.create(&params, &cm),
         );
-        match created.await {
+        let created = created.await;
+        steps::write("create", (None, None), Some(&cm), sent, &created, steps::written);
+        match created {
             Ok(created) => {
                 let fencing_token = fencing_token_of(&created);
                 Ok(Some(Won {

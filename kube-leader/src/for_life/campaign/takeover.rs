@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use super::{Confirmed, Election};
@@ -13,6 +14,7 @@ use crate::for_life::{
     api::{cm_op, pod_op, uid_precondition},
     decide::{Proof, Stale},
     record::{LeaderPod, LockState, PodRef, PodView},
+    steps,
 };
 use crate::{
     api::{call, Failure},
@@ -68,6 +70,7 @@ impl Election<'_> {
 
     /// Deletes a dead leader's Pod in the background (best effort, UID precondition).
     pub(super) fn delete_dead_pod(&self, pod: PodRef) {
+        steps::delete_pod(&pod);
         let (pods, ns) = (self.pods.clone(), self.lock.namespace.clone());
         let task = delete_dead_pod(pods, ns, pod, self.config().api_timeout);
         tokio::spawn(task.instrument(tracing::Span::current()));
@@ -92,12 +95,12 @@ impl Election<'_> {
             p.resource_version = version.map(str::to_string);
         }
         let timeout = self.config().api_timeout;
-        let deleted = call(
-            cm_op(&self.lock, "delete"),
-            timeout,
-            self.configmaps.delete(&self.lock.name, &params),
-        );
-        match deleted.await {
+        let (delete, sent) = (self.configmaps.delete(&self.lock.name, &params), Instant::now());
+        let deleted = call(cm_op(&self.lock, "delete"), timeout, delete).await;
+        steps::write("delete", (Some(lock_uid), version), None, sent, &deleted, |_| {
+            None
+        });
+        match deleted {
             // Gone: by this delete, or already (the garbage collector, another candidate). Create
             // at once rather than after the watch says so; the create is atomic anyway.
             Ok(_) | Err(Failure::NotFound) => {
