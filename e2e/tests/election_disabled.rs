@@ -60,10 +60,10 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
     let mut got = Vec::new();
     for _ in 0..3 {
         let shard = tokio::time::timeout(SOON, shards.next()).await.unwrap().unwrap();
-        assert_eq!(shard.leadership().fencing_token(), 0);
+        assert_eq!(shard.1.fencing_token(), 0);
         got.push(shard);
     }
-    assert_eq!(got.iter().map(|s| s.index()).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(got.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(shards.held().borrow().held.len(), 3);
 
     shutdown.cancel();
@@ -75,8 +75,8 @@ async fn a_disabled_election_leads_at_once_and_sends_nothing() {
         tokio::time::timeout(SOON, for_life.lost()).await.unwrap(),
         LossReason::Cancelled
     );
-    for shard in &got {
-        tokio::time::timeout(SOON, shard.leadership().lost_token().cancelled())
+    for (_, shard) in &got {
+        tokio::time::timeout(SOON, shard.lost_token().cancelled())
             .await
             .unwrap();
     }

@@ -246,13 +246,15 @@ impl KeeperHandle {
 
 /// Being the leader.
 ///
-/// Returned by [`ForLife::become_leader`](crate::ForLife::become_leader) and
-/// [`LeaseElector::become_leader`](crate::LeaseElector::become_leader). It carries the
+/// Returned by [`ForLife::become_leader`](crate::ForLife::become_leader),
+/// [`LeaseElector::become_leader`](crate::LeaseElector::become_leader), and for each shard by
+/// [`Assignments::next`](crate::Assignments::next). It carries the
 /// identity and the [fencing token](Self::fencing_token), and a token that is cancelled the moment
 /// leadership is lost, so work gated on it stops.
 ///
-/// Dropping the handle steps down: a lease is released (after renewals stop), and the watch on a
-/// leader-for-life lock ends (the lock itself lives until the Pod is deleted, as with operator-sdk).
+/// Dropping the handle steps down: a lease is released (after renewals stop), a shard is released
+/// (its work has stopped), and the watch on a leader-for-life lock ends (the lock itself lives
+/// until the Pod is deleted, as with operator-sdk).
 /// Call [`release`](Self::release) to step down and wait until that is done.
 #[must_use = "dropping the Leadership steps down at once"]
 pub struct Leadership {

@@ -116,5 +116,5 @@ pub use for_life::{DeadLeaderPod, ForLife, ForLifeConfig, OutsideCluster};
 pub use leadership::{LeaderInfo, Leadership, LossReason, Strategy, Term};
 pub use lease::{Coordinated, LeaseConfig, LeaseElector};
 pub use lock::LockRef;
-pub use shards::{Assignments, Shard, ShardSet, Shards, ShardsConfig};
+pub use shards::{Assignments, ShardSet, Shards, ShardsConfig};
 pub use successor::{CandidatePod, Successor};

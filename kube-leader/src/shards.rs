@@ -13,7 +13,7 @@ pub(crate) mod engine;
 mod names;
 mod scheduler;
 
-pub use assignments::{Assignments, Shard, ShardSet};
+pub use assignments::{Assignments, ShardSet};
 pub use candidate::Shards;
 pub use config::{ShardsConfig, MAX_SHARDS};
 pub use names::{member_lease_name, ROLE_LABEL, SHARDS_LABEL, SHARD_COUNT_ANNOTATION};

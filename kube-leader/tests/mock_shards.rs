@@ -13,7 +13,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Method, Response};
-use kube_leader::{Assignments, LeaseConfig, LossReason, Shard, Shards};
+use kube_leader::{Assignments, Leadership, LeaseConfig, LossReason, Shards};
 use serde_json::{json, Value};
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -193,7 +193,7 @@ impl Mock {
 /// engine used to wait for that guard forever: the shard was never taken again by this
 /// candidate. Now a lost shard whose guard is kept is taken again once its work had the time to
 /// stop (lease duration minus renew deadline after the loss) and its lease has expired as this
-/// candidate saw it (when any other candidate may take it), as a new `Shard`.
+/// candidate saw it (when any other candidate may take it), with a new `Leadership`.
 #[tokio::test(start_paused = true)]
 async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired() {
     let mock = Mock::default();
@@ -208,7 +208,7 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
         .config(kube_leader::ShardsConfig::default().lease(lease))
         .start(&shutdown)
         .unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+    let (_, first) = tokio::time::timeout(Duration::from_secs(10), assignments.next())
         .await
         .expect("shard 0 is acquired")
         .unwrap();
@@ -218,7 +218,7 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
     // the guard.
     mock.write("set-0", |l| l["spec"]["holderIdentity"] = json!("other"));
     let stolen_at = Instant::now();
-    let reason = tokio::time::timeout(Duration::from_secs(1), first.leadership().lost())
+    let reason = tokio::time::timeout(Duration::from_secs(1), first.lost())
         .await
         .expect("the loss is seen at once");
     assert_eq!(
@@ -229,29 +229,29 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
     );
 
     // "other" never renews: its lease expires 2 s after its write was seen.
-    let second = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+    let (index, second) = tokio::time::timeout(Duration::from_secs(10), assignments.next())
         .await
         .expect("shard 0 was never taken again while its lost guard was kept")
-        .expect("a new Shard");
+        .expect("shard 0 again");
     let waited = stolen_at.elapsed();
     assert!(
         waited >= Duration::from_secs(2),
         "taken again {waited:?} after another holder's write, before its 2 s lease expired"
     );
-    assert_eq!(second.index(), 0);
-    assert!(second.leadership().is_leader());
-    assert!(second.leadership().fencing_token() > first.leadership().fencing_token());
-    assert!(!first.leadership().is_leader());
+    assert_eq!(index, 0);
+    assert!(second.is_leader());
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(!first.is_leader());
     assert_eq!(mock.holder("set-0").as_deref(), Some("me"));
     assert_eq!(
         assignments.held().borrow().held.get(&0),
-        Some(&second.leadership().fencing_token())
+        Some(&second.fencing_token())
     );
 
     // The kept guard goes at last: nothing changes for the new term.
     drop(first);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(second.leadership().is_leader());
+    assert!(second.is_leader());
     shutdown.cancel();
     drop(second);
     tokio::time::timeout(Duration::from_secs(10), assignments.finish())
@@ -262,7 +262,7 @@ async fn a_lost_shard_whose_guard_is_kept_is_taken_again_after_its_lease_expired
 
 /// The candidate "me" of a set of one shard (lease 2 s, renew deadline 1 s, retry 200 ms) and
 /// its first shard.
-async fn start(mock: &Mock, shutdown: &CancellationToken) -> (Assignments, Shard) {
+async fn start(mock: &Mock, shutdown: &CancellationToken) -> (Assignments, Leadership) {
     let lease = LeaseConfig::default()
         .lease_duration(Duration::from_secs(2))
         .renew_deadline(Duration::from_secs(1))
@@ -273,7 +273,7 @@ async fn start(mock: &Mock, shutdown: &CancellationToken) -> (Assignments, Shard
         .config(kube_leader::ShardsConfig::default().lease(lease))
         .start(shutdown)
         .unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+    let (_, first) = tokio::time::timeout(Duration::from_secs(10), assignments.next())
         .await
         .expect("shard 0 is acquired")
         .unwrap();
@@ -283,9 +283,9 @@ async fn start(mock: &Mock, shutdown: &CancellationToken) -> (Assignments, Shard
 
 /// A freeze of the candidate's process (SIGSTOP, a paused VM): 3 s pass at once, and nothing
 /// of it runs meanwhile. Returns the loss of `shard`, seen on the thaw.
-async fn freeze(shard: &Shard) -> LossReason {
+async fn freeze(shard: &Leadership) -> LossReason {
     tokio::time::advance(Duration::from_secs(3)).await;
-    let reason = tokio::time::timeout(Duration::from_secs(1), shard.leadership().lost())
+    let reason = tokio::time::timeout(Duration::from_secs(1), shard.lost())
         .await
         .expect("the loss is seen on the thaw");
     assert!(
@@ -333,17 +333,17 @@ async fn a_shard_lost_in_a_freeze_is_taken_again_after_a_failed_takeover() {
     // The watch catches up: "other" holds the shard for 2 s from now, and never renews.
     mock.release_watch();
     let seen_at = Instant::now();
-    let second = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+    let (index, second) = tokio::time::timeout(Duration::from_secs(10), assignments.next())
         .await
         .expect("shard 0 was never taken again after the freeze")
-        .expect("a new Shard");
+        .expect("shard 0 again");
     let waited = seen_at.elapsed();
     assert!(
         waited >= Duration::from_secs(2),
         "taken again {waited:?} after another holder's write was seen, before its 2 s lease expired"
     );
-    assert_eq!(second.index(), 0);
-    assert!(second.leadership().is_leader());
+    assert_eq!(index, 0);
+    assert!(second.is_leader());
     assert_eq!(mock.holder("set-0").as_deref(), Some("me"));
     drop(second);
     finish(&shutdown, assignments).await;
@@ -352,7 +352,7 @@ async fn a_shard_lost_in_a_freeze_is_taken_again_after_a_failed_takeover() {
 /// A freeze that nobody else used: the lease still names this candidate, expired long ago for
 /// everyone. The consumer keeps its lost guard; it gets the lease duration minus the renew
 /// deadline (1 s) from the loss to stop its work, as the guard's documentation promises, before
-/// the shard is taken again as a new `Shard`; then the shard is taken again though the old
+/// the shard is taken again with a new `Leadership`; then the shard is taken again though the old
 /// guard is still kept.
 #[tokio::test(start_paused = true)]
 async fn a_shard_lost_in_a_freeze_whose_guard_is_kept_is_taken_again_after_the_stop_grace() {
@@ -362,10 +362,10 @@ async fn a_shard_lost_in_a_freeze_whose_guard_is_kept_is_taken_again_after_the_s
 
     freeze(&first).await;
     let lost_at = Instant::now();
-    let second = tokio::time::timeout(Duration::from_secs(10), assignments.next())
+    let (index, second) = tokio::time::timeout(Duration::from_secs(10), assignments.next())
         .await
         .expect("shard 0 was never taken again while its lost guard was kept")
-        .expect("a new Shard");
+        .expect("shard 0 again");
     let waited = lost_at.elapsed();
     assert!(
         waited >= Duration::from_secs(1),
@@ -375,16 +375,16 @@ async fn a_shard_lost_in_a_freeze_whose_guard_is_kept_is_taken_again_after_the_s
         waited < Duration::from_secs(2),
         "taken again only {waited:?} after its loss"
     );
-    assert_eq!(second.index(), 0);
-    assert!(second.leadership().fencing_token() > first.leadership().fencing_token());
-    assert!(!first.leadership().is_leader());
+    assert_eq!(index, 0);
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(!first.is_leader());
     assert_eq!(
         assignments.held().borrow().held.get(&0),
-        Some(&second.leadership().fencing_token())
+        Some(&second.fencing_token())
     );
     drop(first);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(second.leadership().is_leader());
+    assert!(second.is_leader());
     drop(second);
     finish(&shutdown, assignments).await;
 }

@@ -93,8 +93,8 @@ async fn run(args: &[String]) -> Result<()> {
     loop {
         tokio::select! {
             shard = assignments.next() => match shard {
-                Some(shard) => {
-                    let (index, token, lost) = (shard.index(), shard.leadership().fencing_token(), shard.leadership().lost_token());
+                Some((index, shard)) => {
+                    let (token, lost) = (shard.fencing_token(), shard.lost_token());
                     emit(json!({"event": "started_leading", "identity": identity, "shard": index,
                         "fencing_token": token}));
                     let identity = identity.clone();

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use kube_leader::{Assignments, Shard, ShardSet};
+use kube_leader::{Assignments, Leadership, ShardSet};
 use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
@@ -137,12 +137,12 @@ impl Sidecar {
     }
 
     /// A shard was acquired (`Some`), or the candidate stopped (`None`).
-    async fn on_shard(&mut self, shard: Option<Shard>) {
+    async fn on_shard(&mut self, shard: Option<(u32, Leadership)>) {
         match shard {
-            Some(shard) => {
-                let confirmations = shard.leadership().confirmations();
+            Some((index, shard)) => {
+                let confirmations = shard.confirmations();
                 let confirmed = Confirmed::from_writes(confirmations, self.timings.renew_deadline);
-                self.guards.insert(shard.index(), Held { shard, confirmed });
+                self.guards.insert(index, Held { shard, confirmed });
             }
             None => {
                 self.engine_ended = true;
@@ -180,8 +180,8 @@ impl Sidecar {
     fn desired(&self) -> BTreeMap<u32, u64> {
         self.guards
             .iter()
-            .filter(|(_, h)| h.shard.leadership().is_leader())
-            .map(|(i, h)| (*i, h.shard.leadership().fencing_token()))
+            .filter(|(_, h)| h.shard.is_leader())
+            .map(|(i, h)| (*i, h.shard.fencing_token()))
             .collect()
     }
 
@@ -196,7 +196,7 @@ impl Sidecar {
             .unwrap_or_default();
         // Not ours any more and not worked on: released (the guard's drop lets the engine).
         self.guards
-            .retain(|i, h| h.shard.leadership().is_leader() || working.contains(i));
+            .retain(|i, h| h.shard.is_leader() || working.contains(i));
         if self.run.is_none() {
             if self.stopping {
                 return Some(0);
@@ -371,7 +371,7 @@ impl Sidecar {
 /// A shard held, and its confirmations.
 struct Held {
     /// Its guard: the shard is released when it is dropped.
-    shard: Shard,
+    shard: Leadership,
     /// Until when it is confirmed: its term's confirmations alone, never the ping.
     confirmed: Confirmed,
 }

@@ -1,5 +1,5 @@
-//! What a running candidate hands out: the [`Assignments`] stream of acquired shards, each a
-//! [`Shard`], and the [`ShardSet`] held now.
+//! What a running candidate hands out: the [`Assignments`] stream of acquired shards, each an
+//! index and its [`Leadership`], and the [`ShardSet`] held now.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ use crate::{error::Result, leadership::Leadership};
 #[derive(Debug)]
 #[must_use = "the shards acquired are taken from `next`; dropping this hands every shard back"]
 pub struct Assignments {
-    rx: mpsc::UnboundedReceiver<Shard>,
+    rx: mpsc::UnboundedReceiver<(u32, Leadership)>,
     held: watch::Receiver<ShardSet>,
     task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
@@ -23,7 +23,7 @@ pub struct Assignments {
 
 impl Assignments {
     pub(super) fn new(
-        rx: mpsc::UnboundedReceiver<Shard>,
+        rx: mpsc::UnboundedReceiver<(u32, Leadership)>,
         held: watch::Receiver<ShardSet>,
         task: tokio::task::JoinHandle<Result<()>>,
     ) -> Self {
@@ -34,20 +34,36 @@ impl Assignments {
         }
     }
 
-    /// The next shard acquired; `None` once the candidate has stopped (after shutdown, or an
-    /// error: see [`finish`](Self::finish)).
+    /// The next shard acquired: its index (`0..count`) and the [`Leadership`] of its Lease
+    /// `<name>-<index>`; `None` once the candidate has stopped (after shutdown, or an error: see
+    /// [`finish`](Self::finish)).
+    ///
+    /// The `Leadership` is the shard's guard. Dropping it (or
+    /// [`release`](Leadership::release)) tells the candidate that the work on the shard has
+    /// stopped: a shard that was handed over, or given up on shutdown, is released then, and it
+    /// is renewed until then for at most the handover grace or the shutdown grace.
     ///
     /// A shard lost between its acquisition and this call is still returned, its loss token
     /// already cancelled, so that the consumer sees the loss: drop it. Shards come in the order
-    /// they were acquired; a shard lost and taken again comes again as a new [`Shard`] (a new
-    /// fencing token) while the old one may still be kept: keep shards keyed by index and let
-    /// the new one replace the old, or watch each one's [`lost_token`](Leadership::lost_token). The
-    /// [`held`](Self::held) set alone cannot tell a consumer of every loss: a shard acquired
-    /// and lost between two looks at it never appears there.
+    /// they were acquired; a shard lost and taken again comes again with a new `Leadership` (a
+    /// new fencing token) while the old one may still be kept: keep shards keyed by index and
+    /// let the new one replace the old, or watch each one's
+    /// [`lost_token`](Leadership::lost_token). The [`held`](Self::held) set alone cannot tell a
+    /// consumer of every loss: a shard acquired and lost between two looks at it never appears
+    /// there.
+    ///
+    /// A shard lost outright (its renew deadline passed, another holder wrote it, it was
+    /// deleted) whose `Leadership` is still kept is not waited for forever: this candidate does
+    /// not take it again for the lease duration minus the renew deadline from then (the time
+    /// its work has to stop, as for any Lease leader), and after that only once its lease has
+    /// expired as this candidate last saw it, when any other candidate may take it too. It
+    /// comes then with a new `Leadership`, and the old one's `release` returns. So a consumer
+    /// that never saw the loss cannot keep the shard from being taken again; drop a lost
+    /// shard's `Leadership` as soon as its work has stopped.
     ///
     /// # Cancellation safety
     /// Cancel-safe: a shard acquired meanwhile is returned by the next call.
-    pub async fn next(&mut self) -> Option<Shard> {
+    pub async fn next(&mut self) -> Option<(u32, Leadership)> {
         self.rx.recv().await
     }
 
@@ -64,59 +80,6 @@ impl Assignments {
     /// Cancel-safe in that the candidate goes on in the background; its result is lost.
     pub async fn finish(mut self) -> Result<()> {
         crate::leadership::join(self.task.take()).await
-    }
-}
-
-/// One held shard: a [`Leadership`] of the Lease `<name>-<index>`.
-///
-/// Dropping it (or [`release`](Self::release)) tells the candidate that the work on this shard
-/// has stopped: a shard that was handed over, or given up on shutdown, is released then.
-///
-/// Once its loss token has fired, a `Shard` guards nothing. A shard handed over or given up on
-/// shutdown is renewed until its `Shard` is dropped, for at most the handover grace or the
-/// shutdown grace. A shard lost outright (its renew deadline passed, another holder wrote it,
-/// it was deleted), or not dropped within that grace, is not waited for forever: while its
-/// `Shard` is still kept, this candidate does not take that shard again for the lease duration
-/// minus the renew deadline from then (the time its work has to stop, as for any Lease
-/// leader), and after that only once its lease has expired as this candidate last saw it, when
-/// any other candidate may take it too. It comes then as a new `Shard`, and the old one's
-/// `release` returns. So a consumer that never saw the loss cannot keep the shard from being
-/// taken again; drop a lost `Shard` as soon as its work has stopped.
-#[derive(Debug)]
-#[must_use = "dropping a Shard gives it up at once"]
-pub struct Shard {
-    index: u32,
-    leadership: Leadership,
-}
-
-// === impl Shard ===
-
-impl Shard {
-    pub(super) fn new(index: u32, leadership: Leadership) -> Self {
-        Self { index, leadership }
-    }
-
-    /// The shard's index, `0..count`.
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    /// The leadership of this shard's Lease.
-    pub fn leadership(&self) -> &Leadership {
-        &self.leadership
-    }
-
-    /// The leadership of this shard's Lease, to keep instead of the `Shard`.
-    pub fn into_leadership(self) -> Leadership {
-        self.leadership
-    }
-
-    /// Gives the shard up and waits until it is released (or found not to be ours any more).
-    ///
-    /// # Cancellation safety
-    /// Once called, the release goes on in the background even if the future is dropped.
-    pub async fn release(self) -> Result<()> {
-        self.leadership.release().await
     }
 }
 

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info_span, Instrument};
 
 use super::{
-    assignments::{Assignments, Shard, ShardSet},
+    assignments::{Assignments, ShardSet},
     config::{ShardsConfig, MAX_SHARDS},
     engine::{Engine, Spec},
 };
@@ -37,14 +37,13 @@ use crate::{
 /// period, bounds the calls in flight and pauses when the API server answers 429 or 5xx,
 /// without ever letting that pause cost a shard (see [`ShardsConfig`]).
 ///
-/// Each held shard is a [`Shard`]: a [`Leadership`] with its own loss token and fencing token
+/// Each held shard comes as its index and a [`Leadership`], with its own loss token and fencing token
 /// (the `resourceVersion` of the write that acquired it), lost by the same fail-stop rule as a
 /// [`LeaseElector`](crate::LeaseElector)'s leadership: when its renew deadline passes without a
 /// successful renewal, or as soon as another holder (or another process with this identity)
-/// writes it. A shard handed over or given up on shutdown is released only once its [`Shard`]
-/// is dropped or released, i.e. once the work on it has stopped.
+/// writes it. A shard handed over or given up on shutdown is released only once its
+/// `Leadership` is dropped or released, i.e. once the work on it has stopped.
 ///
-/// [`Shard`]: super::Shard
 /// [`Leadership`]: crate::Leadership
 ///
 /// ```no_run
@@ -217,11 +216,10 @@ impl Shards {
     /// Starts campaigning in the background and returns the shards as they are acquired.
     ///
     /// When `shutdown` is cancelled, every held shard's loss token fires
-    /// ([`LossReason::Cancelled`]); each is renewed until its [`Shard`] is dropped or released
+    /// ([`LossReason::Cancelled`]); each is renewed until its `Leadership` is dropped or released
     /// (at most [`LeaseConfig::shutdown_grace`](crate::LeaseConfig::shutdown_grace)) and then released; the membership Lease is
     /// deleted and the background task ends ([`Assignments::finish`]).
     ///
-    /// [`Shard`]: super::Shard
     /// [`LossReason::Cancelled`]: crate::LossReason::Cancelled
     pub fn start(&self, shutdown: &CancellationToken) -> Result<Assignments> {
         self.validate()?;
@@ -265,7 +263,7 @@ impl Shards {
             let leadership = election::unelected(Strategy::Lease, lock, identity.clone(), shutdown);
             set.held.insert(index, 0);
             // The receiver is ours, in the Assignments returned below.
-            let _ = out.send(Shard::new(index, leadership));
+            let _ = out.send((index, leadership));
         }
         let (held_tx, held) = watch::channel(set);
         let shutdown = shutdown.clone();
@@ -299,12 +297,11 @@ impl Shards {
         loop {
             tokio::select! {
                 shard = assignments.next() => match shard {
-                    Some(shard) => {
-                        let l = shard.leadership();
-                        let fut = work(shard.index(), l.term().clone(), l.lost_token());
+                    Some((index, leadership)) => {
+                        let fut = work(index, leadership.term().clone(), leadership.lost_token());
                         running.push(async move {
                             fut.await;
-                            drop(shard);
+                            drop(leadership);
                         });
                     }
                     None => break,

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
-    assignments::{Shard, ShardSet},
+    assignments::ShardSet,
     config::ShardsConfig,
     names::{member_lease_name, SHARDS_LABEL},
     scheduler::{Phases, Throttle},
@@ -42,7 +42,7 @@ use crate::{
     api::{call, classify_watch, Failure, Op},
     backoff::jittered,
     error::Result,
-    leadership::LossReason,
+    leadership::{Leadership, LossReason},
     lease::{decide::Observed, record::new_instance_id},
     lock,
     time::sleep_until_opt,
@@ -134,7 +134,7 @@ impl Engine {
         s: Spec,
         namespace: String,
         identity: String,
-        out: mpsc::UnboundedSender<Shard>,
+        out: mpsc::UnboundedSender<(u32, Leadership)>,
         held_tx: watch::Sender<ShardSet>,
     ) -> Self {
         let cfg = s.config;

@@ -1,5 +1,5 @@
-//! A new term: the answer to an acquisition. A shard acquired in time becomes a [`Shard`]
-//! handed to the user, with its own [`Leadership`], fencing token and renewal schedule.
+//! A new term: the answer to an acquisition. A shard acquired in time is handed to the
+//! user as its index and its own [`Leadership`], with its fencing token and renewal schedule.
 
 use std::time::SystemTime;
 
@@ -19,10 +19,7 @@ use crate::{
         term::{Term as LeaseTerm, Writer},
     },
     lock::{self, LockRef},
-    shards::{
-        assignments::Shard,
-        scheduler::{Key, Phased},
-    },
+    shards::scheduler::{Key, Phased},
 };
 
 // === impl Engine ===
@@ -68,7 +65,7 @@ impl Engine {
             return;
         }
         info!(shard = index, fencing_token, "acquired shard");
-        if !self.io.hand_out(Shard::new(index, leadership)) {
+        if !self.io.hand_out(index, leadership) {
             debug!(shard = index, "nobody takes the shards; giving it up");
         }
         self.publish();

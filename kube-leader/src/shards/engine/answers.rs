@@ -91,7 +91,7 @@ impl Engine {
         };
         self.answer(reply, now);
         // What waited for the call on the shard to return: a release goes out now; a term
-        // that is not ours any more and whose work stopped ends (its `Shard` may have been
+        // that is not ours any more and whose work stopped ends (its `Leadership` may have been
         // dropped during the call: during a renewal sent before the loss, or during a failed
         // attempt to take the shard again), and the shard is looked at again.
         if let Some(index) = index.filter(|i| !self.io.busy(Key::Shard(*i))) {

@@ -1,7 +1,7 @@
 //! Handover: the end of a term. A held shard is lost (its renew deadline passed, another holder
-//! wrote it, it was deleted), handed over (rebalancing), given up (its `Shard` dropped) or handed
+//! wrote it, it was deleted), handed over (rebalancing), given up (its `Leadership` dropped) or handed
 //! back on shutdown; it is released once its work has stopped, and only then taken again, but
-//! for a shard lost outright whose `Shard` is still kept once its work had the time to stop:
+//! for a shard lost outright whose `Leadership` is still kept once its work had the time to stop:
 //! that term guards nothing, and the shard is taken again as any other holder's would be (see
 //! `Held::orphaned_from`). The states and their order are the [`table`](super::table)'s.
 
@@ -50,7 +50,7 @@ impl Engine {
         self.publish();
     }
 
-    /// The `Shard` of `index` (generation `gen`) was dropped: the work on it has stopped.
+    /// The `Leadership` of shard `index` (generation `gen`) was dropped: the work on it has stopped.
     pub(super) fn on_done(&mut self, index: u32, gen: u64, now: Instant) {
         let Some(t) = self.slots[index as usize].tenure.term().filter(|t| t.gen == gen) else {
             return;

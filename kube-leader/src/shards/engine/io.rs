@@ -1,6 +1,6 @@
 //! The engine's I/O edge: the API, the calls in flight and the writes waiting for a free one,
 //! the wake-ups, the process-wide pause, and the channels to the user (the shards handed out,
-//! the set held) and from the `Shard`s' guards (their work stopped).
+//! the set held) and from the shards' guards (their work stopped).
 //!
 //! The edge also knows which keys (a shard, the membership Lease) have a call in flight
 //! ([`busy`](Io::busy)): a key is busy from the [`push`](Io::push) of its call until its reply
@@ -23,10 +23,13 @@ use tokio::{
     time::Instant,
 };
 
-use crate::shards::{
-    assignments::{Shard, ShardSet},
-    engine::answers::Reply,
-    scheduler::{Key, Throttle, Timers},
+use crate::{
+    leadership::Leadership,
+    shards::{
+        assignments::ShardSet,
+        engine::answers::Reply,
+        scheduler::{Key, Throttle, Timers},
+    },
 };
 
 /// The engine's I/O edge (see the [module](self)).
@@ -43,7 +46,7 @@ pub(super) struct Io {
     /// The pause after the API server said it is overloaded.
     pub(super) throttle: Throttle,
     timers: Timers,
-    out: mpsc::UnboundedSender<Shard>,
+    out: mpsc::UnboundedSender<(u32, Leadership)>,
     held_tx: watch::Sender<ShardSet>,
     done_tx: mpsc::UnboundedSender<(u32, u64)>,
     done_rx: mpsc::UnboundedReceiver<(u32, u64)>,
@@ -66,7 +69,7 @@ impl Io {
     pub(super) fn new(
         api: Api<Lease>,
         throttle: Throttle,
-        out: mpsc::UnboundedSender<Shard>,
+        out: mpsc::UnboundedSender<(u32, Leadership)>,
         held_tx: watch::Sender<ShardSet>,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -153,8 +156,8 @@ impl Io {
     }
 
     /// Hands a shard to the user; `false` if nobody takes the shards any more.
-    pub(super) fn hand_out(&self, shard: Shard) -> bool {
-        self.out.send(shard).is_ok()
+    pub(super) fn hand_out(&self, index: u32, leadership: Leadership) -> bool {
+        self.out.send((index, leadership)).is_ok()
     }
 
     /// Whether nobody takes the shards any more (the `Assignments` were dropped).

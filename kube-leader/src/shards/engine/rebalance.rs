@@ -111,7 +111,7 @@ impl Engine {
     }
 
     /// The shards that could be taken now; schedules a look when the next one could be. A
-    /// shard whose term is lost while its `Shard` is still kept counts once the work on it had
+    /// shard whose term is lost while its `Leadership` is still kept counts once the work on it had
     /// the time to stop (see `Held::orphaned_from`); it is then waited out as any holder's.
     pub(super) fn free(&mut self, now: Instant) -> Vec<u32> {
         let grace = self.set.stop_grace();

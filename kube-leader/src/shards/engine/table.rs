@@ -80,7 +80,7 @@ pub(crate) enum Event {
     /// Not ours any more: its renew deadline passed, another holder or a twin wrote it, or it
     /// was deleted.
     Lost,
-    /// The work on it stopped (its `Shard` was dropped).
+    /// The work on it stopped (its `Leadership` was dropped).
     Done,
     /// Its work stopped and its release may be written (before the renew deadline).
     Release,
@@ -228,7 +228,7 @@ pub(super) struct Held {
     pub(super) keeper: KeeperHandle,
     released: Option<oneshot::Sender<()>>,
     state: State,
-    /// The work on it has stopped (the `Shard` was dropped).
+    /// The work on it has stopped (the `Leadership` was dropped).
     done: bool,
     /// When it stopped being ours while its work went on (it became `Gone` undone).
     lost_at: Option<Instant>,
@@ -295,7 +295,7 @@ impl Held {
         matches!(self.state, State::Active | State::Leaving { .. })
     }
 
-    /// When a term that is not ours any more, and whose `Shard` is still kept, stops keeping
+    /// When a term that is not ours any more, and whose `Leadership` is still kept, stops keeping
     /// the shard from being taken again: `grace` after its loss was told (the time its work
     /// has to stop), if it is such a term. From then on it guards nothing: the shard is waited
     /// out like any other holder's and taken again as a new term, whose `hold` drops this one.

@@ -10,13 +10,13 @@ use tokio::sync::{mpsc, watch};
 use super::*;
 use crate::{
     api::Failure,
-    leadership::LossReason,
+    leadership::{Leadership, LossReason},
     lease::{
         decide::Decision,
         record::{set_writer, LeaseRecord},
     },
     shards::{
-        assignments::{Shard, ShardSet},
+        assignments::ShardSet,
         config::ShardsConfig,
         engine::{answers::Reply, io::Input, Spec},
     },
@@ -168,13 +168,13 @@ async fn the_campaign_lists_then_campaigns_and_stops_for_good() {
 
 /// An engine of candidate "me" for 2 shards whose calls are never made (nothing polls them),
 /// and the receiver of its shards.
-fn engine() -> (Engine, mpsc::UnboundedReceiver<Shard>) {
+fn engine() -> (Engine, mpsc::UnboundedReceiver<(u32, Leadership)>) {
     engine_answering(200, "")
 }
 
 /// An engine of candidate "me" for 2 shards whose every call, if polled, is answered `status`
 /// with `body`, and the receiver of its shards.
-fn engine_answering(status: u16, body: &'static str) -> (Engine, mpsc::UnboundedReceiver<Shard>) {
+fn engine_answering(status: u16, body: &'static str) -> (Engine, mpsc::UnboundedReceiver<(u32, Leadership)>) {
     let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
         let mut response = http::Response::new(kube::client::Body::from(body.as_bytes().to_vec()));
         *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
@@ -207,8 +207,8 @@ fn shard_lease(index: u32, rv: &str, holder: &str, instance: &str) -> Lease {
     l
 }
 
-/// Begins a term of shard `index` on `e`, acquired by a write sent now; its `Shard`.
-fn acquire(e: &mut Engine, index: u32) -> crate::leadership::Leadership {
+/// Begins a term of shard `index` on `e`, acquired by a write sent now; its `Leadership`.
+fn acquire(e: &mut Engine, index: u32) -> Leadership {
     let lease = shard_lease(index, "10", "me", &e.set.instance);
     let record = LeaseRecord::from_lease(&lease);
     let (leadership, _) = e.begin_term(index, record, lease, Instant::now());
