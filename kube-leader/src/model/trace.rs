@@ -5,11 +5,11 @@
 //! A step is *allowed by the model* when all of these hold:
 //!
 //! 1. Determinism. Its recorded inputs, fed to the same shipped functions, give its recorded
-//!    outputs: the fold of a watch event ([`Observed::update`] with `written_by`,
-//!    `written_by_any`, `preferred_in`, `coordinated_strategy`), every decision ([`decide`],
-//!    [`defer_to_controller`], [`defer_to_preferred`], [`decide_coordinated`],
-//!    [`decide_absent`]), the record a write carries ([`record_for`]), and every step of the
-//!    held [`Term`], rebuilt from the term's first write and driven by the recorded events in
+//!    outputs: the fold of a watch event (`Observed::update` with `written_by`,
+//!    `written_by_any`, `preferred_in`, `coordinated_strategy`), every decision (`decide`,
+//!    `defer_to_controller`, `defer_to_preferred`, `decide_coordinated`,
+//!    `decide_absent`), the record a write carries (`record_for`), and every step of the
+//!    held `Term`, rebuilt from the term's first write and driven by the recorded events in
 //!    order (renew, renewed, write failed, re-read, watched, deleted, deadline).
 //! 2. The campaign's rules, as the model drives the code: a decision is taken on the last
 //!    observation of the watch (or, while the Lease is absent, on the deletion last seen); a

@@ -5,11 +5,11 @@
 //! A step is *allowed by the model* when all of these hold:
 //!
 //! 1. Determinism. Its recorded inputs, fed to the same shipped functions, give its recorded
-//!    outputs: every decision of the campaign ([`track_fate`] on the lock and the leader Pod as
-//!    seen, [`decide`], [`defer_to_preferred`], [`dead_pod_to_delete`]: the replay keeps its own
-//!    [`Fate`] across the decisions, as the campaign does), the term's fencing token
-//!    ([`restart_token`] for a restart), the holder's [`lock_loss`], [`pod_ending`] and
-//!    [`release_mark`], and its heartbeat's confirmations ([`Beats`]).
+//!    outputs: every decision of the campaign (`track_fate` on the lock and the leader Pod as
+//!    seen, `decide`, `defer_to_preferred`, `dead_pod_to_delete`: the replay keeps its own
+//!    `Fate` across the decisions, as the campaign does), the term's fencing token
+//!    (`restart_token` for a restart), the holder's `lock_loss`, `pod_ending` and
+//!    `release_mark`, and its heartbeat's confirmations (`Beats`).
 //! 2. The campaign's rules: a create follows a `Create` decision taken on an absent lock, and
 //!    carries no precondition; an adopt follows a `Continue` decision with the lock's UID and
 //!    resourceVersion as its preconditions; a stale lock's deletion follows a `DeleteLock`
