@@ -68,7 +68,6 @@ mod backoff;
 #[cfg_attr(docsrs, doc(cfg(feature = "http2")))]
 pub mod client;
 mod discovery;
-mod election;
 mod elector;
 mod error;
 mod events;
@@ -93,6 +92,7 @@ mod shards;
 mod strategy;
 mod successor;
 mod time;
+mod unelected;
 
 /// The proptest configuration of this crate's properties: `cases` per property, or
 /// `PROPTEST_CASES` if set (a long fuzzing run). Failures are not persisted: odd inputs found

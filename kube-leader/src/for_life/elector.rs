@@ -329,7 +329,7 @@ impl ForLife {
             let namespace = found.map_or_else(|| self.client.default_namespace().to_string(), |(ns, _)| ns);
             let identity = discovery::resolve_identity(pod_name.as_deref()).unwrap_or_default();
             let lock = LockRef::new(namespace, self.name.clone())?;
-            return Ok(crate::election::unelected(
+            return Ok(crate::unelected::unelected(
                 Strategy::ForLife,
                 lock,
                 identity,

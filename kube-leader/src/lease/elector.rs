@@ -14,12 +14,13 @@ use super::{
     shared::{Renewals, Shared},
 };
 use crate::{
-    discovery, election,
+    discovery,
     error::{Error, Result},
     leadership::{LeaderInfo, Leadership, Strategy, Term},
     lock::LockRef,
     observer::{Hooks, Observer},
     successor::{CandidatePod, Registry, Successor},
+    unelected::unelected,
 };
 
 /// Why the watchdog thinks this candidate is unhealthy (the sidecar's `/healthz`).
@@ -290,7 +291,7 @@ impl LeaseElector {
         let lock = self.lock()?;
         let identity = self.resolved_identity()?;
         if !self.config.election {
-            return Ok(election::unelected(Strategy::Lease, lock, identity, shutdown));
+            return Ok(unelected(Strategy::Lease, lock, identity, shutdown));
         }
         let span = info_span!("lease_election", lock = %lock, identity = %identity);
         let campaign = async {

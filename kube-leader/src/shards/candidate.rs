@@ -16,10 +16,11 @@ use super::{
     engine::{Engine, Spec},
 };
 use crate::{
-    discovery, election,
+    discovery,
     error::{invalid, Error, Result},
     leadership::{Strategy, Term},
     lock::{self, LockRef},
+    unelected::unelected,
 };
 
 /// A candidate for a set of shard Leases `<name>-0` .. `<name>-<M-1>`.
@@ -260,7 +261,7 @@ impl Shards {
                 namespace: namespace.to_string(),
                 name: self.lease_name(index),
             };
-            let leadership = election::unelected(Strategy::Lease, lock, identity.clone(), shutdown);
+            let leadership = unelected(Strategy::Lease, lock, identity.clone(), shutdown);
             set.held.insert(index, 0);
             // The receiver is ours, in the Assignments returned below.
             let _ = out.send((index, leadership));
