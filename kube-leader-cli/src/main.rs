@@ -49,7 +49,7 @@ use crate::cli::{Command, LogFormat};
 /// as well, so the library's modules are named one by one, and `shards` by its engine, the
 /// binary having a `shards` of its own; a test checks the list against both crates' sources.)
 const DEFAULT_FILTER: &str = "info,kube_leader::lease=warn,kube_leader::for_life=warn,\
-kube_leader::shards::engine=warn,kube_leader::successor=warn,kube_leader::election=warn,\
+kube_leader::shards::engine=warn,kube_leader::successor=warn,kube_leader::unelected=warn,\
 kube_leader::events=warn,kube_leader::leadership=warn,kube_leader::lock=warn,\
 kube_leader::object_watch=warn,kube_client=warn,kube_runtime=warn";
 

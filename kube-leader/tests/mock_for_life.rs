@@ -176,6 +176,13 @@ impl Mock {
     }
 }
 
+/// The tests of this file run one at a time. The trace test listens with a thread-local
+/// subscriber, and `tracing` caches each callsite's interest when the callsite is first hit:
+/// while that subscriber is the only registered one, a step callsite first hit on another
+/// test's thread (no subscriber there) is cached as "never" (tokio-rs/tracing#3611), and its
+/// events are lost (the replay found no term, in one test-command run).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn candidate(mock: &Mock, pod: &str) -> ForLife {
     ForLife::new(mock.client(), "lock")
         .environment(Environment {
@@ -195,6 +202,7 @@ fn candidate(mock: &Mock, pod: &str) -> ForLife {
 /// candidate takes over at once (it deletes the leader's released lock and creates its own).
 #[tokio::test(start_paused = true)]
 async fn a_lock_deleted_under_its_leader_is_taken_once_the_leader_says_it_stopped() {
+    let _serial = SERIAL.lock().await;
     let mock = Mock::default();
     mock.pod("a");
     mock.pod("b");
@@ -242,6 +250,7 @@ async fn a_lock_deleted_under_its_leader_is_taken_once_the_leader_says_it_stoppe
 /// term released (found by the for-life model; docs/safety.md).
 #[tokio::test(start_paused = true)]
 async fn a_restarted_leader_continues_on_its_own_lock() {
+    let _serial = SERIAL.lock().await;
     let mock = Mock::default();
     mock.pod("a");
     let shutdown = CancellationToken::new();
@@ -267,6 +276,7 @@ async fn a_restarted_leader_continues_on_its_own_lock() {
 #[cfg(feature = "trace-check")]
 #[tokio::test(start_paused = true)]
 async fn a_heartbeating_leader_restarted_and_released_records_steps_the_model_explains() {
+    let _serial = SERIAL.lock().await;
     use kube_leader::internal::trace::{for_life, Trace};
     use tracing_subscriber::layer::SubscriberExt as _;
 
