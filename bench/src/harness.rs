@@ -28,8 +28,11 @@ pub(crate) enum Mode {
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) mode: Mode,
-    /// Rounds of each leader-for-life scenario.
+    /// Rounds of the leader-for-life lock deletions and of the sidecar's for-life handover.
     pub(crate) for_life_rounds: usize,
+    /// Rounds of the leader-for-life Pod deletions. Each waits out the deleted Pod's grace
+    /// period and 2 s (about 32 s: no kubelet tells the old process to stop), so CI mode runs one.
+    pub(crate) for_life_pod_rounds: usize,
     /// Rounds of each Lease failover scenario, per implementation.
     pub(crate) lease_rounds: usize,
     /// Timings of the Lease failover scenarios, the same for both implementations.
@@ -72,6 +75,7 @@ impl Plan {
             Mode::Ci => Self {
                 mode,
                 for_life_rounds: 3,
+                for_life_pod_rounds: 1,
                 lease_rounds: 3,
                 failover_timings: Timings::SHORT,
                 idle_timings: Timings::DEFAULT,
@@ -86,7 +90,7 @@ impl Plan {
                 settle: Duration::from_millis(1500),
                 shard_leases: 100,
                 shard_timings: Timings::DEFAULT,
-                shard_window: Duration::from_secs(20),
+                shard_window: Duration::from_secs(10),
                 replicas: 3,
                 replica_shards: 30,
                 replica_timings: Timings::SHORT,
@@ -95,6 +99,7 @@ impl Plan {
             Mode::Full => Self {
                 mode,
                 for_life_rounds: 20,
+                for_life_pod_rounds: 20,
                 lease_rounds: 20,
                 failover_timings: Timings::DEFAULT,
                 idle_timings: Timings::DEFAULT,
@@ -196,6 +201,13 @@ impl Bench {
             ),
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
             rule(&[""], &["events"], &["create"]),
+            // The candidates' registrations (a leader stepping down prefers a registered
+            // successor): what `kube-leader rbac --strategy for-life` grants.
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["create", "patch", "delete", "list", "watch"],
+            ),
         ];
         let ns = self.namespace_for(users, rules).await?;
         let lp = ListParams::default().limit(1);

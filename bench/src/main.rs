@@ -230,9 +230,9 @@ async fn bench(
     if wanted(Scenario::ForLife) {
         step(&format!(
             "for-life failover: {} Pod deletions, {} lock deletions",
-            plan.for_life_rounds, plan.for_life_rounds
+            plan.for_life_pod_rounds, plan.for_life_rounds
         ));
-        match for_life::run(&b, plan.for_life_rounds).await {
+        match for_life::run(&b, plan.for_life_pod_rounds, plan.for_life_rounds).await {
             Ok(f) => r.for_life = Some(f),
             Err(e) => failed(&mut r, "for-life failover".into(), e),
         }

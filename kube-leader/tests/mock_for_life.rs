@@ -332,50 +332,18 @@ async fn a_heartbeating_leader_restarted_and_released_records_steps_the_model_ex
 /// A `tracing` layer that keeps the library's decision steps (`kube_leader::step` events).
 #[cfg(feature = "trace-check")]
 mod steps {
-    use std::{
-        fmt,
-        sync::{Arc, Mutex},
-    };
+    use std::sync::{Arc, Mutex};
 
-    use serde_json::{json, Value};
-    use tracing::field::{Field, Visit};
+    use kube_leader::internal::trace::step_of;
+    use serde_json::Value;
 
     pub(super) struct Layer(pub(super) Arc<Mutex<Vec<Value>>>);
 
-    #[derive(Default)]
-    struct Fields {
-        kind: String,
-        step: String,
-    }
-
-    impl Visit for Fields {
-        fn record_str(&mut self, field: &Field, value: &str) {
-            if field.name() == "kind" {
-                self.kind = value.to_string();
-            }
-        }
-
-        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-            match field.name() {
-                "step" => self.step = format!("{value:?}"),
-                "kind" => self.kind = format!("{value:?}"),
-                _ => {}
-            }
-        }
-    }
-
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Layer {
         fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-            if event.metadata().target() != "kube_leader::step" {
-                return;
+            if let Some(step) = step_of(event) {
+                self.0.lock().unwrap().push(step);
             }
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            let step: Value = serde_json::from_str(&fields.step).unwrap_or(Value::Null);
-            self.0
-                .lock()
-                .unwrap()
-                .push(json!({"kind": fields.kind, "step": step}));
         }
     }
 }

@@ -116,8 +116,8 @@ impl Candidates {
     }
 }
 
-/// Runs `rounds` Pod deletions, then `rounds` lock deletions.
-pub(crate) async fn run(b: &Bench, rounds: usize) -> anyhow::Result<ForLifeResult> {
+/// Runs `pod_rounds` Pod deletions, then `lock_rounds` lock deletions.
+pub(crate) async fn run(b: &Bench, pod_rounds: usize, lock_rounds: usize) -> anyhow::Result<ForLifeResult> {
     let users = b.users(CANDIDATES)?;
     let ns = b.for_life_namespace(&users).await?;
     let ns_name = ns.name().to_owned();
@@ -149,7 +149,7 @@ pub(crate) async fn run(b: &Bench, rounds: usize) -> anyhow::Result<ForLifeResul
     let mut leader = c.next_leader().await?;
     let mut result = ForLifeResult::default();
 
-    for round in 0..rounds {
+    for round in 0..pod_rounds {
         tokio::time::sleep(b.plan.settle).await;
         let (slot, pod, _, old) = leader;
         let uid = pods.get(&pod).await?.uid().context("Pod without uid")?;
@@ -200,7 +200,7 @@ pub(crate) async fn run(b: &Bench, rounds: usize) -> anyhow::Result<ForLifeResul
         leader = next;
     }
 
-    for round in 0..rounds {
+    for round in 0..lock_rounds {
         tokio::time::sleep(b.plan.settle).await;
         let (slot, pod, _, old) = leader;
         // As a user's code does: once the loss is seen (its work stopped at once here), release.

@@ -23,9 +23,10 @@
 //! made while leading, and the fencing check decides its fate. With `RUST_LOG` set, logs go to
 //! stderr.
 
-use std::{fmt, io::Write as _, process::ExitCode, time::Duration};
+use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use kube::Client;
+use kube_leader::internal::trace::{step_of, STEP_TARGET};
 use kube_leader::internal::ForLifeExt as _;
 use kube_leader::{internal::Environment, ForLife, LeaseElector};
 use kube_leader_e2e::{
@@ -35,7 +36,6 @@ use kube_leader_e2e::{
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use tracing::field::{Field, Visit};
 use tracing_subscriber::{filter::filter_fn, layer::SubscriberExt as _, Layer};
 
 /// Bound on each ledger call.
@@ -83,7 +83,7 @@ type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 /// Logs as [`kube_leader_e2e::init_process_tracing`] does, and reports the library's decision
 /// steps (`kube_leader::step` events) as `step` events.
 fn init_tracing_with_steps(identity: &str) {
-    let steps = Steps(identity.to_string()).with_filter(filter_fn(|m| m.target() == "kube_leader::step"));
+    let steps = Steps(identity.to_string()).with_filter(filter_fn(|m| m.target() == STEP_TARGET));
     let logs = std::env::var_os("RUST_LOG").map(|_| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -97,35 +97,11 @@ fn init_tracing_with_steps(identity: &str) {
 /// The layer that reports decision steps, for the candidate `.0`.
 struct Steps(String);
 
-/// The fields of a step event.
-#[derive(Default)]
-struct StepFields {
-    kind: String,
-    step: String,
-}
-
-impl Visit for StepFields {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "kind" {
-            self.kind = value.to_string();
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        match field.name() {
-            "step" => self.step = format!("{value:?}"),
-            "kind" => self.kind = format!("{value:?}"),
-            _ => {}
-        }
-    }
-}
-
 impl<S: tracing::Subscriber> Layer<S> for Steps {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut fields = StepFields::default();
-        event.record(&mut fields);
-        let step: Value = serde_json::from_str(&fields.step).unwrap_or(Value::Null);
-        emit(json!({"event": "step", "identity": self.0, "kind": fields.kind, "step": step}));
+        if let Some(step) = step_of(event) {
+            emit(json!({"event": "step", "identity": self.0, "kind": step["kind"], "step": step["step"]}));
+        }
     }
 }
 

@@ -645,6 +645,11 @@ impl Held {
     }
 }
 
+/// Reading recorded steps back from their `tracing` events.
+#[path = "trace/recorded.rs"]
+mod recorded;
+pub use recorded::{step_of, STEP_TARGET};
+
 /// Trace checking of leader for life.
 #[path = "trace/for_life.rs"]
 pub mod for_life;
