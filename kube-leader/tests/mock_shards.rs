@@ -3,7 +3,6 @@
 //! (SIGSTOP, a paused VM) whose guard is kept a while.
 
 use std::{
-    collections::BTreeMap,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex,
@@ -20,24 +19,16 @@ use tokio_util::sync::CancellationToken;
 
 mod support;
 
-use support::{respond, status, Body};
+#[path = "support/leases.rs"]
+mod leases;
 
-const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
-
-/// What the scripted API server holds: every Lease by name, and the open watches.
-#[derive(Debug, Default)]
-struct State {
-    leases: BTreeMap<String, Value>,
-    revision: u64,
-    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
-    /// Watch events held back (a watch that lags), while `Some`.
-    held_back: Option<Vec<Bytes>>,
-}
+use leases::Leases;
+use support::Body;
 
 /// The scripted API server; its gate, while closed, holds every write of `set-0` unanswered.
 #[derive(Debug, Clone)]
 struct Mock {
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<Leases>>,
     gate: Arc<watch::Sender<bool>>,
     held_writes: Arc<AtomicUsize>,
 }
@@ -61,20 +52,6 @@ impl Mock {
         })
     }
 
-    /// Stores `lease` as a new revision and tells every open watch.
-    fn store(s: &mut State, mut lease: Value, kind: &str) -> Value {
-        s.revision += 1;
-        lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
-        let name = lease["metadata"]["name"].as_str().unwrap().to_string();
-        s.leases.insert(name, lease.clone());
-        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": lease.clone()})));
-        match &mut s.held_back {
-            Some(held) => held.push(line),
-            None => s.watchers.retain(|w| w.send(line.clone()).is_ok()),
-        }
-        lease
-    }
-
     /// Holds watch events back from now on (the watch lags).
     fn hold_watch(&self) {
         self.state.lock().unwrap().held_back = Some(Vec::new());
@@ -82,10 +59,7 @@ impl Mock {
 
     /// Sends the watch events held back, and every later one at once.
     fn release_watch(&self) {
-        let mut s = self.state.lock().unwrap();
-        for line in s.held_back.take().unwrap_or_default() {
-            s.watchers.retain(|w| w.send(line.clone()).is_ok());
-        }
+        self.state.lock().unwrap().release_watch();
     }
 
     /// Closes (`false`) or opens the gate of the writes of `set-0`.
@@ -116,7 +90,7 @@ impl Mock {
         let mut s = self.state.lock().unwrap();
         let mut lease = s.leases.get(name).cloned().expect("a Lease to write");
         f(&mut lease);
-        Self::store(&mut s, lease, "MODIFIED");
+        s.store(lease, "MODIFIED");
     }
 
     fn holder(&self, name: &str) -> Option<String> {
@@ -130,60 +104,7 @@ impl Mock {
         if method == Method::PUT && path.ends_with("/set-0") {
             self.pass_gate().await;
         }
-        let mut s = self.state.lock().unwrap();
-        let name = path.strip_prefix(LEASES).and_then(|p| p.strip_prefix('/'));
-        match (&method, name) {
-            (&Method::GET, None) if query.contains("watch=true") => {
-                let (tx, response) = support::watch();
-                s.watchers.push(tx);
-                response
-            }
-            (&Method::GET, None) => {
-                let items: Vec<Value> = s.leases.values().cloned().collect();
-                respond(
-                    200,
-                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
-                        "metadata": {"resourceVersion": s.revision.to_string()}, "items": items}),
-                )
-            }
-            (&Method::POST, None) => {
-                let lease: Value = serde_json::from_slice(&body).unwrap();
-                let name = lease["metadata"]["name"].as_str().unwrap();
-                if s.leases.contains_key(name) {
-                    return status(409, "AlreadyExists");
-                }
-                let lease = Self::store(&mut s, lease, "ADDED");
-                respond(201, &lease)
-            }
-            (&Method::PUT, Some(name)) => {
-                let lease: Value = serde_json::from_slice(&body).unwrap();
-                let current = s
-                    .leases
-                    .get(name)
-                    .map(|l| l["metadata"]["resourceVersion"].clone());
-                if current != Some(lease["metadata"]["resourceVersion"].clone()) {
-                    return status(409, "Conflict");
-                }
-                let lease = Self::store(&mut s, lease, "MODIFIED");
-                respond(200, &lease)
-            }
-            (&Method::GET, Some(name)) => match s.leases.get(name) {
-                Some(l) => respond(200, l),
-                None => status(404, "NotFound"),
-            },
-            (&Method::DELETE, Some(name)) => match s.leases.remove(name) {
-                Some(l) => {
-                    let line = Bytes::from(format!("{}\n", json!({"type": "DELETED", "object": l})));
-                    s.watchers.retain(|w| w.send(line.clone()).is_ok());
-                    respond(
-                        200,
-                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                    )
-                }
-                None => status(404, "NotFound"),
-            },
-            (m, p) => panic!("unexpected request {m} {p:?}?{query}"),
-        }
+        self.state.lock().unwrap().handle(&method, &path, &query, &body)
     }
 }
 

@@ -3,7 +3,6 @@
 //! continued) counts again at once (found by the shards sidecar's chaos run, issue 21).
 
 use std::{
-    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -11,25 +10,19 @@ use std::{
 use bytes::Bytes;
 use http::{Method, Response};
 use kube_leader::{LeaseConfig, Shards};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 mod support;
 
-use support::{respond, status, Body};
+#[path = "support/leases.rs"]
+mod leases;
 
-const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
-
-/// What the scripted API server holds: every Lease by name, and the open watches.
-#[derive(Debug, Default)]
-struct State {
-    leases: BTreeMap<String, Value>,
-    revision: u64,
-    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
-}
+use leases::Leases;
+use support::Body;
 
 #[derive(Debug, Clone, Default)]
-struct Mock(Arc<Mutex<State>>);
+struct Mock(Arc<Mutex<Leases>>);
 
 impl Mock {
     fn client(&self) -> kube::Client {
@@ -38,17 +31,6 @@ impl Mock {
             let mock = mock.clone();
             async move { mock.handle(method, path, query, body) }
         })
-    }
-
-    /// Stores `lease` as a new revision and tells every open watch.
-    fn store(s: &mut State, mut lease: Value, kind: &str) -> Value {
-        s.revision += 1;
-        lease["metadata"]["resourceVersion"] = json!(s.revision.to_string());
-        let name = lease["metadata"]["name"].as_str().unwrap().to_string();
-        s.leases.insert(name, lease.clone());
-        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": lease.clone()})));
-        s.watchers.retain(|w| w.send(line.clone()).is_ok());
-        lease
     }
 
     /// Another candidate's write of its membership Lease `name` (2 s), renewed at `renew`.
@@ -63,60 +45,11 @@ impl Mock {
         } else {
             "ADDED"
         };
-        Self::store(&mut s, lease, kind);
+        s.store(lease, kind);
     }
 
     fn handle(&self, method: Method, path: String, query: String, body: Bytes) -> Response<Body> {
-        let mut s = self.0.lock().unwrap();
-        let name = path.strip_prefix(LEASES).and_then(|p| p.strip_prefix('/'));
-        match (&method, name) {
-            (&Method::GET, None) if query.contains("watch=true") => {
-                let (tx, response) = support::watch();
-                s.watchers.push(tx);
-                response
-            }
-            (&Method::GET, None) => {
-                let items: Vec<Value> = s.leases.values().cloned().collect();
-                respond(
-                    200,
-                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
-                        "metadata": {"resourceVersion": s.revision.to_string()}, "items": items}),
-                )
-            }
-            (&Method::POST, None) => {
-                let lease: Value = serde_json::from_slice(&body).unwrap();
-                let name = lease["metadata"]["name"].as_str().unwrap();
-                if s.leases.contains_key(name) {
-                    return status(409, "AlreadyExists");
-                }
-                let lease = Self::store(&mut s, lease, "ADDED");
-                respond(201, &lease)
-            }
-            (&Method::PUT, Some(name)) => {
-                let lease: Value = serde_json::from_slice(&body).unwrap();
-                let current = s
-                    .leases
-                    .get(name)
-                    .map(|l| l["metadata"]["resourceVersion"].clone());
-                if current != Some(lease["metadata"]["resourceVersion"].clone()) {
-                    return status(409, "Conflict");
-                }
-                let lease = Self::store(&mut s, lease, "MODIFIED");
-                respond(200, &lease)
-            }
-            (&Method::GET, Some(name)) => match s.leases.get(name) {
-                Some(l) => respond(200, l),
-                None => status(404, "NotFound"),
-            },
-            (&Method::DELETE, Some(name)) => match s.leases.remove(name) {
-                Some(_) => respond(
-                    200,
-                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                ),
-                None => status(404, "NotFound"),
-            },
-            (m, p) => panic!("unexpected request {m} {p:?}?{query}"),
-        }
+        self.0.lock().unwrap().handle(&method, &path, &query, &body)
     }
 }
 
