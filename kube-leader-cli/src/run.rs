@@ -76,7 +76,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
         launch: &launch,
         standby,
         fence,
-        timings: (renew_deadline, args.retry_period),
+        renew_deadline,
+        retry_period: args.retry_period,
     };
     let running = Running::new(start, &leadership).await;
     let leaving = Leaving {

@@ -51,7 +51,7 @@ mod file;
 mod sidecar;
 mod signal;
 
-use sidecar::{Sidecar, Timings};
+use sidecar::{Settings, Sidecar, Timings};
 
 /// `kube-leader run --shards M`: returns the exit code.
 pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Result<u8, Fail> {
@@ -67,7 +67,7 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     let config = ShardsConfig::default()
         .lease(args.lease_config())
         .handover_grace(args.grace());
-    let shards = candidate(client, (&args.lock.lock, count), &namespace, &identity, config)?;
+    let shards = candidate(client, &args.lock.lock, count, &namespace, &identity, config)?;
     let (file, ack) = files(&args.lock.lock);
 
     let shutdown = CancellationToken::new();
@@ -99,7 +99,11 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
         renew_deadline: args.renew_deadline,
         retry_period: args.retry_period,
     };
-    let settings = (launch, args.on_shards_change, timings);
+    let settings = Settings {
+        launch,
+        on_change: args.on_shards_change,
+        timings,
+    };
     let mut sidecar = Sidecar::new(settings, assignments, env, file, ack);
     let code = sidecar.run(&mut stops).await;
     if sidecar.abandoned() {
@@ -117,7 +121,8 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
 /// The shard candidate for `set` of `count` shards, its settings checked.
 fn candidate(
     client: kube::Client,
-    (set, count): (&str, u32),
+    set: &str,
+    count: u32,
     namespace: &str,
     identity: &str,
     config: ShardsConfig,

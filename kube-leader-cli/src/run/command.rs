@@ -30,9 +30,10 @@ pub(super) struct Start<'a> {
     pub(super) standby: Option<Supervisor>,
     /// `--fence`: kube-leader's client and user, through which COMMAND's fencing proxy writes.
     pub(super) fence: Option<(kube::Client, String)>,
-    /// The renew deadline (how long the loop's own ping confirms) and the retry period (how
-    /// often it pings).
-    pub(super) timings: (Duration, Duration),
+    /// How long the loop's own ping confirms COMMAND.
+    pub(super) renew_deadline: Duration,
+    /// How often it pings.
+    pub(super) retry_period: Duration,
 }
 
 /// COMMAND under its supervisor during one term, as the leader's loop sees it.
@@ -204,7 +205,6 @@ impl<'a> Running<'a> {
                 return None;
             }
         };
-        let (renew_deadline, retry_period) = start.timings;
         Some(Self {
             status: start.status,
             label: start.label,
@@ -212,7 +212,7 @@ impl<'a> Running<'a> {
             env,
             _proxy: proxy,
             command: Supervised::new(supervisor),
-            confirmed: Confirmed::new(leadership, renew_deadline, retry_period),
+            confirmed: Confirmed::new(leadership, start.renew_deadline, start.retry_period),
             lost: false,
             stop_signal: false,
             command_pid: None,

@@ -32,6 +32,13 @@ pub(super) struct Timings {
     pub(super) retry_period: Duration,
 }
 
+/// How COMMAND runs: its launch, what a change of its shards does, the set's timings.
+pub(super) struct Settings {
+    pub(super) launch: Launch,
+    pub(super) on_change: OnChange,
+    pub(super) timings: Timings,
+}
+
 /// How often the loop looks at its shards' confirmations, COMMAND's acknowledgement and a
 /// held-back signal (nothing is sent unless something changed).
 const TICK: Duration = Duration::from_millis(50);
@@ -74,7 +81,11 @@ pub(super) struct Sidecar {
 
 impl Sidecar {
     pub(super) fn new(
-        (launch, on_change, timings): (Launch, OnChange, Timings),
+        Settings {
+            launch,
+            on_change,
+            timings,
+        }: Settings,
         assignments: Assignments,
         env: Vec<(&'static str, String)>,
         file: PathBuf,
