@@ -167,6 +167,9 @@ export KUBEBUILDER_ASSETS
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiserver" --version))"
 
 step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
+# The public-API snapshot's rustdoc build, in a directory shared between checkouts (its
+# dependencies' metadata is built once; the test drops this crate's own build before it).
+export KUBE_LEADER_PUBLIC_API_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-public-api"
 # Test binaries run one after another; the tests inside one binary share one control plane.
 on_release "$MAIN_RELEASE" "cargo test --workspace --all-targets" \
   cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"

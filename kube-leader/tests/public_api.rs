@@ -6,7 +6,9 @@
 //!
 //! The API comes from rustdoc's JSON output (`--output-format json`, every feature enabled), built
 //! on the stable toolchain with `RUSTC_BOOTSTRAP=1` into a target directory of its own
-//! (`target/tmp/public-api`; the first run builds the dependencies' metadata there once). Each public item is written with
+//! (`target/tmp/public-api`, or `KUBE_LEADER_PUBLIC_API_TARGET_DIR`, which the test command
+//! points at a directory shared between checkouts; the first run builds the dependencies'
+//! metadata there once). Each public item is written with
 //! its full path: modules, structs with their public fields, enums with their variants, functions
 //! and methods with their signatures, constants, type aliases, traits, and every trait a type
 //! implements (auto traits included: losing `Send` is a breaking change). Blanket impls are left
@@ -18,7 +20,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     fmt::Write as _,
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
 };
 
@@ -60,7 +62,11 @@ fn public_api_matches_the_snapshot() {
 /// Builds rustdoc's JSON for this crate and reads it.
 fn rustdoc_json() -> Value {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("public-api");
+    let target = std::env::var_os("KUBE_LEADER_PUBLIC_API_TARGET_DIR").map_or_else(
+        || Path::new(env!("CARGO_TARGET_TMPDIR")).join("public-api"),
+        PathBuf::from,
+    );
+    forget_this_crate(&target);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(manifest)
@@ -82,6 +88,22 @@ fn rustdoc_json() -> Value {
     let file = target.join("doc/kube_leader.json");
     let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     serde_json::from_str(&text).unwrap()
+}
+
+/// Drops this crate's fingerprints and JSON from `target`, so that cargo documents this
+/// checkout: in a directory shared between checkouts, another checkout's build writes the same
+/// `doc/kube_leader.json`, and cargo, finding this checkout's fingerprint fresh, would not
+/// write it again. The dependencies' metadata stays.
+fn forget_this_crate(target: &Path) {
+    let _ = std::fs::remove_file(target.join("doc/kube_leader.json"));
+    let Ok(entries) = std::fs::read_dir(target.join("debug/.fingerprint")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("kube-leader-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 // === rendering ===
