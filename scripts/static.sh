@@ -15,9 +15,12 @@
 # not run. amd64 uses musl-gcc for the C parts.
 #
 # Needs: rustup (adds the targets itself), musl-tools and, for arm64, gcc-aarch64-linux-gnu
-# (scripts/node-deps.sh installs both). The build directory is shared between
+# (scripts/node-deps.sh installs both). The build directories are shared between
 # checkouts, so that a fresh clone builds incrementally:
-# ${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}.
+# ${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}
+# for amd64, the same with `-arm64` appended for arm64. Two architectures build at once, each
+# in its own directory (cargo builds one thing at a time in a directory): the profile's
+# single codegen unit and LTO keep one build on one core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,13 +33,12 @@ for a in "${@:-amd64}"; do
     amd64 | x86_64) arches+=(amd64) ;;
     arm64 | aarch64) arches+=(arm64) ;;
     all) arches+=(amd64 arm64) ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown architecture: $a (amd64, arm64 or all)" ;;
   esac
 done
 
-target_dir=${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}
-mkdir -p "$target_dir"
+target_base=${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-static}
 
 # ELF header: e_machine is the 16-bit little-endian field at offset 18 (62 x86-64, 183 AArch64).
 elf_machine() { od -An -t u2 -j 18 -N 2 "$1" | tr -d ' '; }
@@ -50,16 +52,14 @@ is_static() {
   fi
 }
 
-for arch in "${arches[@]}"; do
+# Builds and checks one architecture's binary; its path goes to stdout.
+build() {
+  local arch="$1" triple machine cc linker target_dir upper lower start built got size
   case "$arch" in
-    amd64) triple=x86_64-unknown-linux-musl machine=62 cc=musl-gcc linker="" ;;
-    arm64) triple=aarch64-unknown-linux-musl machine=183 cc=aarch64-linux-gnu-gcc linker=aarch64-linux-gnu-gcc ;;
+    amd64) triple=x86_64-unknown-linux-musl machine=62 cc=musl-gcc linker="" target_dir=$target_base ;;
+    arm64) triple=aarch64-unknown-linux-musl machine=183 cc=aarch64-linux-gnu-gcc linker=aarch64-linux-gnu-gcc target_dir=$target_base-arm64 ;;
   esac
-  command -v "$cc" >/dev/null || die "$cc is missing (run scripts/node-deps.sh)"
-  if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
-    log "rustup target add $triple"
-    rustup target add "$triple" >&2
-  fi
+  mkdir -p "$target_dir"
   upper=$(echo "$triple" | tr 'a-z-' 'A-Z_')
   lower=$(echo "$triple" | tr '-' '_')
   log "building $arch ($triple, profile sidecar) in $target_dir; a cold build takes a few minutes"
@@ -78,4 +78,38 @@ for arch in "${arches[@]}"; do
   size=$(stat -c %s "target/dist/$arch/kube-leader")
   log "$arch: target/dist/$arch/kube-leader, static, ELF machine $got, $size bytes ($(( size / 1024 )) KiB), $(( $(date +%s) - start )) s"
   echo "$PWD/target/dist/$arch/kube-leader"
+}
+
+# The compilers and Rust targets first (rustup is not run twice at once).
+for arch in "${arches[@]}"; do
+  case "$arch" in
+    amd64) triple=x86_64-unknown-linux-musl cc=musl-gcc ;;
+    arm64) triple=aarch64-unknown-linux-musl cc=aarch64-linux-gnu-gcc ;;
+  esac
+  command -v "$cc" >/dev/null || die "$cc is missing (run scripts/node-deps.sh)"
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
+    log "rustup target add $triple"
+    rustup target add "$triple" >&2
+  fi
+done
+
+if [ "${#arches[@]}" = 1 ]; then
+  build "${arches[0]}"
+  exit 0
+fi
+# Several: built at once; their paths printed in the order asked, once all are built.
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+pids=()
+for i in "${!arches[@]}"; do
+  build "${arches[$i]}" >"$out/$i" &
+  pids+=($!)
+done
+failed=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || failed=1
+done
+[ "$failed" = 0 ] || die "a build failed (see above)"
+for i in "${!arches[@]}"; do
+  cat "$out/$i"
 done
