@@ -1199,17 +1199,33 @@ impl Deployed {
 
     /// The workload's own start and stop records as the checker's history; a COMMAND killed
     /// by SIGKILL (no record) ends when its process was seen gone.
+    ///
+    /// A term ends at its end record, or earlier where kube-leader in that Pod logged COMMAND's
+    /// exit earlier (`COMMAND exited`, `COMMAND stopped after the loss of leadership`, stamped
+    /// by kube-leader when it had reaped COMMAND): both are times at or after COMMAND stopped,
+    /// and the earlier is the closer. The patterns' shell app cannot read a clock: its lines
+    /// carry the time containerd read them from the pipe, which lags on a loaded node (a
+    /// handover of 13 ms once showed the old app's stop 15 ms after kube-leader had reaped it
+    /// and released the lock, and after the next app's start).
     fn history(&self) -> History {
         let mut history = History::new();
-        let mut open = std::collections::HashSet::new();
+        let mut open = std::collections::HashMap::new();
         for record in self.logs.records() {
             match record.kind.as_str() {
                 "start" => {
-                    open.insert(record.pod.clone());
+                    open.insert(record.pod.clone(), record.mono_ns);
                     history.began(&record.pod, record.mono_ns);
                 }
-                "stop" | "crash" | "gone" if open.remove(&record.pod) => {
-                    history.ended(&record.pod, record.mono_ns);
+                "stop" | "crash" | "gone" => {
+                    let Some(began) = open.remove(&record.pod) else {
+                        continue;
+                    };
+                    let reaped = ["COMMAND exited", "COMMAND stopped after the loss of leadership"]
+                        .into_iter()
+                        .filter_map(|m| self.logs.logged_at(&record.pod, m, began))
+                        .min();
+                    let end = reaped.map_or(record.mono_ns, |r| r.min(record.mono_ns));
+                    history.ended(&record.pod, end);
                 }
                 _ => {}
             }
