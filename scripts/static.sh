@@ -52,13 +52,19 @@ is_static() {
   fi
 }
 
-# Builds and checks one architecture's binary; its path goes to stdout.
-build() {
-  local arch="$1" triple machine cc linker target_dir upper lower start built got size
-  case "$arch" in
+# Sets what building for architecture $1 takes: its Rust target, ELF machine, C compiler,
+# linker and target directory.
+spec() {
+  case "$1" in
     amd64) triple=x86_64-unknown-linux-musl machine=62 cc=musl-gcc linker="" target_dir=$target_base ;;
     arm64) triple=aarch64-unknown-linux-musl machine=183 cc=aarch64-linux-gnu-gcc linker=aarch64-linux-gnu-gcc target_dir=$target_base-arm64 ;;
   esac
+}
+
+# Builds and checks one architecture's binary; its path goes to stdout.
+build() {
+  local arch="$1" triple machine cc linker target_dir upper lower start built got size
+  spec "$arch"
   mkdir -p "$target_dir"
   upper=$(echo "$triple" | tr 'a-z-' 'A-Z_')
   lower=$(echo "$triple" | tr '-' '_')
@@ -82,10 +88,7 @@ build() {
 
 # The compilers and Rust targets first (rustup is not run twice at once).
 for arch in "${arches[@]}"; do
-  case "$arch" in
-    amd64) triple=x86_64-unknown-linux-musl cc=musl-gcc ;;
-    arm64) triple=aarch64-unknown-linux-musl cc=aarch64-linux-gnu-gcc ;;
-  esac
+  spec "$arch"
   command -v "$cc" >/dev/null || die "$cc is missing (run scripts/node-deps.sh)"
   if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
     log "rustup target add $triple"

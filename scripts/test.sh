@@ -144,6 +144,10 @@ else
   echo "musl-gcc or aarch64-linux-gnu-gcc missing (scripts/node-deps.sh needs root): SKIPPED"
 fi
 
+# Build directories shared between checkouts (the public-API snapshot's, the package and MSRV
+# builds): a fresh clone rebuilds only this workspace's crates there.
+build_cache=${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader
+
 # The tests' control planes and nodes live under the run's directory.
 export TMPDIR="$RUN_TMP"
 
@@ -169,7 +173,7 @@ echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS ($("$KUBEBUILDER_ASSETS/kube-apiser
 step "cargo test (unit, integration against the local control plane, examples, public-API snapshot)"
 # The public-API snapshot's rustdoc build, in a directory shared between checkouts (its
 # dependencies' metadata is built once; the test drops this crate's own build before it).
-export KUBE_LEADER_PUBLIC_API_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader/target-public-api"
+export KUBE_LEADER_PUBLIC_API_TARGET_DIR="$build_cache/target-public-api"
 # Test binaries run one after another; the tests inside one binary share one control plane.
 on_release "$MAIN_RELEASE" "cargo test --workspace --all-targets" \
   cargo test --workspace --all-targets --no-fail-fast -- --test-threads "${KUBE_LEADER_TEST_THREADS:-4}"
@@ -216,7 +220,6 @@ echo "cargo tree -p kube-leader -e normal -i ring: empty"
 # The package and MSRV builds use target directories shared between checkouts (like
 # scripts/static.sh's): a fresh clone rebuilds only this workspace's two crates, not every
 # dependency (four minutes of the run when they lived under the clone's target/).
-build_cache=${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader
 publish_dir=$build_cache/target-publish
 msrv_dir=$build_cache/target-msrv
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
