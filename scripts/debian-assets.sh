@@ -101,8 +101,9 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
 fi
 
-"$GO" version | grep -q " go1\.19" || die "$GO is not Go 1.19: $("$GO" version)"
-log "using $("$GO" version)"
+go_version=$("$GO" version) || die "$GO version failed"
+[[ $go_version == *" go1.19"* ]] || die "$GO is not Go 1.19: $go_version"
+log "using $go_version"
 ETCD=$(command -v etcd || echo /usr/bin/etcd)
 KUBECTL=$(command -v kubectl)
 
@@ -135,7 +136,8 @@ build_k8s() {
     mkdir -p .go/src/k8s.io .home
     [ -e .go/src/k8s.io/kubernetes ] || ln -s ../../.. .go/src/k8s.io/kubernetes
     export GOPATH="$BUILD/.go" CGO_ENABLED=0 HOME="$BUILD/.home" GO111MODULE=off GOFLAGS=-mod=vendor
-    export PATH="$(dirname "$GO"):$PATH"
+    PATH="$(dirname "$GO"):$PATH"
+    export PATH
     cd .go/src/k8s.io/kubernetes
     make WHAT="$K8S_TARGETS" >&2
   )

@@ -44,7 +44,9 @@ if [ -z "$BIN" ]; then
   command -v musl-gcc >/dev/null || { echo "unavailable: musl-gcc is missing for the static binary (scripts/node-deps.sh, as root)"; exit 3; }
   BIN=$(./scripts/static.sh amd64) || die "scripts/static.sh amd64 failed (see above)"
 fi
-file -L "$BIN" | grep -q 'statically linked\|static-pie linked' \
+# `file`'s answer read whole, then tested (no `| grep -q`: see scripts/check-scripts.sh).
+BIN_TYPE=$(file -L "$BIN") || die "file -L $BIN failed"
+[[ $BIN_TYPE == *'statically linked'* || $BIN_TYPE == *'static-pie linked'* ]] \
   || die "$BIN is not statically linked: the image is FROM scratch (build it with scripts/static.sh)"
 cargo build --quiet -p kube-leader-testenv --bin kube-leader-node
 ASSETS=$(./scripts/testenv-assets.sh)
@@ -100,8 +102,18 @@ read -r APP _ < <(checked "scripts/image.sh busybox" "$WORK/image-app.log" \
 say "$APP (the public app image of deploy/base; here a stand-in from this machine's busybox-static)"
 
 # The PodDisruptionBudget: policy/v1 since Kubernetes 1.21; 1.20 serves only policy/v1beta1.
-PDB_API=policy/v1
-k api-versions | grep -qx policy/v1 || PDB_API=policy/v1beta1
+# Chosen from the API server's list, read whole: a failed `kubectl api-versions` stops the demo
+# with its message, and is never taken for an old server (`k api-versions | grep -qx` under
+# pipefail once picked v1beta1 on 1.37: grep quit at its match, kubectl died of SIGPIPE).
+API_VERSIONS=$(checked "kubectl api-versions" "$WORK/api-versions.log" k api-versions) || exit 1
+if grep -qx policy/v1 <<<"$API_VERSIONS"; then
+  PDB_API=policy/v1
+elif grep -qx policy/v1beta1 <<<"$API_VERSIONS"; then
+  PDB_API=policy/v1beta1
+else
+  die "the API server serves neither policy/v1 nor policy/v1beta1 (kubectl api-versions: ${API_VERSIONS//$'\n'/ })"
+fi
+say "PodDisruptionBudget: $PDB_API (kubectl api-versions)"
 
 # The app container's log lines with their times: "<RFC3339 time> leading as ...".
 leading_lines() { # NAMESPACE
@@ -130,7 +142,14 @@ wait_until() { # SECONDS WHAT COMMAND...: until COMMAND succeeds
   done
 }
 has_holder() { LEADER=$(holder "$1" "$2"); [ -n "$LEADER" ] && [ "$LEADER" != "${3:-}" ]; }
-has_line() { leading_lines "$1" | grep -q "leading as $2 "; }
+# The app containers' lines are read whole before they are searched (no `| grep -q`, which
+# would end the writer early under pipefail).
+has_line() { local lines; lines=$(leading_lines "$1"); grep -q "leading as $2 " <<<"$lines"; }
+# The first "leading as POD" line, or nothing.
+first_line() { # NAMESPACE POD
+  local lines; lines=$(leading_lines "$1")
+  grep -m 1 "leading as $2 " <<<"$lines" || true
+}
 
 demo() { # STRATEGY
   local strategy=$1 ns="demo-$1"
@@ -177,7 +196,9 @@ demo() { # STRATEGY
   local next=$LEADER
   wait_until 60 "$next's COMMAND" has_line "$ns" "$next"
   # The time of the new leader's first COMMAND line, as the container runtime stamped it.
-  t_next=$(date -d "$(leading_lines "$ns" | grep "leading as $next " | head -n 1 | cut -d' ' -f1)" +%s%N)
+  local first; first=$(first_line "$ns" "$next")
+  [ -n "$first" ] || die "$next's COMMAND line is gone from its log"
+  t_next=$(date -d "${first%% *}" +%s%N)
   local took=$(( (t_next - t_delete) / 1000000 ))
   if [ "$strategy" = lease ]; then
     say "$leader stopped its COMMAND as soon as it saw its Pod being deleted (--watch-own-pod),"
@@ -186,7 +207,7 @@ demo() { # STRATEGY
     say "$leader stopped its COMMAND as soon as it saw its Pod being deleted, then deleted its"
     say "lock; $next, waiting on the lock, created it."
   fi
-  say "The new leader's COMMAND: $(leading_lines "$ns" | grep "leading as $next " | head -n 1 | cut -d' ' -f2-)"
+  say "The new leader's COMMAND: ${first#* }"
   say "takeover ($strategy, real node): ${took} ms from kubectl delete pod to $next's COMMAND"
   k -n "$ns" get pods | sed 's/^/     /'
 }

@@ -79,7 +79,10 @@ else
   BIN="$PWD/target/sidecar/kube-leader"
 fi
 K8S_VERSION=$("$ASSETS/kube-apiserver" --version | awk '{print $2}')
-say "kube-leader $("$BIN" --version | head -n 1 | cut -d' ' -f2), $(du -k "$BIN" | cut -f1) KiB; Kubernetes $K8S_VERSION from $ASSETS"
+# Outputs read whole, then picked from (no `| head`: see scripts/check-scripts.sh).
+BIN_VERSION=$("$BIN" --version) || die "$BIN --version failed"
+read -r _ BIN_VERSION _ <<<"$BIN_VERSION"
+say "kube-leader $BIN_VERSION, $(du -k "$BIN" | cut -f1) KiB; Kubernetes $K8S_VERSION from $ASSETS"
 
 # --- on a real node, where the machine allows it -----------------------------------------------
 # Three real Pods of deploy/ per strategy on a kubelet node (scripts/demo-node.sh); where the
@@ -87,7 +90,10 @@ say "kube-leader $("$BIN" --version | head -n 1 | cut -d' ' -f2), $(du -k "$BIN"
 if [ "${KUBE_LEADER_DEMO_NODE:-1}" = 1 ]; then
   node_code=0
   node_bin=()
-  file -L "$BIN" | grep -q 'statically linked\|static-pie linked' && node_bin=(KUBE_LEADER_BIN="$BIN")
+  bin_type=$(file -L "$BIN") || die "file -L $BIN failed"
+  if [[ $bin_type == *'statically linked'* || $bin_type == *'static-pie linked'* ]]; then
+    node_bin=(KUBE_LEADER_BIN="$BIN")
+  fi
   env "${node_bin[@]}" ./scripts/demo-node.sh || node_code=$?
   [ "$node_code" = 3 ] || exit "$node_code"
   say "so: the demo with Pod objects that never run (no kubelet)"

@@ -45,7 +45,6 @@
 # (scripts/node-deps.sh installs them), GNU tar, sha256sum.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 
 log() { printf 'image: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -72,7 +71,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+# The first `version = "..."` line (sed quits there itself: no `| head` under pipefail).
+VERSION=$(sed -n '/^version = "/{s/^version = "\(.*\)"/\1/p;q;}' Cargo.toml)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kube-leader"
 IMAGES="$CACHE/images"
 mkdir -p "$IMAGES"
@@ -103,8 +103,9 @@ add_libraries() {
 add_busybox() {
   [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 \
     || die "busybox is missing (run scripts/node-deps.sh: package busybox-static)"
-  file -L /bin/busybox 2>/dev/null | grep -q 'dynamically linked' \
-    && die "/bin/busybox is dynamically linked: install busybox-static"
+  local busybox_type
+  busybox_type=$(file -L /bin/busybox) || die "file -L /bin/busybox failed"
+  [[ $busybox_type != *'dynamically linked'* ]] || die "/bin/busybox is dynamically linked: install busybox-static"
   mkdir -p "$ROOTFS/bin"
   cp /bin/busybox "$ROOTFS/bin/busybox"
   local applet skip
@@ -219,7 +220,10 @@ kube_leader_image() {
     BINARY=$(scripts/static.sh "$ARCH")
   fi
   [ -x "$BINARY" ] || die "no kube-leader binary at $BINARY"
-  file -L "$BINARY" 2>/dev/null | grep -q 'statically linked\|static-pie linked' \
+  # `file`'s answer read whole, then tested (no `| grep -q`: see scripts/check-scripts.sh).
+  local bin_type
+  bin_type=$(file -L "$BINARY") || die "file -L $BINARY failed"
+  [[ $bin_type == *'statically linked'* || $bin_type == *'static-pie linked'* ]] \
     || die "$BINARY is not statically linked (build it with scripts/static.sh; the image has no libc)"
   local ctx="$WORK/context"
   mkdir -p "$ctx/dist/$ARCH"
@@ -248,7 +252,7 @@ case "$KIND" in
     ;;
   copy-from)
     [ "$ARCH" = amd64 ] || die "copy-from builds for amd64 only (the app image is this machine's busybox)"
-    read -r kl_ref _ < <(LOAD=0 kube_leader_image)
+    read -r _ _ < <(LOAD=0 kube_leader_image)
     read -r app_ref app_archive < <(LOAD=0 "$0" app --no-load)
     # The app image into buildah's storage, under its own name (the pattern's FROM).
     bah pull --quiet "docker-archive:$app_archive" >&2
@@ -282,7 +286,8 @@ case "$KIND" in
       BINARY=$(scripts/go-candidate.sh)
     fi
     [ -x "$BINARY" ] || die "no client-go candidate binary at $BINARY"
-    file -L "$BINARY" 2>/dev/null | grep -q 'statically linked' \
+    bin_type=$(file -L "$BINARY") || die "file -L $BINARY failed"
+    [[ $bin_type == *'statically linked'* ]] \
       || die "$BINARY is not statically linked (scripts/go-candidate.sh builds it with CGO_ENABLED=0)"
     add_base
     add_busybox

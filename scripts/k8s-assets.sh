@@ -127,7 +127,11 @@ fi
 node_key=$(cat "$NODE_MODULE/go.mod" "$NODE_MODULE/go.sum" | sha256sum | cut -c1-12)
 NODE_OUT="$CACHE_ROOT/build/node-$node_key"
 node_built() { local b; for b in "${NODE_BINARIES[@]}"; do [ -x "$NODE_OUT/$b" ] || return 1; done; }
-containerd_version() { sed -n 's/^[[:space:]]*github.com\/containerd\/containerd\/v2 \(v[^ ]*\).*/\1/p' "$NODE_MODULE/go.mod" | head -1; }
+# The first match (sed quits there itself: no `| head` under pipefail).
+containerd_version() {
+  local re='^[[:space:]]*github.com/containerd/containerd/v2 \(v[^ ]*\).*'
+  sed -n "\\|$re|{s||\\1|p;q;}" "$NODE_MODULE/go.mod"
+}
 build_node() {
   mkdir -p "$NODE_OUT"
   cd "$NODE_MODULE"

@@ -74,7 +74,7 @@ for run in "${runs[@]}"; do
     [ -n "$lines" ] && echo "$lines"
     echo "$verdict"
     if [ "$rc" != 0 ] && [ "$rc" != 124 ]; then
-      grep -E 'panicked|fails:|error' <<<"$log" | head -n 5 || true
+      grep -m 5 -E 'panicked|fails:|error' <<<"$log" || true
     fi
     echo '```'
     echo

@@ -43,12 +43,17 @@ target_base=${KUBE_LEADER_STATIC_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kub
 # ELF header: e_machine is the 16-bit little-endian field at offset 18 (62 x86-64, 183 AArch64).
 elf_machine() { od -An -t u2 -j 18 -N 2 "$1" | tr -d ' '; }
 # A static executable has no PT_INTERP program header (no loader) and no DT_NEEDED entries.
+# The headers are read whole, then searched: `readelf ... | grep -q` under pipefail could take a
+# readelf killed by SIGPIPE (grep quit at its match) for a failure, and a failed readelf is an
+# error here, not an answer.
 is_static() {
+  local headers
   if command -v readelf >/dev/null; then
-    ! readelf -lW "$1" | grep -q 'Requesting program interpreter' \
-      && ! readelf -dW "$1" 2>/dev/null | grep -q '(NEEDED)'
+    headers=$(readelf -lW -dW "$1") || die "readelf -lW -dW $1 failed"
+    [[ $headers != *'Requesting program interpreter'* && $headers != *'(NEEDED)'* ]]
   else
-    file -b "$1" | grep -q 'statically linked\|static-pie linked'
+    headers=$(file -b "$1") || die "file -b $1 failed"
+    [[ $headers == *'statically linked'* || $headers == *'static-pie linked'* ]]
   fi
 }
 
@@ -90,7 +95,9 @@ build() {
 for arch in "${arches[@]}"; do
   spec "$arch"
   command -v "$cc" >/dev/null || die "$cc is missing (run scripts/node-deps.sh)"
-  if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
+  # The list read whole (rustup, a Rust program, fails on a pipe closed early by `grep -q`).
+  installed=$(rustup target list --installed) || die "rustup target list --installed failed"
+  if ! grep -qx "$triple" <<<"$installed"; then
     log "rustup target add $triple"
     rustup target add "$triple" >&2
   fi

@@ -134,7 +134,7 @@ if command -v musl-gcc >/dev/null && command -v aarch64-linux-gnu-gcc >/dev/null
     # static binary alone, the architecture in the image's config and in the binary's ELF header.
     for arch in amd64 arm64; do
       var="KUBE_LEADER_STATIC_${arch^^}"
-      read -r ref archive < <(./scripts/image.sh kube-leader --arch "$arch" --binary "${!var}" --no-load)
+      read -r _ archive < <(./scripts/image.sh kube-leader --arch "$arch" --binary "${!var}" --no-load)
       ./scripts/check-image.sh "$archive" "$arch"
     done
   else
@@ -153,6 +153,10 @@ export TMPDIR="$RUN_TMP"
 
 step "figures: README and docs/ cite results files that hold them"
 ./scripts/check-figures.sh README.md docs/*.md
+
+step "scripts: no pipe into an early-exiting reader under pipefail; shellcheck"
+# scripts/check-scripts.sh: a seconds-long check (installs shellcheck from Debian when missing).
+./scripts/check-scripts.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
