@@ -94,6 +94,11 @@ pub(crate) struct Candidate {
     /// Lease only, not shard sets: take part in Kubernetes' coordinated leader election with
     /// these versions ([`LeaseConfig::coordinated`]).
     pub(crate) coordinated: Option<Coordinated>,
+    /// Lease only: how often a follower keeps a spare connection warm
+    /// ([`LeaseConfig::keep_warm`]). `run` and `elect` over HTTP/2 (the default) need none:
+    /// the takeover write shares the watch's connection, kept alive by PINGs, so an idle
+    /// follower sends nothing.
+    pub(crate) keep_warm: Option<Duration>,
 }
 
 // === impl Candidate ===
@@ -120,6 +125,7 @@ impl Candidate {
             dead_leader_pod: None,
             outside_cluster: None,
             coordinated: None,
+            keep_warm: lease.keep_warm,
         }
     }
 
@@ -156,6 +162,7 @@ impl Candidate {
             .successor_wait(self.successor_wait)
             .election(self.election);
         config.coordinated.clone_from(&self.coordinated);
+        config.keep_warm = self.keep_warm;
         config
     }
 
@@ -390,6 +397,10 @@ impl RunArgs {
             OutsideClusterArg::Fail => OutsideCluster::Fail,
         });
         options.coordinated = coordinated(self.coordinated.as_deref(), self.emulation_version.as_deref());
+        // Over HTTP/2 the takeover write shares the watch's connection: no spare to keep warm.
+        if !self.cluster.http1 {
+            options.keep_warm = None;
+        }
         options
     }
 }

@@ -7,6 +7,9 @@
 
 use std::{future::Future, time::Duration};
 
+use http::{header, Response, StatusCode};
+use kube::{client::Body, Client};
+
 use crate::error::Error;
 
 /// What a call was: enough to name it in an error.
@@ -36,6 +39,31 @@ impl Failure {
     /// Whether this failure is retried by the election loops.
     pub(crate) fn is_transient(&self) -> bool {
         matches!(self, Failure::Transient(_))
+    }
+
+    /// `Some(Retry-After)` if the API server said it is overloaded: 429 (API Priority and
+    /// Fairness rejected or timed out the request in its queue) or 5xx (504: the request timed
+    /// out inside the server). The inner `Option` is the server's `Retry-After`
+    /// (`details.retryAfterSeconds` of its Status), if it gave one.
+    pub(crate) fn overload(&self) -> Option<Option<Duration>> {
+        let Failure::Transient(kube::Error::Api(status)) = self else {
+            return None;
+        };
+        if status.code != 429 && status.code < 500 {
+            return None;
+        }
+        let retry_after = status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| Duration::from_secs(u64::from(s)));
+        Some(retry_after)
+    }
+
+    /// The server's `Retry-After` of an overload answer ([`overload`](Self::overload)).
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        self.overload().flatten()
     }
 }
 
@@ -130,6 +158,78 @@ fn classify_watch_start(op: Op<'_>, e: kube::Error) -> Failure {
     }
 }
 
+/// `client`, with the `Retry-After` of an overload answer kept where the elections read it.
+///
+/// kube reads an error answer's body as a `Status` and drops its headers, and API Priority and
+/// Fairness rejects a request with a plain-text 429 whose only word on when to come back is its
+/// `Retry-After` header (k8s.io/apiserver, pkg/server/filters/priority-and-fairness.go,
+/// `tooManyRequests`). This layer turns the header of a 429 or 5xx answer into the
+/// `details.retryAfterSeconds` of the `Status` kube then reads ([`Failure::overload`]), a
+/// plain-text body into a `Status` carrying that text. Every other answer passes untouched
+/// (watches stream through).
+pub(crate) fn keeping_retry_after(client: Client) -> Client {
+    let namespace = client.default_namespace().to_owned();
+    let valid_until = *client.valid_until();
+    let service = tower::service_fn(move |request: http::Request<Body>| {
+        let client = client.clone();
+        async move {
+            let response = client.send(request).await?;
+            Ok::<_, kube::Error>(with_retry_after_in_status(response).await)
+        }
+    });
+    Client::new(service, namespace).with_valid_until(valid_until)
+}
+
+/// An overload answer with `Retry-After`, its body a `Status` that carries it.
+async fn with_retry_after_in_status(response: Response<Body>) -> Response<Body> {
+    let code = response.status();
+    if code != StatusCode::TOO_MANY_REQUESTS && !code.is_server_error() {
+        return response;
+    }
+    let Some(seconds) = response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    else {
+        return response;
+    };
+    let (mut parts, body) = response.into_parts();
+    let text = body.collect_bytes().await.unwrap_or_default();
+    let status = status_with_retry_after(code, &text, seconds);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(serde_json::to_vec(&status).unwrap_or_default()))
+}
+
+/// The `Status` of an overload answer `body` (a `Status`, or plain text) with
+/// `details.retryAfterSeconds` set to `seconds` where it had none.
+fn status_with_retry_after(code: StatusCode, body: &[u8], seconds: u32) -> serde_json::Value {
+    let mut status = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) if v.get("kind").and_then(|k| k.as_str()) == Some("Status") => v,
+        _ => serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": String::from_utf8_lossy(body).trim(),
+            "reason": if code == StatusCode::TOO_MANY_REQUESTS { "TooManyRequests" } else { "" },
+            "code": code.as_u16(),
+        }),
+    };
+    if let Some(map) = status.as_object_mut() {
+        let details = map
+            .entry("details")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(d) = details.as_object_mut() {
+            d.entry("retryAfterSeconds").or_insert(seconds.into());
+        }
+    }
+    status
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +300,46 @@ mod tests {
             );
         }
         assert!(classify_watch(watch, W::InitialListFailed(api(500))).is_transient());
+    }
+
+    #[test]
+    fn overload_reads_retry_after() {
+        let api = |code: u16, retry: u32| {
+            Failure::Transient(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                details: Some(
+                    serde_json::from_value(serde_json::json!({ "retryAfterSeconds": retry })).unwrap(),
+                ),
+                ..Default::default()
+            })))
+        };
+        assert_eq!(api(429, 1).overload(), Some(Some(Duration::from_secs(1))));
+        assert_eq!(api(429, 1).retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(api(504, 0).overload(), Some(None));
+        assert_eq!(api(503, 0).retry_after(), None);
+        assert_eq!(api(409, 0).overload(), None);
+        assert_eq!(Failure::Conflict.overload(), None);
+    }
+
+    /// API Priority and Fairness's 429 is plain text with a `Retry-After` header: kube would
+    /// drop the header; the layer puts it where [`Failure::overload`] reads it.
+    #[test]
+    fn a_plain_text_429_keeps_its_retry_after() {
+        let s = status_with_retry_after(
+            StatusCode::TOO_MANY_REQUESTS,
+            b"Too many requests, please try again later.\n",
+            3,
+        );
+        let status: kube::core::Status = serde_json::from_value(s).unwrap();
+        assert_eq!(status.code, 429);
+        assert_eq!(status.message, "Too many requests, please try again later.");
+        assert_eq!(status.details.unwrap().retry_after_seconds, 3);
+        // A Status of the server's own keeps its details, and its own retryAfterSeconds.
+        let own = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m",
+            "reason":"Timeout","code":504,"details":{"retryAfterSeconds":7}}"#;
+        let s = status_with_retry_after(StatusCode::GATEWAY_TIMEOUT, own, 1);
+        let status: kube::core::Status = serde_json::from_value(s).unwrap();
+        assert_eq!((status.code, status.details.unwrap().retry_after_seconds), (504, 7));
     }
 
     #[tokio::test(start_paused = true)]

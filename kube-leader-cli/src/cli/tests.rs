@@ -112,7 +112,9 @@ fn defaults_are_for_life_and_client_go_timings() {
         panic!("not run")
     };
     assert_eq!(run.lock.strategy, Strategy::ForLife);
-    assert_eq!(run.lease_config(), LeaseConfig::default());
+    // Over HTTP/2 (the default) no spare connection is kept warm: an idle follower sends
+    // nothing.
+    assert_eq!(run.lease_config(), LeaseConfig::default().keep_warm(None));
     assert_eq!(run.grace(), Duration::from_secs(10));
     assert_eq!(run.on_outside_cluster, OutsideClusterArg::Fail);
     assert!(run.status_addr.is_none());
@@ -305,4 +307,21 @@ fn elect_takes_runs_candidate_flags_and_no_command() {
     assert!(e.validate().unwrap_err().contains("--dead-leader-pod"));
     // No COMMAND.
     assert!(Cli::try_parse_from(args("kube-leader elect --lock l -- true")).is_err());
+}
+
+/// Only over kube's HTTP/1.1 client does a follower keep a spare connection warm (a cached read
+/// a minute); over HTTP/2 an idle follower sends nothing.
+#[test]
+fn only_http1_keeps_a_spare_connection_warm() {
+    for (flags, keep_warm) in [
+        ("", None),
+        ("--http1", LeaseConfig::default().keep_warm),
+    ] {
+        let line = format!("kube-leader run --strategy lease --lock l {flags} -- true");
+        let cli = Cli::try_parse_from(args(&line)).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.lease_config().keep_warm, keep_warm, "{line}");
+    }
 }

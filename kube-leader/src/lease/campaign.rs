@@ -100,6 +100,8 @@ impl Campaign {
         lock: LockRef,
         identity: String,
     ) -> Self {
+        // The campaign's and the keeper's calls read an overloaded server's `Retry-After`.
+        let client = crate::api::keeping_retry_after(client);
         let api: Api<Lease> = Api::namespaced(client.clone(), &lock.namespace);
         let watch = ObjectWatch::new(api.clone(), &lock.name, lease_op(&lock, "watch"));
         Self {
@@ -481,7 +483,9 @@ fn held_term(
         renew_deadline: cfg.renew_deadline,
         yields_to_coordinated: true,
     };
-    let pace = Every::new(cfg.retry_period, sent);
+    // A fifth of the renew deadline for the last attempt (2 s of the default 10 s): a write
+    // that the API server answers within it keeps the term.
+    let pace = Every::keeper(cfg.retry_period, sent, cfg.renew_deadline / 5);
     HeldTerm::new(writer, lease, record, fencing_token, sent, pace)
 }
 

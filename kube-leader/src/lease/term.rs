@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::{
     api::Failure,
+    backoff::jittered,
     leadership::LossReason,
     lease::{
         coordinated::preferred_other,
@@ -33,15 +34,24 @@ pub(crate) trait Pace {
     fn next(&self) -> Instant;
     /// A renewal sent at `sent` succeeded.
     fn succeeded(&mut self, sent: Instant);
-    /// A renewal failed at `now`; the term ends at `deadline` unless renewed before.
-    fn failed(&mut self, now: Instant, deadline: Instant);
+    /// A renewal failed at `now`; the term ends at `deadline` unless renewed before. An
+    /// overloaded API server may have said when to come back (`retry_after`: its
+    /// `Retry-After`).
+    fn failed(&mut self, now: Instant, deadline: Instant, retry_after: Option<Duration>);
 }
 
-/// The single Lease's pace: a retry period after the last success, or after a failure.
+/// The single Lease's pace: a retry period after the last success; after a failure, a retry
+/// period spread by jitter, or the server's `Retry-After` if that is longer, but never so late
+/// that no attempt of `last_try` is left before the renew deadline (an overload answer cannot
+/// cost a term whose deadline has not passed).
 #[derive(Debug, Clone)]
 pub(crate) struct Every {
     retry: Duration,
     next: Instant,
+    /// The time kept for one last attempt before the renew deadline (`None`: none kept).
+    last_try: Option<Duration>,
+    /// Spreads the retries of candidates that failed together ([`jittered`], or none).
+    spread: fn(Duration) -> Duration,
 }
 
 /// Who writes a term, and the timings its records carry and its judgement keeps.
@@ -107,11 +117,26 @@ pub(crate) struct Term<P> {
 // === impl Every ===
 
 impl Every {
-    /// Renewals every `retry`, the first a retry period after the acquisition sent at `sent`.
+    /// Renewals every `retry`, the first a retry period after the acquisition sent at `sent`;
+    /// a failed one is retried a retry period later, without jitter, keeping no last attempt
+    /// (the protocol models' pace: deterministic).
     pub(crate) fn new(retry: Duration, sent: Instant) -> Self {
         Self {
             retry,
             next: sent + retry,
+            last_try: None,
+            spread: |d| d,
+        }
+    }
+
+    /// The keeper's pace: as [`new`](Self::new), but a failed renewal is retried after a
+    /// jittered retry period (80–100 %) or the server's `Retry-After` if longer, and at the
+    /// latest `last_try` before the renew deadline.
+    pub(crate) fn keeper(retry: Duration, sent: Instant, last_try: Duration) -> Self {
+        Self {
+            last_try: Some(last_try),
+            spread: jittered,
+            ..Self::new(retry, sent)
         }
     }
 }
@@ -125,8 +150,15 @@ impl Pace for Every {
         self.next = sent + self.retry;
     }
 
-    fn failed(&mut self, now: Instant, _deadline: Instant) {
-        self.next = now + self.retry;
+    fn failed(&mut self, now: Instant, deadline: Instant, retry_after: Option<Duration>) {
+        let wait = (self.spread)(self.retry).max(retry_after.unwrap_or_default());
+        self.next = match self.last_try {
+            Some(last_try) => {
+                let latest = deadline.checked_sub(last_try).unwrap_or(now).max(now);
+                (now + wait).min(latest)
+            }
+            None => now + wait,
+        };
     }
 }
 
@@ -242,7 +274,8 @@ impl<P: Pace> Term<P> {
         if let Failure::NotFound = failure {
             return Step::End(LossReason::LockDeleted);
         }
-        self.pace.failed(now, self.confirmed_until());
+        self.pace
+            .failed(now, self.confirmed_until(), failure.retry_after());
         match failure {
             // 409 means "re-read and decide again": still ours (somebody edited metadata) or
             // lost. The read is bounded by the renew deadline, so that fail-stop holds.
@@ -256,13 +289,15 @@ impl<P: Pace> Term<P> {
     /// Handles the answer to a re-read after a conflict. If the Lease is still ours, keep its
     /// version. Retry a failed read as the pace says.
     pub(crate) fn reread(&mut self, answer: Result<Lease, Failure>, now: Instant) -> Step {
+        let answer_retry_after = answer.as_ref().err().and_then(Failure::retry_after);
         let step = match answer {
             Ok(current) => self.judge(current),
             Err(Failure::NotFound) => Step::End(LossReason::LockDeleted),
             Err(_) => Step::Keep,
         };
         if step == Step::Keep {
-            self.pace.failed(now, self.confirmed_until());
+            let retry_after = answer_retry_after;
+            self.pace.failed(now, self.confirmed_until(), retry_after);
         }
         step
     }

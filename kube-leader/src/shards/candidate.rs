@@ -233,7 +233,8 @@ impl Shards {
         let (held_tx, held) = watch::channel(ShardSet::default());
         let span = info_span!("shards", set = %self.name, identity = %identity, shards = self.count);
         let spec = Spec {
-            client: self.client.clone(),
+            // The engine's calls read an overloaded server's `Retry-After` (its pause).
+            client: crate::api::keeping_retry_after(self.client.clone()),
             name: self.name.clone(),
             count: self.count,
             config: self.config.clone(),

@@ -162,7 +162,9 @@ impl Pace for Phased {
         self.backoff.reset();
     }
 
-    fn failed(&mut self, now: Instant, deadline: Instant) {
+    /// The engine pauses for an overloaded server's `Retry-After` process-wide (its
+    /// [`Throttle`]): a shard's own retry only backs off.
+    fn failed(&mut self, now: Instant, deadline: Instant, _retry_after: Option<Duration>) {
         let delay = self.backoff.next_delay();
         self.next = retry_at(now, delay, deadline, self.last_try);
     }

@@ -322,3 +322,59 @@ fn a_preferred_holder_without_a_strategy_or_already_there_at_the_start_is_not_a_
         Step::Keep
     );
 }
+
+/// The keeper's pace after an overload answer: the server's `Retry-After` when it is longer
+/// than the (jittered) retry period, a jittered retry period otherwise, and never so late that
+/// no last attempt is left before the renew deadline.
+#[test]
+fn the_keepers_retries_honour_retry_after_and_keep_a_last_attempt() {
+    let t0 = Instant::now();
+    let retry = Duration::from_secs(2);
+    let deadline = t0 + Duration::from_secs(10);
+    let last_try = Duration::from_secs(2);
+    for _ in 0..100 {
+        let mut p = Every::keeper(retry, t0, last_try);
+        // No Retry-After: 80-100 % of the retry period (client-go's candidates retry every
+        // retry period; jitter spreads candidates that failed together).
+        p.failed(t0, deadline, None);
+        let wait = p.next() - t0;
+        assert!(wait >= retry.mul_f64(0.8) && wait <= retry, "{wait:?}");
+        // A longer Retry-After is honoured.
+        p.failed(t0, deadline, Some(Duration::from_secs(5)));
+        assert_eq!(p.next(), t0 + Duration::from_secs(5));
+        // A shorter one does not make the retry sooner than the pace.
+        p.failed(t0, deadline, Some(Duration::from_secs(1)));
+        assert!(p.next() - t0 >= retry.mul_f64(0.8));
+        // But never later than the last attempt before the renew deadline.
+        let late = t0 + Duration::from_secs(6);
+        p.failed(late, deadline, Some(Duration::from_secs(30)));
+        assert_eq!(p.next(), deadline - last_try);
+        // Past that point, at once.
+        let later = t0 + Duration::from_secs(9);
+        p.failed(later, deadline, None);
+        assert_eq!(p.next(), later);
+        // A success goes back to one renewal per retry period.
+        p.succeeded(later);
+        assert_eq!(p.next(), later + retry);
+    }
+}
+
+/// A term's failed write passes the server's `Retry-After` on to the pace.
+#[test]
+fn an_overload_answer_sets_the_next_renewal() {
+    let t0 = Instant::now();
+    let l = lease("10", "me", "a");
+    let record = LeaseRecord::from_lease(&l);
+    let mut t = Term::new(writer(), l, record, 42, t0, Every::keeper(RETRY, t0, RENEW / 5));
+    let now = t0 + RETRY;
+    assert!(matches!(t.renew(now, now_micro()), Step::Renew { .. }));
+    let too_many = Failure::Transient(kube::Error::Api(Box::new(kube::core::Status {
+        code: 429,
+        details: Some(serde_json::from_value(serde_json::json!({ "retryAfterSeconds": 1 })).unwrap()),
+        ..Default::default()
+    })));
+    assert_eq!(t.write_failed(&too_many, now), Step::Keep);
+    let next = t.next_renewal();
+    assert!(next >= now + Duration::from_secs(1), "Retry-After honoured");
+    assert!(next <= t.confirmed_until() - RENEW / 5, "a last attempt is kept");
+}

@@ -3,8 +3,6 @@
 //! that fails is retried until the renew deadline, a conflict read again first (409 means
 //! "re-read and decide again").
 
-use std::time::Duration;
-
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -54,29 +52,12 @@ pub(super) enum Reply {
     },
 }
 
-/// `Some(Retry-After)` if the failure says the API server is overloaded (429, 5xx).
-fn overload(failure: &Failure) -> Option<Option<Duration>> {
-    let Failure::Transient(kube::Error::Api(status)) = failure else {
-        return None;
-    };
-    if status.code != 429 && status.code < 500 {
-        return None;
-    }
-    let retry_after = status
-        .details
-        .as_ref()
-        .map(|d| d.retry_after_seconds)
-        .filter(|s| *s > 0)
-        .map(|s| Duration::from_secs(u64::from(s)));
-    Some(retry_after)
-}
-
 // === impl Engine ===
 
 impl Engine {
     /// Pauses the schedule if `failure` says the API server is overloaded.
     pub(super) fn overloaded(&mut self, failure: &Failure, now: Instant) {
-        if let Some(retry_after) = overload(failure) {
+        if let Some(retry_after) = failure.overload() {
             self.io.throttle.overloaded(now, retry_after);
         }
     }
@@ -295,27 +276,5 @@ impl Engine {
             debug!(shard = index, error = ?e, "renewal failed; retrying");
         }
         self.overloaded(&e, now);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn overload_reads_retry_after() {
-        let api = |code: u16, retry: u32| {
-            Failure::Transient(kube::Error::Api(Box::new(kube::core::Status {
-                code,
-                details: Some(
-                    serde_json::from_value(serde_json::json!({ "retryAfterSeconds": retry })).unwrap(),
-                ),
-                ..Default::default()
-            })))
-        };
-        assert_eq!(overload(&api(429, 1)), Some(Some(Duration::from_secs(1))));
-        assert_eq!(overload(&api(503, 0)), Some(None));
-        assert_eq!(overload(&api(409, 0)), None);
-        assert_eq!(overload(&Failure::Conflict), None);
     }
 }

@@ -48,7 +48,7 @@ impl Held {
 
     fn failed(&mut self, now: Instant) {
         let deadline = self.deadline();
-        self.pace.failed(now, deadline);
+        self.pace.failed(now, deadline, None);
     }
 
     fn hold_back(&self, now: Instant, throttle: &Throttle) -> Option<Instant> {
