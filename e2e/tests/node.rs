@@ -45,7 +45,8 @@
 //!
 //! The client-go candidate (`tools/go-candidate`: client-go 0.37's `leaderelection` on a Lease)
 //! runs in the same shape: `deploy/lease` as above, with the container's image, command and
-//! args swapped for the candidate's (`scripts/image.sh go-candidate`; `--lease` the same lock,
+//! args swapped for the candidate's, and its ServiceAccount deploy/lease's elector (client-go
+//! does not impersonate it as kube-leader does) (`scripts/image.sh go-candidate`; `--lease` the same lock,
 //! `--namespace $(POD_NAMESPACE)` and `--identity $(POD_NAME)` from the Downward API, the same
 //! 15 s / 10 s / 2 s), and the same three actions: `kubectl delete pod` on the leader, a
 //! kubelet eviction, `kubectl rollout restart`. Its work starts and stops with its
@@ -1242,6 +1243,13 @@ fn for_client_go(deployment: &mut Value) {
     // has nothing to do.
     if let Some(spec) = deployment["spec"]["template"]["spec"].as_object_mut() {
         spec.remove("initContainers");
+        // deploy/lease binds the election's Role to its elector ServiceAccount, which
+        // kube-leader impersonates; client-go does not impersonate, so it runs as the elector,
+        // whose token deploy/lease does not mount by default.
+        if spec.get("serviceAccountName") == Some(&json!("kube-leader-lease")) {
+            spec.insert("serviceAccountName".into(), json!("kube-leader-lease-elector"));
+            spec.insert("automountServiceAccountToken".into(), json!(true));
+        }
     }
     let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
     container["command"] = json!(["/usr/local/bin/kube-leader-go-candidate"]);
@@ -1486,4 +1494,8 @@ fn client_go_takes_only_the_container_command() {
         "POD_NAMESPACE kept for --namespace"
     );
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    // The election's Role is deploy/lease's elector's: client-go runs as it.
+    let spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], "kube-leader-lease-elector");
+    assert_eq!(spec["automountServiceAccountToken"], true);
 }

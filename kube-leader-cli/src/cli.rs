@@ -27,7 +27,9 @@ pub(crate) use fence::{FenceArgs, FenceCertsArgs, FenceCommand, FenceServeArgs, 
 pub(crate) use on_change::OnChange;
 pub(crate) use parse::{completions, parse, usage_error};
 pub(crate) use values::{parse_addr, parse_duration, LivenessArg, DEFAULT_LIVENESS, FOR_LIFE_GRACE};
-use values::{parse_identity, parse_liveness, parse_lock_name, parse_namespace, parse_strategy};
+use values::{
+    parse_elector, parse_identity, parse_liveness, parse_lock_name, parse_namespace, parse_strategy,
+};
 
 /// Run any program only while it leads, on a Kubernetes lock.
 #[derive(Debug, Parser)]
@@ -343,6 +345,15 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "USER", requires = "fence")]
     pub(crate) fence_user: Option<String>,
 
+    /// Make kube-leader's own API requests (the election's, --label-pod's, --watch-own-pod's)
+    /// as this ServiceAccount of the lock's namespace, by impersonation, rather than as the
+    /// Pod's, which stays COMMAND's (and --fence's). A FlowSchema can then send kube-leader's
+    /// requests to the leader-election priority level without COMMAND's (`kube-leader rbac
+    /// --flow-schema`). Needs impersonate on this ServiceAccount, and the election's Role bound
+    /// to it (`kube-leader rbac --elector-service-account NAME`).
+    #[arg(long, value_name = "NAME", value_parser = parse_elector)]
+    pub(crate) elector_service_account: Option<String>,
+
     /// The program to run while leading, and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -364,6 +375,12 @@ pub(crate) struct StatusArgs {
     /// How long to retry reaching the API server before giving up (exit code 123).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub(crate) connect_timeout: Duration,
+
+    /// Read the lock as this ServiceAccount of the lock's namespace, by impersonation, as `run
+    /// --elector-service-account` does (so that COMMAND's `kube-leader status` needs no
+    /// permission of its own).
+    #[arg(long, value_name = "NAME", value_parser = parse_elector)]
+    pub(crate) elector_service_account: Option<String>,
 }
 
 /// `kube-leader rbac`.
@@ -412,6 +429,18 @@ pub(crate) struct RbacArgs {
     /// kube-leader.io/fencing-token (cluster-scoped: a ClusterRole and its binding, printed too).
     #[arg(long)]
     pub(crate) fence: bool,
+
+    /// The Role of `run --elector-service-account NAME`: the election's rules bound to that
+    /// ServiceAccount (printed too), and impersonate on it (by name) for --service-account.
+    #[arg(long, value_name = "NAME", value_parser = parse_elector)]
+    pub(crate) elector_service_account: Option<String>,
+
+    /// Print, instead of the RBAC, the FlowSchema (cluster-scoped) that sends the requests
+    /// kube-leader makes as --elector-service-account (the election's, not Events) to the
+    /// leader-election priority level, as Kubernetes' own leader elections; COMMAND's requests,
+    /// as the Pod's ServiceAccount, stay where they were.
+    #[arg(long, requires = "elector_service_account")]
+    pub(crate) flow_schema: bool,
 
     /// With --shards: a candidate's identity (repeatable), so that the Role names its
     /// membership Lease; without any, the membership Leases need get, update and delete on every

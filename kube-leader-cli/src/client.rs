@@ -11,8 +11,10 @@
 
 use std::time::Duration;
 
-use kube::{Client, Config};
+use hyper::http::{header::HeaderName, HeaderValue, Request};
+use kube::{client::Body, Client, Config};
 pub(crate) use kube_leader::internal::client::{http1, http2_with as http2, Liveness};
+use tower::ServiceExt as _;
 
 /// The renew deadline whose bounds a command that does not campaign (`status`) uses: the
 /// default `--renew-deadline`.
@@ -26,4 +28,32 @@ pub(crate) fn build(config: Config, liveness: Liveness, use_http1: bool) -> kube
     } else {
         http2(config, liveness)
     }
+}
+
+/// The user name of ServiceAccount `name` in `namespace`, as the API server writes it.
+pub(crate) fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+/// `client` with every request sent as `user` (`Impersonate-User`), over `client`'s own
+/// connections: kube-leader's requests as the elector's ServiceAccount, beside COMMAND's fenced
+/// ones, which go through `client` itself as the Pod's. The API server runs its impersonation
+/// filter before priority and fairness, so a FlowSchema classifies these requests by `user`.
+///
+/// # Errors
+///
+/// If `user` cannot be a header value (a control character).
+pub(crate) fn impersonating(
+    client: Client,
+    user: &str,
+) -> Result<Client, hyper::http::header::InvalidHeaderValue> {
+    let value = HeaderValue::from_str(user)?;
+    let namespace = client.default_namespace().to_owned();
+    let service = tower::service_fn(move |mut req: Request<Body>| {
+        req.headers_mut()
+            .insert(HeaderName::from_static("impersonate-user"), value.clone());
+        let client = client.clone();
+        async move { client.send(req).await }
+    });
+    Ok(Client::new(service.map_err(tower::BoxError::from), namespace))
 }

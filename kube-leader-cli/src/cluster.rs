@@ -101,6 +101,67 @@ async fn config(args: &ClusterArgs) -> Result<Config, Fail> {
         .map_err(|e| fail(anyhow!(e).context(format!("cannot use the kubeconfig ({source})"))))
 }
 
+/// `client` as the elector's ServiceAccount `elector` of `namespace`
+/// (`--elector-service-account`: kube-leader's own requests by impersonation, COMMAND's as the
+/// Pod's), or `client` itself without one. Asks the API server once (`/version`, which every
+/// authenticated user may read): a refused impersonation is exit code 123, naming the
+/// permission and `rbac`, the `kube-leader rbac` command line (without the ServiceAccounts)
+/// that prints the Role granting it.
+pub(crate) async fn as_elector(
+    client: Client,
+    namespace: &str,
+    elector: Option<&str>,
+    rbac: &str,
+) -> Result<Client, Fail> {
+    let Some(elector) = elector else {
+        return Ok(client);
+    };
+    let user = crate::client::service_account_user(namespace, elector);
+    let impersonating = crate::client::impersonating(client.clone(), &user).or_exit(exit::USAGE)?;
+    let probe = tokio::time::timeout(Duration::from_secs(10), impersonating.apiserver_version()).await;
+    match probe {
+        Ok(Err(kube::Error::Api(s))) if s.code == 403 => {
+            debug!(message = %s.message, "the API server refused the impersonation");
+            let requester = who_am_i(&client).await;
+            let service_account = requester
+                .as_deref()
+                .and_then(|u| u.strip_prefix("system:serviceaccount:"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, name)| format!(" --service-account {name}"))
+                .unwrap_or_default();
+            let who = requester.map(|u| format!(" for {u}")).unwrap_or_default();
+            Err(Fail::new(
+                exit::CLUSTER,
+                anyhow!(
+                    "missing permission: impersonate serviceaccounts {elector} in namespace \
+                     {namespace}{who} (--elector-service-account {elector}: kube-leader's own \
+                     requests go as that ServiceAccount); `{rbac}{service_account} \
+                     --elector-service-account {elector}` prints the Role that grants it"
+                ),
+            ))
+        }
+        Ok(Err(e)) => {
+            // Not a refusal: the election's own calls retry and report what goes on failing.
+            debug!(error = %e, "the first request as the elector failed");
+            Ok(impersonating)
+        }
+        Ok(Ok(_)) | Err(_) => Ok(impersonating),
+    }
+}
+
+/// The user `client` authenticates as (a SelfSubjectReview, which every user may create), for
+/// an error message; `None` if the API server does not say.
+async fn who_am_i(client: &Client) -> Option<String> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api = kube::Api::<SelfSubjectReview>::all(client.clone());
+    let (params, review) = (kube::api::PostParams::default(), SelfSubjectReview::default());
+    let review = tokio::time::timeout(Duration::from_secs(5), api.create(&params, &review))
+        .await
+        .ok()?
+        .ok()?;
+    review.status?.user_info?.username
+}
+
 /// `--namespace`, else `POD_NAMESPACE`, else the service-account namespace, else the client's
 /// (kubeconfig context): the library's rule.
 pub(crate) fn resolve_namespace(explicit: Option<&str>, client: &Client) -> String {

@@ -30,6 +30,12 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
     let mut signals = Signals::new(&crate::supervisor::FORWARDED).or_exit(exit::INTERNAL)?;
     let client = cluster::connect(&args.cluster, args.connect_timeout, args.renew_deadline).await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let rbac = format!(
+        "kube-leader rbac --strategy {} --lock {} --namespace {namespace}",
+        args.lock.strategy, args.lock.lock
+    );
+    let elector = args.elector_service_account.as_deref();
+    let client = cluster::as_elector(client, &namespace, elector, &rbac).await?;
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let identity = cluster::resolve_identity(args.identity.as_deref())
         .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(run::NO_IDENTITY)))?;

@@ -37,6 +37,7 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     let SetUp {
         mut signals,
         client,
+        own,
         namespace,
         identity,
         pod: candidate_pod,
@@ -51,8 +52,8 @@ pub(crate) async fn run(args: RunArgs, log_format: LogFormat) -> Result<u8, Fail
     };
     let (elector, status) = serve_status(elector, &lock, &identity, served).await?;
     let label = pod_label(args.label_pod, &client, &lock, &identity);
-    let fence =
-        crate::fence::proxy_user(args.fence, args.fence_user.clone())?.map(|user| (client.clone(), user));
+    // COMMAND's requests go as the Pod, never as the elector (`--elector-service-account`).
+    let fence = crate::fence::proxy_user(args.fence, args.fence_user.clone())?.map(|user| (own, user));
     // The supervisor, and COMMAND's process, get ready while this candidate follows: winning
     // then costs one message and COMMAND's exec.
     let launch = Launch {

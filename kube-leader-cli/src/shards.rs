@@ -59,11 +59,11 @@ pub(crate) async fn run(args: RunArgs, count: u32, log_format: LogFormat) -> Res
     let SetUp {
         signals: mut stops,
         client,
+        own: fence_client,
         namespace,
         identity,
         ..
     } = run::set_up(&args, &run::STOPS, false).await?;
-    let fence_client = client.clone();
     let config = ShardsConfig::default()
         .lease(args.lease_config())
         .handover_grace(args.grace());

@@ -44,6 +44,12 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Fail> {
     )
     .await?;
     let namespace = cluster::resolve_namespace(args.lock.namespace.as_deref(), &client);
+    let rbac = format!(
+        "kube-leader rbac --strategy {} --lock {} --namespace {namespace}",
+        args.lock.strategy, args.lock.lock
+    );
+    let elector = args.elector_service_account.as_deref();
+    let client = cluster::as_elector(client, &namespace, elector, &rbac).await?;
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let info = leader::current(client, args.lock.strategy, &lock)
         .await

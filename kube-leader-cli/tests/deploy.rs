@@ -1,6 +1,7 @@
 //! The manifests in `deploy/`, applied as a user applies them (`kubectl apply -k`) to the test
-//! control plane: the kustomize base and each overlay, their RBAC equal to `kube-leader rbac`, and
-//! the Pod template checked against the `restricted` Pod Security Standard.
+//! control plane: the kustomize base and each overlay, their RBAC equal to `kube-leader rbac`
+//! (and `deploy/flow-schema` to `kube-leader rbac --flow-schema`), and the Pod template checked
+//! against the `restricted` Pod Security Standard.
 //!
 //! Kubernetes 1.20 has no Pod Security admission, so the rules are checked here, field by field,
 //! on the Deployment as the API server stored it; the namespace still carries the
@@ -10,6 +11,7 @@
 //! controller and no node).
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Component, Path, PathBuf},
     process::Command,
@@ -393,17 +395,23 @@ async fn check_applied(cp: &ControlPlane, variant: &str, service_account: &str) 
         .map(|o| o["kind"].as_str().unwrap_or_default().to_string())
         .collect();
     kinds.sort();
-    assert_eq!(
-        kinds,
-        [
-            "Deployment",
-            "PodDisruptionBudget",
+    // deploy/lease and what is built on it: the Pods' ServiceAccount and the elector's, each
+    // with its Role and RoleBinding (`--elector-service-account`).
+    let rbac: &[&str] = if matches!(variant, "" | "for-life") {
+        &["Role", "RoleBinding", "ServiceAccount"]
+    } else {
+        &[
+            "Role",
             "Role",
             "RoleBinding",
-            "ServiceAccount"
-        ],
-        "deploy/{variant}"
-    );
+            "RoleBinding",
+            "ServiceAccount",
+            "ServiceAccount",
+        ]
+    };
+    let mut expected = vec!["Deployment", "PodDisruptionBudget"];
+    expected.extend_from_slice(rbac);
+    assert_eq!(kinds, expected, "deploy/{variant}");
 
     let client = cp.client().await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
@@ -516,17 +524,33 @@ fn one_kustomization_names_everything_without_dangling_references() {
         "the lock is the Deployment's name"
     );
     assert_eq!(d["metadata"]["name"], lock);
-    let role = objects.iter().find(|o| o["kind"] == "Role").unwrap();
-    assert!(
-        role.to_string()
-            .contains(&format!("\"resourceNames\":[\"{lock}\"]")),
-        "{role}"
-    );
+    let role = |needle: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "Role" && o.to_string().contains(needle))
+            .unwrap_or_else(|| panic!("no Role with {needle}:\n{out}"))
+    };
+    let election = role(&format!("\"resourceNames\":[\"{lock}\"]"));
     assert!(!out.contains("$("), "a variable left unset:\n{out}");
-    let binding = objects.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
-    assert!(named("Role").contains(&binding["roleRef"]["name"].as_str().unwrap().to_string()));
-    assert_eq!(binding["subjects"][0]["name"], sa);
-    assert_eq!(binding["subjects"][0]["namespace"], "my-namespace");
+    // kube-leader's own requests as the elector: its name follows the prefix in the flag and
+    // in the rule that lets the Pods' ServiceAccount impersonate it.
+    let elector = a[a.iter().position(|s| *s == "--elector-service-account").unwrap() + 1];
+    assert_eq!(elector, "my-app-kube-leader-lease-elector");
+    assert!(named("ServiceAccount").contains(&elector.to_string()));
+    let impersonate = role(&format!("\"resourceNames\":[\"{elector}\"]"));
+    let bound_to = |role: &Value| {
+        let binding = objects
+            .iter()
+            .find(|o| o["kind"] == "RoleBinding" && o["roleRef"]["name"] == role["metadata"]["name"])
+            .unwrap_or_else(|| panic!("no RoleBinding of {role}"));
+        assert_eq!(binding["subjects"][0]["namespace"], "my-namespace");
+        binding["subjects"][0]["name"].as_str().unwrap().to_string()
+    };
+    assert_eq!(bound_to(election), elector);
+    assert_eq!(bound_to(impersonate), sa);
+    for binding in objects.iter().filter(|o| o["kind"] == "RoleBinding") {
+        assert!(named("Role").contains(&binding["roleRef"]["name"].as_str().unwrap().to_string()));
+    }
     let pdb = objects
         .iter()
         .find(|o| o["kind"] == "PodDisruptionBudget")
@@ -560,10 +584,26 @@ async fn kubectl_apply_k_deploy_lease_runs_the_lease_strategy() {
     let d = check_variant(cp, "lease", "kube-leader-lease").await;
     let a = args(&d);
     assert_eq!(
-        &a[..4],
-        ["run", "--strategy", "lease", "--watch-own-pod"],
+        &a[..6],
+        [
+            "run",
+            "--strategy",
+            "lease",
+            "--watch-own-pod",
+            "--elector-service-account",
+            "kube-leader-lease-elector"
+        ],
         "{a:?}"
     );
+    // The elector mounts no token: only kube-leader's impersonation makes requests as it.
+    let elector = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        cp.client().await,
+        d.metadata.namespace.as_deref().unwrap(),
+    )
+    .get("kube-leader-lease-elector")
+    .await
+    .unwrap();
+    assert_eq!(elector.automount_service_account_token, Some(false));
     // The lock the RBAC names (resourceNames) is the one the Deployment campaigns for.
     let lock = a
         .iter()
@@ -586,8 +626,8 @@ fn rbac(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The rules of the Role in `yaml`, normalized by the API server (dry run).
-fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
+/// The objects in `yaml`, normalized by the API server (dry run).
+fn server_objects(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
     let out = cp
         .kubectl_with_stdin(
             &["apply", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-"],
@@ -595,29 +635,59 @@ fn server_rules(cp: &ControlPlane, ns: &str, yaml: &str) -> Vec<Value> {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     let v: Value = serde_json::from_str(&out).unwrap();
-    let items = v["items"].as_array().cloned().unwrap_or_else(|| vec![v.clone()]);
-    let role = items.iter().find(|i| i["kind"] == "Role").expect("a Role");
-    let mut rules: Vec<Value> = role["rules"].as_array().unwrap().clone();
-    rules.sort_by_key(|r| r.to_string());
-    rules
+    v["items"].as_array().cloned().unwrap_or_else(|| vec![v.clone()])
+}
+
+/// What the Roles and RoleBindings in `yaml` grant, normalized by the API server (dry run): per
+/// ServiceAccount bound, the rules of its Roles, sorted.
+fn server_grants(cp: &ControlPlane, ns: &str, yaml: &str) -> BTreeMap<String, Vec<Value>> {
+    let items = server_objects(cp, ns, yaml);
+    let mut grants: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for binding in items.iter().filter(|i| i["kind"] == "RoleBinding") {
+        let role = items
+            .iter()
+            .find(|i| i["kind"] == "Role" && i["metadata"]["name"] == binding["roleRef"]["name"])
+            .unwrap_or_else(|| panic!("{binding} binds a Role that is not there"));
+        for subject in binding["subjects"].as_array().unwrap() {
+            let rules = grants
+                .entry(subject["name"].as_str().unwrap().to_owned())
+                .or_default();
+            rules.extend(role["rules"].as_array().unwrap().iter().cloned());
+            rules.sort_by_key(|r| r.to_string());
+        }
+    }
+    assert!(!grants.is_empty(), "no Role bound in:\n{yaml}");
+    grants
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deploy_rbac_matches_kube_leader_rbac() {
     let cp = ControlPlane::shared();
     let ns = cp.namespace().await;
+    // deploy/lease: kube-leader's requests as the elector, COMMAND's as the Pods'.
+    let elector = [
+        "--service-account",
+        "kube-leader-lease",
+        "--elector-service-account",
+        "kube-leader-lease-elector",
+    ];
     for (strategy, file, extra) in [
-        ("lease", "lease", &["--watch-own-pod"][..]),
-        ("for-life", "for-life", &[][..]),
+        ("lease", "lease", &[&elector[..], &["--watch-own-pod"]].concat()),
+        (
+            "for-life",
+            "for-life",
+            &vec!["--service-account", "kube-leader-for-life"],
+        ),
         // `kube-leader elect` has no --watch-own-pod: deploy/lease's Role without the pods rule.
-        ("lease", "patterns/native-sidecar", &[][..]),
+        ("lease", "patterns/native-sidecar", &elector.to_vec()),
     ] {
-        // As kustomize builds it: the lock ($(KUBE_LEADER_LOCK)) is the Deployment's name.
+        // As kustomize builds it: the lock ($(KUBE_LEADER_LOCK)) is the Deployment's name, the
+        // elector ($(KUBE_LEADER_ELECTOR)) its ServiceAccount's.
         let built = kubectl(cp, &["kustomize", deploy_dir().join(file).to_str().unwrap()]);
-        let deployed = built
+        let deployed: Vec<&str> = built
             .split("\n---\n")
-            .find(|doc| doc.lines().any(|l| l == "kind: Role"))
-            .unwrap_or_else(|| panic!("no Role in deploy/{file}:\n{built}"));
+            .filter(|doc| doc.lines().any(|l| l == "kind: Role" || l == "kind: RoleBinding"))
+            .collect();
         let printed = rbac(
             &[
                 &[
@@ -628,16 +698,111 @@ async fn deploy_rbac_matches_kube_leader_rbac() {
                     "--namespace",
                     ns.name(),
                 ],
-                extra,
+                &extra[..],
             ]
             .concat(),
         );
         assert_eq!(
-            server_rules(cp, ns.name(), deployed),
-            server_rules(cp, ns.name(), &printed),
-            "deploy/{file} and `kube-leader rbac --strategy {strategy}` disagree"
+            server_grants(cp, ns.name(), &deployed.join("\n---\n")),
+            server_grants(cp, ns.name(), &printed),
+            "deploy/{file} and `kube-leader rbac --strategy {strategy} {}` disagree",
+            extra.join(" ")
         );
     }
+}
+
+// === deploy/flow-schema ===
+
+/// A kustomization of a user's, `body` with `bases:` (relative paths of `deploy/`'s
+/// directories) added, built by kubectl's kustomize.
+fn kustomize_over(body: &str, bases: &[&str]) -> String {
+    let cp = ControlPlane::shared();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "deploy-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    let mut k = format!("{body}bases:\n");
+    for base in bases {
+        k.push_str(&format!(
+            "  - {}\n",
+            relative(&dir, &deploy_dir().join(base)).display()
+        ));
+    }
+    fs::write(dir.join("kustomization.yaml"), k).unwrap();
+    let out = kubectl(cp, &["kustomize", dir.to_str().unwrap()]);
+    let _ = fs::remove_dir_all(&dir);
+    out
+}
+
+/// The FlowSchema in `yaml` as the API server would store it (dry run): its name and spec.
+fn server_flow_schema(cp: &ControlPlane, yaml: &str) -> (Value, Value) {
+    let doc = yaml
+        .split("\n---\n")
+        .find(|d| d.lines().any(|l| l == "kind: FlowSchema"))
+        .unwrap_or_else(|| panic!("no FlowSchema in:\n{yaml}"));
+    let fs = server_objects(cp, "default", doc).remove(0);
+    (fs["metadata"]["name"].clone(), fs["spec"].clone())
+}
+
+/// `deploy/flow-schema` is what `kube-leader rbac --flow-schema` prints for deploy/lease's
+/// options: as shipped for the namespace `default` (named without it), and through a
+/// kustomization of a user's that sets `namespace:` and `nameSuffix:` for another namespace,
+/// name and all. Built with deploy/lease and a namePrefix, its subject follows the elector's
+/// ServiceAccount.
+#[test]
+fn deploy_flow_schema_matches_kube_leader_rbac_flow_schema() {
+    let cp = ControlPlane::shared();
+    if !cp.kubernetes_version().at_least(1, 29) {
+        eprintln!("flowcontrol.apiserver.k8s.io/v1 needs Kubernetes 1.29 or later: not checked on this control plane");
+        return;
+    }
+    let printed = |ns: &str| {
+        rbac(&[
+            "--strategy",
+            "lease",
+            "--lock",
+            "kube-leader-demo",
+            "--namespace",
+            ns,
+            "--service-account",
+            "kube-leader-lease",
+            "--elector-service-account",
+            "kube-leader-lease-elector",
+            "--watch-own-pod",
+            "--flow-schema",
+        ])
+    };
+    let shipped = kubectl(
+        cp,
+        &["kustomize", deploy_dir().join("flow-schema").to_str().unwrap()],
+    );
+    let (name, spec) = server_flow_schema(cp, &shipped);
+    assert_eq!(name, "kube-leader-lease-elector");
+    assert_eq!(spec, server_flow_schema(cp, &printed("default")).1, "{shipped}");
+    assert_eq!(spec["priorityLevelConfiguration"]["name"], "leader-election");
+
+    let users = kustomize_over("namespace: team-a\nnameSuffix: -team-a\n", &["flow-schema"]);
+    assert_eq!(
+        server_flow_schema(cp, &users),
+        server_flow_schema(cp, &printed("team-a")),
+        "a kustomization with namespace: team-a and nameSuffix: -team-a over deploy/flow-schema, \
+         and `kube-leader rbac --namespace team-a --flow-schema`, disagree:\n{users}"
+    );
+
+    let together = kustomize_over(
+        "namespace: my-namespace\nnamePrefix: my-app-\n",
+        &["lease", "flow-schema"],
+    );
+    let (_, spec) = server_flow_schema(cp, &together);
+    let subject = &spec["rules"][0]["subjects"][0]["serviceAccount"];
+    assert_eq!(subject["name"], "my-app-kube-leader-lease-elector", "{together}");
+    assert_eq!(subject["namespace"], "my-namespace", "{together}");
+    assert!(
+        together.contains("- --elector-service-account\n        - my-app-kube-leader-lease-elector\n"),
+        "the Deployment's elector is the FlowSchema's:\n{together}"
+    );
 }
 
 // === deploy/patterns: kube-leader next to a program of the user's ===

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::Args;
 
-use super::values::{parse_identity, parse_liveness};
+use super::values::{parse_elector, parse_identity, parse_liveness};
 use super::{
     parse_addr, parse_duration, ClusterArgs, DeadLeaderPodArg, LivenessArg, LockArgs, OutsideClusterArg,
     RunArgs, SuccessorArg,
@@ -99,6 +99,11 @@ pub(crate) struct ElectArgs {
     /// With --coordinated: the version this candidate emulates (default: --coordinated's).
     #[arg(long, value_name = "VERSION", requires = "coordinated")]
     pub(crate) emulation_version: Option<String>,
+
+    /// Make kube-leader's own API requests as this ServiceAccount of the lock's namespace, by
+    /// impersonation, rather than as the Pod's (see `kube-leader run --help`).
+    #[arg(long, value_name = "NAME", value_parser = parse_elector)]
+    pub(crate) elector_service_account: Option<String>,
 }
 
 // === impl ElectArgs ===
@@ -133,6 +138,7 @@ impl ElectArgs {
             on_shards_change: crate::cli::OnChange::Restart,
             fence: false,
             fence_user: None,
+            elector_service_account: self.elector_service_account.clone(),
             command: Vec::new(),
         }
     }

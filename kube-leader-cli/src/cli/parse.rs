@@ -37,7 +37,8 @@ fn parse_from(args: impl IntoIterator<Item = OsString>) -> Cli {
 /// The prefix of the environment variables that set `run`'s flags.
 pub(crate) const ENV_PREFIX: &str = "KUBE_LEADER_";
 
-/// The command line definition, with every flag of `run` and `elect`, `--http1` of `status` and the global
+/// The command line definition, with every flag of `run` and `elect`, `--http1` and
+/// `--elector-service-account` of `status` and the global
 /// `--log-format` also read from `KUBE_LEADER_<FLAG>` (`--lease-duration`:
 /// `KUBE_LEADER_LEASE_DURATION`; `--http1`: `KUBE_LEADER_HTTP1`), shown in `--help`. Added here rather than flag by flag, so that no flag can be forgotten. Boolean
 /// flags take true/false, 1/0, yes/no, on/off.
@@ -70,7 +71,11 @@ pub(crate) fn command() -> clap::Command {
         .mut_arg("log_format", with_env)
         .mut_subcommand("run", |run| run.mut_args(with_env))
         .mut_subcommand("elect", |elect| elect.mut_args(with_env))
-        .mut_subcommand("status", |status| status.mut_arg("http1", with_env))
+        .mut_subcommand("status", |status| {
+            status
+                .mut_arg("http1", with_env)
+                .mut_arg("elector_service_account", with_env)
+        })
 }
 
 /// Parses `args` with [`command`]: flags from the command line, else from the environment.

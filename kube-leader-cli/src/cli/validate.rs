@@ -103,6 +103,13 @@ impl RbacArgs {
     /// The options a Role is printed for, checked as `run` checks them: `--dead-leader-pod` is
     /// for leader for life only, and `--shards` for the lease strategy.
     pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.elector_service_account.as_ref() == Some(&self.service_account) {
+            return Err(format!(
+                "--elector-service-account {0} is --service-account {0}: the elector needs a \
+                 ServiceAccount of its own, apart from the Pod's (COMMAND's)",
+                self.service_account
+            ));
+        }
         self.options().validate().map_err(|e| flag_error(&e))
     }
 }

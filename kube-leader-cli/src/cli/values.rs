@@ -59,6 +59,17 @@ pub(super) fn parse_lock_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// `--elector-service-account`: a ServiceAccount's name, not `default` (the ServiceAccount of
+/// every Pod that names none, whose requests would all count as kube-leader's).
+pub(super) fn parse_elector(s: &str) -> Result<String, String> {
+    if s == "default" {
+        return Err("the elector needs a ServiceAccount of its own: `default` is the \
+                    ServiceAccount of every Pod that names none"
+            .into());
+    }
+    parse_lock_name(s)
+}
+
 pub(super) fn parse_namespace(s: &str) -> Result<String, String> {
     // A namespace is a DNS-1123 label: a subdomain without dots, at most 63 characters.
     if s.contains('.') || s.len() > 63 {
