@@ -25,7 +25,11 @@ pub(crate) async fn connect(
     timeout: Duration,
     renew_deadline: Duration,
 ) -> Result<Client, Fail> {
-    let config = config(args).await?;
+    let mut config = config(args).await?;
+    // No kube retry layer: it retries 429, 503 and 504 up to 15 times from 5 ms, on top of
+    // kube-leader's own retries, which know the renew deadline, honour `Retry-After` and
+    // spread themselves; under overload the layer multiplied the load (a retry spiral).
+    config.default_retry = false;
     let url = config.cluster_url.to_string();
     let liveness = Liveness::for_renew_deadline(renew_deadline);
     let client = crate::client::build(config, liveness, args.http1).or_exit(exit::CLUSTER)?;

@@ -220,9 +220,7 @@ fn status_with_retry_after(code: StatusCode, body: &[u8], seconds: u32) -> serde
         }),
     };
     if let Some(map) = status.as_object_mut() {
-        let details = map
-            .entry("details")
-            .or_insert_with(|| serde_json::json!({}));
+        let details = map.entry("details").or_insert_with(|| serde_json::json!({}));
         if let Some(d) = details.as_object_mut() {
             d.entry("retryAfterSeconds").or_insert(seconds.into());
         }
@@ -339,7 +337,10 @@ mod tests {
             "reason":"Timeout","code":504,"details":{"retryAfterSeconds":7}}"#;
         let s = status_with_retry_after(StatusCode::GATEWAY_TIMEOUT, own, 1);
         let status: kube::core::Status = serde_json::from_value(s).unwrap();
-        assert_eq!((status.code, status.details.unwrap().retry_after_seconds), (504, 7));
+        assert_eq!(
+            (status.code, status.details.unwrap().retry_after_seconds),
+            (504, 7)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,12 +11,33 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// Fraction of each delay that is randomised (operator-sdk's `wait.Jitter(backoff, .2)`).
 pub(crate) const JITTER: f64 = 0.2;
 
 /// `d` less up to [`JITTER`], so that candidates retrying after one error spread out.
 pub(crate) fn jittered(d: Duration) -> Duration {
     d.mul_f64(1.0 - JITTER * fastrand::f64())
+}
+
+/// The retry of a renewal that failed at `now`: after `delay`, but leaving at least `last_try`
+/// before `deadline` for one more attempt. Once that last attempt failed too, again every
+/// `floor` until the deadline: never at once, so that an API server that rejects fast (429)
+/// meets no storm of retries in the last moments of a term.
+pub(crate) fn retry_at(
+    now: Instant,
+    delay: Duration,
+    deadline: Instant,
+    last_try: Duration,
+    floor: Duration,
+) -> Instant {
+    let latest = deadline.checked_sub(last_try).unwrap_or(now);
+    if now < latest {
+        (now + delay).min(latest)
+    } else {
+        (now + floor).min(deadline)
+    }
 }
 
 /// An exponential backoff: `initial`, doubling up to exactly `cap`, with 20% jitter below.

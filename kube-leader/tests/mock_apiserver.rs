@@ -39,6 +39,20 @@ struct State {
     registrations: Vec<Value>,
     /// Open watches: each gets a line per change made with [`Mock::write`].
     watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+    /// Every update of the lock is answered with this overload (a server that is busy), until
+    /// cleared.
+    overload: Option<Overload>,
+    /// When each update was answered with the overload.
+    overloaded_at: Vec<Instant>,
+}
+
+/// An overload answer of the API server.
+#[derive(Debug, Clone, Copy)]
+enum Overload {
+    /// API Priority and Fairness's: 429, plain text, `Retry-After: <seconds>`.
+    TooManyRequests(u32),
+    /// A request that timed out inside the server: 504 with a `Status`, no `Retry-After`.
+    Timeout,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -155,6 +169,20 @@ impl Mock {
                     s.lease = Some(lease.clone());
                     s.updated_at.push(Instant::now());
                     return respond(201, &lease);
+                }
+                (&Method::PUT, p) if p == format!("{LEASES}/lock") && s.overload.is_some() => {
+                    s.overloaded_at.push(Instant::now());
+                    return match s.overload {
+                        Some(Overload::TooManyRequests(seconds)) => Response::builder()
+                            .status(429)
+                            .header("content-type", "text/plain; charset=utf-8")
+                            .header("retry-after", seconds.to_string())
+                            .body(Body::new(http_body_util::Full::new(Bytes::from_static(
+                                b"Too many requests, please try again later.\n",
+                            ))))
+                            .unwrap(),
+                        _ => status(504, "Timeout"),
+                    };
                 }
                 (&Method::PUT, p) if p == format!("{LEASES}/lock") => {
                     let mut lease: Value = serde_json::from_slice(&body).unwrap();
@@ -449,4 +477,96 @@ async fn a_registered_candidate_heartbeats_and_its_release_names_the_youngest() 
     shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(requests(&mock, "DELETE"), 1, "withdrawn on shutdown");
+}
+
+/// Timings with room for an overload inside the renew deadline: 10 s / 6 s / 1 s.
+fn roomy_timings() -> LeaseConfig {
+    LeaseConfig::default()
+        .lease_duration(Duration::from_secs(10))
+        .renew_deadline(Duration::from_secs(6))
+        .retry_period(Duration::from_secs(1))
+}
+
+/// API Priority and Fairness rejects the leader's renewals for 3.5 s with 429 and
+/// `Retry-After: 2` (plain text: kube alone would lose the header): the leader retries no
+/// sooner than the server asked, sends no storm of retries, and keeps its term, since the
+/// overload ended before its 6 s renew deadline.
+#[tokio::test(start_paused = true)]
+async fn a_429_with_retry_after_inside_the_deadline_keeps_the_lease() {
+    let mock = Mock::default();
+    let elector = mock.candidate(roomy_timings()).events(false);
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    mock.0.lock().unwrap().overload = Some(Overload::TooManyRequests(2));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    mock.0.lock().unwrap().overload = None;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(leadership.is_leader(), "the term was kept");
+    let s = mock.0.lock().unwrap();
+    let rejected = &s.overloaded_at;
+    assert!(!rejected.is_empty(), "the overload was met");
+    assert!(
+        rejected.len() <= 2,
+        "no storm of retries: {} in 3.5 s",
+        rejected.len()
+    );
+    for pair in rejected.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_secs(2),
+            "Retry-After honoured: {:?}",
+            pair[1] - pair[0]
+        );
+    }
+    // The retry after the last 429 waited for Retry-After, or came as the last attempt a fifth
+    // of the renew deadline before it.
+    let (first_rejected, last_rejected) = (rejected[0], *rejected.last().unwrap());
+    let deadline = *s.updated_at.iter().rfind(|t| **t < first_rejected).unwrap() + Duration::from_secs(6);
+    let next = s.updated_at.iter().find(|t| **t > last_rejected).copied();
+    let next = next.expect("a renewal got through after the overload");
+    assert!(
+        next - last_rejected >= Duration::from_secs(2) || next == deadline - Duration::from_millis(1200),
+        "{:?} after the last 429",
+        next - last_rejected
+    );
+}
+
+/// Renewals that time out inside the server (504) are retried, once per retry period with
+/// jitter; the term is kept when one gets through before the renew deadline, and ends at the
+/// deadline, not later, when none does.
+#[tokio::test(start_paused = true)]
+async fn a_504_is_retried_and_a_real_deadline_miss_ends_the_term() {
+    let mock = Mock::default();
+    let elector = mock.candidate(roomy_timings()).events(false);
+    let shutdown = CancellationToken::new();
+    let leadership = elector.become_leader(&shutdown).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    mock.0.lock().unwrap().overload = Some(Overload::Timeout);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    mock.0.lock().unwrap().overload = None;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(leadership.is_leader(), "the term was kept through the timeouts");
+    let timed_out = mock.0.lock().unwrap().overloaded_at.len();
+    assert!(
+        (2..=4).contains(&timed_out),
+        "retried once per retry period: {timed_out}"
+    );
+
+    // Now the server stays overloaded: the term ends at the renew deadline.
+    mock.0.lock().unwrap().overload = Some(Overload::Timeout);
+    let reason = leadership.lost().await;
+    let lost_at = Instant::now();
+    let s = mock.0.lock().unwrap();
+    let last_renewal = *s.updated_at.last().unwrap();
+    assert!(matches!(reason, LossReason::RenewDeadline { .. }), "{reason:?}");
+    let held = lost_at - last_renewal;
+    assert!(
+        held >= Duration::from_secs(6) && held <= Duration::from_millis(6010),
+        "ended {held:?} after the last renewal (renew deadline 6 s)"
+    );
+    let tries = s.overloaded_at.iter().filter(|t| **t > last_renewal).count();
+    assert!(
+        (4..=9).contains(&tries),
+        "retried until the deadline, no storm: {tries}"
+    );
 }

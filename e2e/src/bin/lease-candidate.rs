@@ -58,7 +58,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let ms = |s: &String| s.parse::<u64>().map(Duration::from_millis);
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    // As the library guide recommends for an election's client: kube-leader retries itself.
+    config.default_retry = false;
     let client = match http {
         "http2" => kube_leader::client::http2(config, ms(renew_ms)?)?,
         "http1-nodelay" => http1_nodelay(&config)?,

@@ -52,7 +52,9 @@ async fn run(args: &[String]) -> Result<()> {
     };
     let ms = |s: &str| -> Result<Duration> { Ok(Duration::from_millis(s.parse()?)) };
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    // As the library guide recommends for an election's client: kube-leader retries itself.
+    config.default_retry = false;
     let client = Client::try_from(config)?;
     let shards = Shards::new(client, name, count.parse()?)
         .namespace(namespace)

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::{
     api::Failure,
-    backoff::jittered,
+    backoff::{jittered, retry_at},
     leadership::LossReason,
     lease::{
         coordinated::preferred_other,
@@ -43,7 +43,8 @@ pub(crate) trait Pace {
 /// The single Lease's pace: a retry period after the last success; after a failure, a retry
 /// period spread by jitter, or the server's `Retry-After` if that is longer, but never so late
 /// that no attempt of `last_try` is left before the renew deadline (an overload answer cannot
-/// cost a term whose deadline has not passed).
+/// cost a term whose deadline has not passed); once that last attempt failed, every half
+/// retry period until the deadline, never at once.
 #[derive(Debug, Clone)]
 pub(crate) struct Every {
     retry: Duration,
@@ -153,10 +154,7 @@ impl Pace for Every {
     fn failed(&mut self, now: Instant, deadline: Instant, retry_after: Option<Duration>) {
         let wait = (self.spread)(self.retry).max(retry_after.unwrap_or_default());
         self.next = match self.last_try {
-            Some(last_try) => {
-                let latest = deadline.checked_sub(last_try).unwrap_or(now).max(now);
-                (now + wait).min(latest)
-            }
+            Some(last_try) => retry_at(now, wait, deadline, last_try, self.retry / 2),
             None => now + wait,
         };
     }

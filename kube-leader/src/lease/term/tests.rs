@@ -349,10 +349,14 @@ fn the_keepers_retries_honour_retry_after_and_keep_a_last_attempt() {
         let late = t0 + Duration::from_secs(6);
         p.failed(late, deadline, Some(Duration::from_secs(30)));
         assert_eq!(p.next(), deadline - last_try);
-        // Past that point, at once.
-        let later = t0 + Duration::from_secs(9);
+        // Once the last attempt failed: half a retry period later, never at once (an API
+        // server that rejects fast meets no storm), and not past the deadline.
+        let later = t0 + Duration::from_secs(8);
         p.failed(later, deadline, None);
-        assert_eq!(p.next(), later);
+        assert_eq!(p.next(), later + retry / 2);
+        let last = deadline - Duration::from_millis(100);
+        p.failed(last, deadline, None);
+        assert_eq!(p.next(), deadline);
         // A success goes back to one renewal per retry period.
         p.succeeded(later);
         assert_eq!(p.next(), later + retry);
