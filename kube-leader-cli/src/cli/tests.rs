@@ -313,10 +313,7 @@ fn elect_takes_runs_candidate_flags_and_no_command() {
 /// a minute); over HTTP/2 an idle follower sends nothing.
 #[test]
 fn only_http1_keeps_a_spare_connection_warm() {
-    for (flags, keep_warm) in [
-        ("", None),
-        ("--http1", LeaseConfig::default().keep_warm),
-    ] {
+    for (flags, keep_warm) in [("", None), ("--http1", LeaseConfig::default().keep_warm)] {
         let line = format!("kube-leader run --strategy lease --lock l {flags} -- true");
         let cli = Cli::try_parse_from(args(&line)).unwrap();
         let Command::Run(run) = cli.command else {
