@@ -39,7 +39,8 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, Fail> {
     let lock = LockRef::new(namespace, args.lock.lock.clone()).or_exit(exit::USAGE)?;
     let identity = cluster::resolve_identity(args.identity.as_deref())
         .ok_or_else(|| Fail::new(exit::USAGE, anyhow!(run::NO_IDENTITY)))?;
-    let elector = crate::candidate::elector(client.clone(), &args, &identity, None).or_exit(exit::USAGE)?;
+    let pod = run::own_pod_from_env(&identity);
+    let elector = crate::candidate::elector(client.clone(), &args, &identity, pod).or_exit(exit::USAGE)?;
     let served = run::Served {
         addr: args.status_addr,
         ready_only_when_leader: args.ready_only_when_leader,

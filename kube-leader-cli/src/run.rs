@@ -27,6 +27,7 @@ mod step_down;
 pub(crate) use campaign::{campaign, pod_label, serve_status, Served};
 pub(crate) use command::Confirmed;
 use command::{Running, Start};
+pub(crate) use own_pod::from_env as own_pod_from_env;
 pub(crate) use set_up::{set_up, SetUp, NO_IDENTITY};
 pub(crate) use signals::{is_stop, Signals, STOPS};
 use step_down::Leaving;

@@ -2004,3 +2004,80 @@ async fn watch_own_pod_stops_on_the_pods_deletion_as_on_sigterm() {
     );
     let _ = fs::remove_dir_all(dir);
 }
+
+/// An idle follower of `kube-leader run --strategy lease` whose Pod the Downward API names
+/// (`POD_NAME`, `POD_UID`, as deploy/ sets them) sends no request at all: its registration is
+/// owned by its Pod and written once, and over HTTP/2 it keeps no spare connection warm. The
+/// leader sends its renewals (one write per retry period) and its registration's pulse. Counted
+/// at the API server from its audit log, over 35 s (more than two registration heartbeats).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_follower_with_its_pod_known_sends_nothing() {
+    let cp = ControlPlane::shared();
+    let ns = cp.namespace().await;
+    let client = cp.client().await;
+    let dir = scratch_dir("idle-follower");
+    let yaml = rbac(&["--strategy", "lease", "--lock", "idle", "--namespace", ns.name()]);
+    kubectl(cp, &["apply", "-f", "-"], &yaml);
+    let (leader_user, follower_user) = (user(7), user(8));
+    for u in [&leader_user, &follower_user] {
+        bind(&client, ns.name(), "kube-leader-lease-idle", u).await;
+    }
+    let mut uids = Vec::new();
+    for name in ["pod-a", "pod-b"] {
+        let pod = create_pod(&client, ns.name(), name).await.unwrap();
+        uids.push(pod.metadata.uid.unwrap());
+    }
+    let flags = lease_flags("idle", ns.name());
+    let a = Candidate::spawn_with(
+        cp.user_kubeconfig_path(&leader_user).unwrap(),
+        &dir,
+        "pod-a",
+        &flags,
+        &work_script(&dir, "pod-a", "exit 0"),
+        &[("POD_NAME", "pod-a"), ("POD_UID", &uids[0])],
+    );
+    wait_for("a leads", WAIT, || a.leading().then_some(()));
+    let b = Candidate::spawn_with(
+        cp.user_kubeconfig_path(&follower_user).unwrap(),
+        &dir,
+        "pod-b",
+        &flags,
+        &work_script(&dir, "pod-b", "exit 0"),
+        &[("POD_NAME", "pod-b"), ("POD_UID", &uids[1])],
+    );
+    // b registered (owned by its Pod) and follows.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), ns.name());
+    wait_for("b's registration, owned by its Pod", WAIT, || {
+        let list = futures_block(leases.list(&Default::default()));
+        list.items
+            .iter()
+            .any(|l| {
+                l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some("pod-b")
+                    && l.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|o| o.uid == uids[1]))
+            })
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let before = cp.audit_events(&follower_user).unwrap().len();
+    let leader_before = cp.audit_events(&leader_user).unwrap().len();
+    std::thread::sleep(Duration::from_secs(35));
+    let after = cp.audit_events(&follower_user).unwrap();
+    let sent: Vec<String> = after[before..]
+        .iter()
+        .filter(|e| e.stage == "ResponseComplete" || e.stage == "ResponseStarted")
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
+        .collect();
+    assert!(a.leading() && !b.leading(), "{}\n{}", a.log_text(), b.log_text());
+    assert!(sent.is_empty(), "an idle follower sent {sent:?}\n{}", b.log_text());
+    let leader = cp.audit_events(&leader_user).unwrap();
+    let writes = leader[leader_before..]
+        .iter()
+        .filter(|e| e.stage == "ResponseComplete" && e.verb == "update")
+        .count();
+    eprintln!("over 35 s: follower 0 requests, leader {writes} updates");
+    assert!(writes > 0, "the leader renews");
+    let _ = fs::remove_dir_all(dir);
+}

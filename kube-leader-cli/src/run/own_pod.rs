@@ -21,6 +21,21 @@ use crate::exit::{self, Fail};
 /// Why this candidate's Pod is ending, once it is.
 pub(crate) type Ending = watch::Receiver<Option<String>>;
 
+/// This candidate's Pod as the Downward API tells it, without a request: `POD_UID`
+/// (`metadata.uid`) and `POD_NAME` (else `identity`). With it, the candidate's registration is
+/// written once, owned by the Pod (the garbage collector ends it with the Pod), and an idle
+/// follower sends nothing for it; without it, the registration is renewed every 15 s, as a
+/// candidate's outside a cluster must be (nothing else would end it).
+pub(crate) fn from_env(identity: &str) -> Option<CandidatePod> {
+    let uid = std::env::var("POD_UID").ok()?;
+    let uid = uid.trim();
+    if uid.is_empty() {
+        return None;
+    }
+    let name = kube_leader::internal::discovery::pod_name_from_env().unwrap_or_else(|| identity.to_owned());
+    Some(CandidatePod::new(name, uid))
+}
+
 /// [`watch`]es this candidate's Pod: its namespace is POD_NAMESPACE, else the service-account
 /// namespace, else the client's; its name POD_NAME, else `identity`.
 pub(crate) async fn watch_own(client: Client, identity: &str) -> Result<(Ending, CandidatePod), Fail> {

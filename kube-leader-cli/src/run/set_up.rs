@@ -26,7 +26,7 @@ pub(crate) struct SetUp {
     pub(crate) own: kube::Client,
     pub(crate) namespace: String,
     pub(crate) identity: String,
-    /// This candidate's Pod, if watched.
+    /// This candidate's Pod: watched, or from the Downward API (`POD_UID`).
     pub(crate) pod: Option<CandidatePod>,
 }
 
@@ -55,7 +55,7 @@ pub(crate) async fn set_up(args: &RunArgs, kinds: &[SignalKind], watch_own_pod: 
     };
     let elector = args.elector_service_account.as_deref();
     let client = as_elector(pod_client.clone(), &namespace, elector, &rbac).await?;
-    let mut pod = None;
+    let mut pod = own_pod::from_env(&identity);
     if watch_own_pod {
         let (ending, own) = own_pod::watch_own(client.clone(), &identity).await?;
         signals.stop_when_pod_ends(ending);
