@@ -2071,7 +2071,11 @@ async fn an_idle_follower_with_its_pod_known_sends_nothing() {
         .map(|e| format!("{} {}", e.verb, e.request_uri))
         .collect();
     assert!(a.leading() && !b.leading(), "{}\n{}", a.log_text(), b.log_text());
-    assert!(sent.is_empty(), "an idle follower sent {sent:?}\n{}", b.log_text());
+    assert!(
+        sent.is_empty(),
+        "an idle follower sent {sent:?}\n{}",
+        b.log_text()
+    );
     let leader = cp.audit_events(&leader_user).unwrap();
     let writes = leader[leader_before..]
         .iter()
