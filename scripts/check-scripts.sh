@@ -22,7 +22,7 @@
 #    spare parentheses), and a check that fails on taste gets switched off. Warnings and errors
 #    are bugs or close to them, and fail the check.
 #
-# Without FILE arguments: every shell script under scripts/, .ci/, e2e/ and testenv/ for 1,
+# Without FILE arguments: every shell script under scripts/, .ci/, e2e/, testenv/ and tools/ for 1,
 # scripts/*.sh, scripts/images/*.sh and .ci/run for 2. Exits 1 naming what it found.
 set -euo pipefail
 
@@ -39,7 +39,7 @@ else
          IFS= read -r -n 200 first_line <"$f" 2>/dev/null || true
          if [[ $first_line =~ ^#!.*[/\ ](ba|da)?sh([[:space:]]|$) ]]; then files+=("$f"); fi ;;
     esac
-  done < <(find scripts .ci e2e testenv \( -name target -o -name .git -o -name node_modules \) -prune \
+  done < <(find scripts .ci e2e testenv tools \( -name target -o -name .git -o -name node_modules \) -prune \
              -o -type f -print0 | sort -z)
   # The list itself is checked: a find that failed must not pass as "nothing found".
   [[ " ${files[*]} " == *" scripts/test.sh "* ]] || { echo "check-scripts: scripts/test.sh not found" >&2; exit 1; }

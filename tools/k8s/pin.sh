@@ -29,7 +29,7 @@ src=$(cd /tmp && "$GO" mod download -json "k8s.io/kubernetes@v$VERSION" | sed -n
 [ -f "$src" ] || die "k8s.io/kubernetes v$VERSION: no go.mod from the module proxy"
 go_line=$(grep -m1 '^go ' "$src")
 godebug=$(grep -m1 '^godebug ' "$src" || true)
-etcd=$(sed -n 's/^[[:space:]]*go.etcd.io\/etcd\/server\/v3 \(v[^ ]*\).*/\1/p' "$src" | head -1)
+etcd=$(sed -n 's/^[[:space:]]*go.etcd.io\/etcd\/server\/v3 \(v[^ ]*\).*/\1/p;T;q' "$src")
 [ -n "$etcd" ] || die "k8s.io/kubernetes v$VERSION does not require go.etcd.io/etcd/server/v3"
 staging=$(sed -n '/^replace (/,/^)/p' "$src" | awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}')
 [ -n "$staging" ] || die "no staging modules in k8s.io/kubernetes v$VERSION's replace block"
