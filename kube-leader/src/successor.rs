@@ -51,6 +51,9 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "kube-leader.io/preferred-holder";
 /// How often a leader, and a candidate without a Pod, renews its registration (a candidate
 /// without a Pod counts as live for three of these).
 pub const REGISTRATION_HEARTBEAT: Duration = Duration::from_secs(15);
+/// The longest a leader stepping down waits for the consistent list of the registrations
+/// before it chooses from its watch of them instead.
+const FRESH_LIST_BOUND: Duration = Duration::from_secs(1);
 /// How long after its last heartbeat a registration counts as live, in whole seconds.
 const LIVE_SECONDS: i32 = 45;
 
@@ -95,11 +98,12 @@ const LIVE_SECONDS: i32 = 45;
 /// counts as live for three. What this trades: a process that died while its Pod lives (a crash
 /// loop) keeps a registration until its Pod goes; a leader that names it its successor makes the
 /// others defer for at most [`successor_wait`](crate::LeaseConfig::successor_wait) before one of
-/// them takes over. A leader watches the
-/// registrations of its lock for its term, and when it steps down names the youngest live one
-/// other than itself in `PREFERRED_HOLDER_ANNOTATION`: taken from that watch, so the release
-/// is one write and the handover waits for no extra request. Where the watch is not synced (or
-/// not allowed), the leader lists the registrations once instead, while its work stops.
+/// them takes over. A leader that steps down names the youngest live candidate other than
+/// itself in `PREFERRED_HOLDER_ANNOTATION`, from one consistent list of the registrations made
+/// while its work stops (so the release is still one write): a watch of them could lag behind
+/// a new Pod's registration on a loaded API server and name an old Pod, which a rollout stops
+/// a moment later. The leader also watches the registrations for its term, and chooses from
+/// that watch where the list fails or takes more than a second.
 ///
 /// Crash failover is untouched: nobody stepped down, so nobody is preferred and nobody waits.
 /// Registrations are an optimisation, never a safety property: a candidate that may not
@@ -459,33 +463,40 @@ impl Registry {
         }
     }
 
-    /// The youngest live candidate other than `me`, by one list of the registrations; `None`
-    /// if there is none or the list failed (logged: the release then prefers nobody).
+    /// The youngest live candidate other than `me`, by one consistent list of the
+    /// registrations; where that list fails or takes longer than [`FRESH_LIST_BOUND`], the
+    /// leader's watch of them; `None` if there is none or neither answered (logged: the
+    /// release then prefers nobody).
     ///
-    /// The list is served from the API server's watch cache (`resourceVersion=0`), not read
-    /// from etcd: it is on the way of a handover (a leader whose work stops at once waits for
-    /// it before its release), and a registration a few milliseconds late costs at most a
-    /// preference, never safety.
+    /// The list is consistent (no `resourceVersion`: served once the API server's cache has
+    /// caught up with etcd), not a read of whatever the cache or the watch holds: in a rollout
+    /// the new Pod registers before it is Ready, and so before the old leader is stopped, but a
+    /// watch that lags (a loaded API server) may not have shown it yet. A choice from the
+    /// lagging watch named an old Pod, which the rollout stopped a moment later, and
+    /// leadership moved twice. The list is on the way of a handover only where the work stops
+    /// at once (the lookup starts when the shutdown does, while the work stops).
     pub(crate) async fn youngest_other(&self, me: &str) -> Option<String> {
-        let watched = self.follow.as_ref();
-        if let Some((found, candidates)) = watched.and_then(|f| f.youngest_other(me, Timestamp::now())) {
-            debug!(lock = %self.lock, candidates, preferred = ?found, "chose a successor (from the registrations' watch)");
-            return found;
-        }
-        let params = ListParams::default().labels(&self.selector()).match_any();
+        let params = ListParams::default().labels(&self.selector());
         let name = format!("{}-candidate-*", self.lock.name);
-        match call(self.op("list", &name), self.api_timeout, self.api.list(&params)).await {
+        let bound = self.api_timeout.min(FRESH_LIST_BOUND);
+        let listed = call(self.op("list", &name), bound, self.api.list(&params)).await;
+        let error = match listed {
             Ok(list) => {
                 let found = youngest(&list.items, me, Timestamp::now());
                 debug!(lock = %self.lock, candidates = list.items.len(), preferred = ?found, "chose a successor");
-                found
+                return found;
             }
-            Err(e) => {
-                warn!(lock = %self.lock, error = ?e,
-                    "cannot list the candidates' registrations; stepping down without a preferred successor");
-                None
-            }
+            Err(e) => e,
+        };
+        let watched = self.follow.as_ref();
+        if let Some((found, candidates)) = watched.and_then(|f| f.youngest_other(me, Timestamp::now())) {
+            debug!(lock = %self.lock, error = ?error, candidates, preferred = ?found,
+                "the registrations' list failed; chose a successor from their watch");
+            return found;
         }
+        warn!(lock = %self.lock, error = ?error,
+            "cannot list the candidates' registrations; stepping down without a preferred successor");
+        None
     }
 }
 

@@ -192,7 +192,8 @@ impl Keeper {
     }
 
     /// Starts looking up the youngest registered candidate, the successor the release names;
-    /// it runs while the work stops, so the release waits for no extra request.
+    /// it runs while the work stops, so the release waits for it only where the work stops
+    /// at once.
     fn look_up_successor(&self) {
         let Some(registry) = &self.registry else { return };
         let mut successor = self.successor.lock().unwrap_or_else(|e| e.into_inner());

@@ -259,7 +259,8 @@ impl Keeper {
     }
 
     /// Starts looking up the youngest registered candidate, the successor a release names;
-    /// it runs while the work stops, so the release waits for no extra request.
+    /// it runs while the work stops, so the release waits for it only where the work stops
+    /// at once.
     fn look_up_successor(&mut self) {
         if let (Some(registry), None) = (&self.registry, &self.successor) {
             let (registry, me) = (registry.clone(), self.identity.clone());

@@ -1,18 +1,18 @@
-//! A leader's view of its lock's candidate registrations: one list/watch kept for its term, so
-//! that the successor a release names costs no request on the handover's path.
+//! A leader's view of its lock's candidate registrations: one list/watch kept for its term,
+//! the fallback of the successor a release names where the consistent list at step-down fails
+//! or is slow ([`Registry::youngest_other`](super::Registry::youngest_other)).
 //!
-//! Without it, a leader stepping down lists the registrations first: a request the release
-//! waits for whenever the work stops at once (about 11 ms at p50 on a 2-core machine, as long
-//! as the release write itself). With it, the release is one write. The watch starts when the
-//! term begins (one list from the API server's watch cache, then a watch: two requests per
-//! term, and one more each [`WATCH_TIMEOUT_SECS`] while it lasts) and ends with the term.
+//! The successor used to come from this view alone, so that the release was the step-down's
+//! only request; on a loaded API server the watch lagged behind a new Pod's registration and a
+//! rollout's release named an old Pod. The watch starts when the term begins (one list from the
+//! API server's watch cache, then a watch: two requests per term, and one more each
+//! [`WATCH_TIMEOUT_SECS`] while it lasts) and ends with the term.
 //!
 //! The view is used only while it can be trusted: its list has completed, no error has come
 //! since, and it heard something within [`FRESH`] (the leader renews its own registration every
-//! [`REGISTRATION_HEARTBEAT`] while it leads). Otherwise a release lists the
-//! registrations as before, and a watch the candidate may not make (no `watch` on Leases) is
-//! given up after one log line. A view a few milliseconds late costs at most a preference,
-//! never safety: registrations only ever choose whom a release prefers.
+//! [`REGISTRATION_HEARTBEAT`] while it leads). A watch the candidate may not make (no `watch` on
+//! Leases) is given up after one log line. A view a few milliseconds late costs at most a
+//! preference, never safety: registrations only ever choose whom a release prefers.
 
 use std::{
     collections::BTreeMap,
