@@ -318,6 +318,30 @@ async fn the_electors_requests_go_to_leader_election_and_commands_do_not() {
         fs::read_to_string(&log).unwrap_or_default()
     );
 
+    // `kube-leader status` run by COMMAND (its environment names the elector) reads the lock
+    // as the elector: `app` itself may not.
+    let status = Command::new(BIN)
+        .args([
+            "status",
+            "--strategy",
+            "lease",
+            "--lock",
+            LOCK,
+            "--namespace",
+            ns,
+            "-o",
+            "json",
+        ])
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .env("KUBE_LEADER_ELECTOR_SERVICE_ACCOUNT", ELECTOR)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && stdout.contains("\"holder\": \"c1\""),
+        "{status:?}"
+    );
+
     // COMMAND's request went as `app`, with the fencing headers: not in leader-election.
     let command = fs::read_to_string(&out).unwrap();
     assert!(
