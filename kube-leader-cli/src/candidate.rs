@@ -94,10 +94,7 @@ pub(crate) struct Candidate {
     /// Lease only, not shard sets: take part in Kubernetes' coordinated leader election with
     /// these versions ([`LeaseConfig::coordinated`]).
     pub(crate) coordinated: Option<Coordinated>,
-    /// Lease only: how often a follower keeps a spare connection warm
-    /// ([`LeaseConfig::keep_warm`]). `run` and `elect` over HTTP/2 (the default) need none:
-    /// the takeover write shares the watch's connection, kept alive by PINGs, so an idle
-    /// follower sends nothing.
+    /// Lease only: a follower's spare connection ([`LeaseConfig::keep_warm`]); none over HTTP/2.
     pub(crate) keep_warm: Option<Duration>,
 }
 
@@ -397,10 +394,8 @@ impl RunArgs {
             OutsideClusterArg::Fail => OutsideCluster::Fail,
         });
         options.coordinated = coordinated(self.coordinated.as_deref(), self.emulation_version.as_deref());
-        // Over HTTP/2 the takeover write shares the watch's connection: no spare to keep warm.
-        if !self.cluster.http1 {
-            options.keep_warm = None;
-        }
+        // Over HTTP/2 the takeover write shares the watch's (PINGed) connection: no spare.
+        options.keep_warm = options.keep_warm.filter(|_| self.cluster.http1);
         options
     }
 }

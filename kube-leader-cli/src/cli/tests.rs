@@ -112,9 +112,7 @@ fn defaults_are_for_life_and_client_go_timings() {
         panic!("not run")
     };
     assert_eq!(run.lock.strategy, Strategy::ForLife);
-    // Over HTTP/2 (the default) no spare connection is kept warm: an idle follower sends
-    // nothing.
-    assert_eq!(run.lease_config(), LeaseConfig::default().keep_warm(None));
+    assert_eq!(run.lease_config(), LeaseConfig::default());
     assert_eq!(run.grace(), Duration::from_secs(10));
     assert_eq!(run.on_outside_cluster, OutsideClusterArg::Fail);
     assert!(run.status_addr.is_none());
@@ -319,6 +317,6 @@ fn only_http1_keeps_a_spare_connection_warm() {
         let Command::Run(run) = cli.command else {
             panic!("not run")
         };
-        assert_eq!(run.lease_config().keep_warm, keep_warm, "{line}");
+        assert_eq!(run.options().lease_config().keep_warm, keep_warm, "{line}");
     }
 }
