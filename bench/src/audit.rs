@@ -48,6 +48,12 @@ struct Line {
     object: Option<ObjectRef>,
     #[serde(rename = "responseStatus", default)]
     status: Option<Status>,
+    /// When the API server received the request (RFC 3339, microseconds).
+    #[serde(rename = "requestReceivedTimestamp", default)]
+    received: Option<String>,
+    /// When this stage was reached.
+    #[serde(rename = "stageTimestamp", default)]
+    stage_at: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,6 +67,8 @@ struct ObjectRef {
     resource: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,8 +84,13 @@ pub(crate) struct Request {
     pub(crate) verb: String,
     pub(crate) resource: Option<String>,
     pub(crate) name: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The HTTP status of the last event seen for it (a watch's first event has 200).
     pub(crate) code: Option<u16>,
+    /// From its receipt to its `ResponseComplete` event (`stageTimestamp` −
+    /// `requestReceivedTimestamp`): the API server's whole time on it, queueing by API Priority
+    /// and Fairness included. `None` until the request completed.
+    pub(crate) latency: Option<Duration>,
 }
 
 /// The audit log of a test control plane whose directory is `dir`.
@@ -128,8 +141,12 @@ impl Window {
                 continue;
             }
             let code = line.status.as_ref().and_then(|s| s.code);
+            let latency = (line.stage == "ResponseComplete")
+                .then(|| latency(line.received.as_deref()?, line.stage_at.as_deref()?))
+                .flatten();
             if let Some(&i) = index.get(&line.audit_id) {
                 requests[i].code = code.or(requests[i].code);
+                requests[i].latency = latency.or(requests[i].latency);
                 continue;
             }
             // A watch whose first event here is its successful end started before the window,
@@ -143,7 +160,9 @@ impl Window {
                 verb: line.verb,
                 resource: line.object.as_ref().and_then(|o| o.resource.clone()),
                 name: line.object.as_ref().and_then(|o| o.name.clone()),
+                namespace: line.object.as_ref().and_then(|o| o.namespace.clone()),
                 code,
+                latency,
             });
         }
         Ok(requests)
@@ -202,6 +221,41 @@ fn lines(bytes: &[u8]) -> impl Iterator<Item = Line> + '_ {
     bytes
         .split(|&b| b == b'\n')
         .filter_map(|l| serde_json::from_slice::<Line>(l).ok())
+}
+
+/// `to` − `from`, two audit timestamps (`2026-12-06T10:11:12.123456Z`); `None` if either does
+/// not parse or `to` is earlier.
+fn latency(from: &str, to: &str) -> Option<Duration> {
+    let (a, b) = (micros(from)?, micros(to)?);
+    Some(Duration::from_micros(u64::try_from(b - a).ok()?))
+}
+
+/// Microseconds since the Unix epoch of an RFC 3339 UTC timestamp as the API server writes
+/// them (`Z`, up to nine fractional digits).
+fn micros(ts: &str) -> Option<i64> {
+    let ts = ts.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(str::parse::<i64>);
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':').map(str::parse::<i64>);
+    let (h, min, s) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let mut frac_us = 0i64;
+    for (i, c) in frac.bytes().take(6).enumerate() {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        frac_us += i64::from(c - b'0') * 10i64.pow(5 - i as u32);
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + h * 3600 + min * 60 + s) * 1_000_000) + frac_us)
 }
 
 /// The sum of several users' counts.
@@ -273,6 +327,36 @@ mod tests {
         assert_eq!(counts["user-2"], ByVerb::from([("update".to_owned(), 1)]));
         assert_eq!(writes(&counts["user-2"]), 1);
         assert_eq!(reads(&counts["user-2"]), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn latency_from_the_two_timestamps() {
+        assert_eq!(micros("1970-01-01T00:00:01.5Z"), Some(1_500_000));
+        assert_eq!(micros("2000-03-01T00:00:00Z"), Some(951_868_800_000_000));
+        assert_eq!(
+            latency("2026-12-31T23:59:59.999990Z", "2027-01-01T00:00:00.000015Z"),
+            Some(Duration::from_micros(25))
+        );
+        assert_eq!(latency("2026-12-06T10:00:01Z", "2026-12-06T10:00:00Z"), None);
+        assert_eq!(micros("not a time"), None);
+
+        let dir = std::env::temp_dir().join(format!("kube-leader-bench-latency-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.log");
+        std::fs::write(&path, "").unwrap();
+        let window = Window::open(&path).unwrap();
+        std::fs::write(
+            &path,
+            r#"{"auditID":"u1","stage":"ResponseComplete","verb":"update","user":{"username":"user-1"},"objectRef":{"resource":"leases","namespace":"kl-a","name":"x"},"responseStatus":{"code":200},"requestReceivedTimestamp":"2026-12-06T10:00:00.000100Z","stageTimestamp":"2026-12-06T10:00:00.012600Z"}"#
+                .to_owned()
+                + "\n",
+        )
+        .unwrap();
+        let r = &window.requests().unwrap()[0];
+        assert_eq!(r.namespace.as_deref(), Some("kl-a"));
+        assert_eq!(r.latency, Some(Duration::from_micros(12_500)));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -12,7 +12,10 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap, rbac::v1::P
 use kube::{api::ListParams, Api, Client};
 use kube_leader_testenv::{bind_role, rule, ControlPlane, TestNamespace, RESTRICTED_USERS};
 
-use crate::candidate::{Binaries, Timings};
+use crate::{
+    candidate::{Binaries, Timings},
+    scenario::under_load::LoadPlan,
+};
 
 /// How big a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,6 +68,19 @@ pub(crate) struct Plan {
     pub(crate) replica_shards: u32,
     pub(crate) replica_timings: Timings,
     pub(crate) replica_idle: Duration,
+    /// `shards-hold`: one set of [`Plan::hold_shards`] shard Leases held by one process, then by
+    /// [`Plan::hold_replicas`] processes, for [`Plan::hold_window`].
+    pub(crate) hold_shards: u32,
+    pub(crate) hold_replicas: usize,
+    pub(crate) hold_window: Duration,
+    /// `under-load`: a single Lease leader and a set of this many shards in one process, each
+    /// for [`Plan::under_load_window`].
+    pub(crate) under_load_shards: u32,
+    pub(crate) under_load_window: Duration,
+    /// Timings of the load scenarios (the users' defaults).
+    pub(crate) load_timings: Timings,
+    /// The load generator of `shards-hold-load` and `under-load`.
+    pub(crate) load: LoadPlan,
 }
 
 // === impl Plan ===
@@ -95,6 +111,25 @@ impl Plan {
                 replica_shards: 30,
                 replica_timings: Timings::SHORT,
                 replica_idle: Duration::from_secs(5),
+                // Only with `--only`: a tiny version that keeps the plumbing working.
+                hold_shards: 100,
+                hold_replicas: 10,
+                hold_window: Duration::from_secs(15),
+                under_load_shards: 20,
+                under_load_window: Duration::from_secs(15),
+                load_timings: Timings::DEFAULT,
+                load: LoadPlan {
+                    users: 2,
+                    configmaps: 200,
+                    configmap_bytes: 8192,
+                    pods: 30,
+                    pod_bytes: 2048,
+                    workers: 8,
+                    watchers: 2,
+                    writes_per_sec: 5.0,
+                    max_requests: 5_000,
+                    warmup: Duration::from_secs(3),
+                },
             },
             Mode::Full => Self {
                 mode,
@@ -119,6 +154,24 @@ impl Plan {
                 replica_shards: 100,
                 replica_timings: Timings::DEFAULT,
                 replica_idle: Duration::from_secs(60),
+                hold_shards: 1000,
+                hold_replicas: 10,
+                hold_window: Duration::from_secs(300),
+                under_load_shards: 100,
+                under_load_window: Duration::from_secs(600),
+                load_timings: Timings::DEFAULT,
+                load: LoadPlan {
+                    users: 4,
+                    configmaps: 2500,
+                    configmap_bytes: 8192,
+                    pods: 300,
+                    pod_bytes: 2048,
+                    workers: 40,
+                    watchers: 8,
+                    writes_per_sec: 10.0,
+                    max_requests: 200_000,
+                    warmup: Duration::from_secs(15),
+                },
             },
         }
     }
@@ -218,6 +271,26 @@ impl Bench {
         Ok(ns)
     }
 
+    /// A namespace where the load generator's `users` may list, watch, create and patch
+    /// ConfigMaps and Pods (`kube-leader-bench load`).
+    pub(crate) async fn load_namespace(&self, users: &[String]) -> anyhow::Result<TestNamespace> {
+        let rules = vec![rule(
+            &[""],
+            &["configmaps", "pods"],
+            &["get", "list", "watch", "create", "update", "patch", "delete"],
+        )];
+        let ns = self.namespace_for(users, rules).await?;
+        let lp = ListParams::default().limit(1);
+        for user in users {
+            let client = self.cp.user_client(user).await;
+            let cms = Api::<ConfigMap>::namespaced(client.clone(), ns.name());
+            wait_allowed(user, || cms.list(&lp)).await?;
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, ns.name());
+            wait_allowed(user, || pods.list(&lp)).await?;
+        }
+        Ok(ns)
+    }
+
     async fn namespace_for(&self, users: &[String], rules: Vec<PolicyRule>) -> anyhow::Result<TestNamespace> {
         let ns = self.cp.namespace().await;
         for user in users {
@@ -257,7 +330,10 @@ where
 ///   `cargo run` (cargo sets `CARGO`): the candidate with this program's profile, the sidecar in
 ///   full mode with the workspace's `sidecar` profile (the shipped build) if there is one;
 /// - the client-go candidate: `KUBE_LEADER_GO_CANDIDATE`, else `scripts/go-candidate.sh`.
-pub(crate) fn find_binaries(mode: Mode) -> anyhow::Result<Binaries> {
+///
+/// Without `need_sidecar` (no scenario asked for runs it) the sidecar is neither built nor looked
+/// for.
+pub(crate) fn find_binaries(mode: Mode, need_sidecar: bool) -> anyhow::Result<Binaries> {
     let bench = std::env::current_exe().context("locate this program")?;
     let dir = bench
         .parent()
@@ -319,6 +395,7 @@ pub(crate) fn find_binaries(mode: Mode) -> anyhow::Result<Binaries> {
             .map_or_else(|| dir.clone(), |target| target.join(other)),
     };
     let (sidecar, sidecar_missing) = match std::env::var_os("KUBE_LEADER_CLI").filter(|p| !p.is_empty()) {
+        _ if !need_sidecar => (None, Some("no scenario asked for needs it".into())),
         Some(p) => check_sidecar(PathBuf::from(p)),
         None => match cargo_build(&sidecar_profile, "kube-leader-cli", "kube-leader") {
             Ok(()) => check_sidecar(sidecar_dir.join("kube-leader")),

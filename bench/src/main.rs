@@ -15,7 +15,12 @@
 //! - **memory**: peak RSS (`VmHWM`) of the `kube-leader run` sidecar, of the library candidate
 //!   and of the client-go candidate;
 //! - **scale**: 100 and 1,000 candidates on one Lease, and one process holding 1,000 Leases
-//!   (library candidates in one process, one client per 50 candidates).
+//!   (library candidates in one process, one client per 50 candidates);
+//! - **under load**, only when named with `--only` (`shards-hold`, `shards-hold-load`,
+//!   `under-load`): shard Leases held for a window, quiet and while `kube-leader-bench load`
+//!   fills the API server's priority levels, with and without a FlowSchema that sends the
+//!   candidates to the `leader-election` level; kube-controller-manager's own renewals beside
+//!   them (see `scenario::under_load`).
 //!
 //! It writes `results.md` and `failover.svg` (and the raw samples, `samples.json`) to `--out`.
 //!
@@ -27,11 +32,14 @@
 //! Exit codes: 0 when every scenario ran (goals not met are reported, not failures); 1 when a
 //! scenario failed or the control plane could not start; 2 for bad flags.
 
+mod apf;
 mod audit;
 mod candidate;
 mod chart;
 mod clock;
 mod harness;
+mod kcm;
+mod load;
 mod observe;
 mod procfs;
 mod report;
@@ -43,13 +51,18 @@ use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kube_leader_testenv::ControlPlane;
+use kube_leader_testenv::{Assets, ControlPlane};
 
 use crate::{
     candidate::Impl,
     harness::{Bench, Mode, Plan},
     report::{Header, Results},
-    scenario::{for_life, handover, idle, lease, lease::Stop, scale, shards, sidecar},
+    scenario::{
+        for_life, handover, idle, lease,
+        lease::Stop,
+        scale, shards, sidecar,
+        under_load::{self, Case, Subject},
+    },
 };
 
 /// kube-leader's benchmarks against client-go, on a local control plane.
@@ -86,6 +99,44 @@ struct Cli {
     /// library's handover alone.
     #[arg(long, value_enum, value_delimiter = ',')]
     implementations: Vec<Impl>,
+    /// Seconds of each window of `shards-hold`, `shards-hold-load` and `under-load`, instead of
+    /// the mode's (full: 300 for the shards held, 600 under load; ci: 15).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    window_secs: Option<u32>,
+    /// With the load (`shards-hold-load`, `under-load`): run with the FlowSchema, without it, or
+    /// both (first with it).
+    #[arg(long, value_enum, default_value_t = FlowSchemaCases::Both)]
+    flowschema: FlowSchemaCases,
+    /// The load generator's workers, instead of the mode's (full: 40).
+    #[arg(long)]
+    load_workers: Option<usize>,
+    /// The load generator's ConfigMaps (8 KiB each), instead of the mode's (full: 2,500).
+    #[arg(long)]
+    load_configmaps: Option<usize>,
+    /// The load generator's Pods, instead of the mode's (full: 300).
+    #[arg(long)]
+    load_pods: Option<usize>,
+    /// The bound on the load generator's requests per run, instead of the mode's (full: 200,000).
+    #[arg(long)]
+    load_max_requests: Option<u64>,
+}
+
+/// Which load cases to run, for `--flowschema`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FlowSchemaCases {
+    Both,
+    On,
+    Off,
+}
+
+impl FlowSchemaCases {
+    fn cases(self) -> Vec<Case> {
+        match self {
+            Self::Both => vec![Case::FlowSchema, Case::NoFlowSchema],
+            Self::On => vec![Case::FlowSchema],
+            Self::Off => vec![Case::NoFlowSchema],
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,6 +147,10 @@ enum Command {
     /// Internal: the COMMAND of the sidecar handover scenarios (stamps its start and SIGTERM).
     #[command(hide = true)]
     Stamp,
+    /// Internal: a load generator of other API users (lists and watches of large collections),
+    /// for the scenarios under load.
+    #[command(hide = true)]
+    Load(load::LoadArgs),
 }
 
 /// The scenarios, for `--only`.
@@ -110,6 +165,23 @@ enum Scenario {
     Handover,
     Scale,
     Shards,
+    /// Shard Leases held for a window without load (1 process × N, and P processes sharing N).
+    /// Only when named.
+    ShardsHold,
+    /// The same under the load, with the FlowSchema and without. Only when named.
+    ShardsHoldLoad,
+    /// A single Lease leader and a shard set under the load, with the FlowSchema and without.
+    /// Only when named.
+    UnderLoad,
+}
+
+impl Scenario {
+    /// Run only when `--only` names them: long, and not for the test command's CI step.
+    const ONLY_WHEN_NAMED: [Scenario; 3] = [
+        Scenario::ShardsHold,
+        Scenario::ShardsHoldLoad,
+        Scenario::UnderLoad,
+    ];
 }
 
 fn main() -> ExitCode {
@@ -134,15 +206,9 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Some(Command::Swarm(args)) => runtime.block_on(swarm::run(args)).map(|()| true),
+        Some(Command::Load(args)) => runtime.block_on(load::run(args)).map(|()| true),
         Some(Command::Stamp) => unreachable!("handled above"),
-        None => runtime.block_on(bench(
-            cli.mode,
-            cli.rounds,
-            cli.settle,
-            cli.out,
-            cli.only,
-            cli.implementations,
-        )),
+        None => runtime.block_on(bench(cli)),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -159,28 +225,47 @@ fn step(what: &str) {
 }
 
 /// Runs the benchmark; `Ok(false)` when a scenario failed.
-async fn bench(
-    mode: Mode,
-    rounds: Option<u16>,
-    settle: Option<u16>,
-    out: PathBuf,
-    only: Vec<Scenario>,
-    implementations: Vec<Impl>,
-) -> anyhow::Result<bool> {
+async fn bench(cli: Cli) -> anyhow::Result<bool> {
+    let Cli {
+        mode,
+        out,
+        only,
+        implementations,
+        ..
+    } = cli;
     let mut plan = Plan::for_mode(mode);
-    if let Some(n) = rounds {
+    if let Some(n) = cli.rounds {
         plan.lease_rounds = usize::from(n);
     }
-    if let Some(secs) = settle {
+    if let Some(secs) = cli.settle {
         plan.settle = std::time::Duration::from_secs(secs.into());
     }
-    let wanted = |s: Scenario| only.is_empty() || only.contains(&s);
+    if let Some(secs) = cli.window_secs {
+        plan.hold_window = std::time::Duration::from_secs(secs.into());
+        plan.under_load_window = plan.hold_window;
+    }
+    if let Some(n) = cli.load_workers {
+        plan.load.workers = n;
+        plan.load.watchers = plan.load.watchers.min(n);
+    }
+    if let Some(n) = cli.load_configmaps {
+        plan.load.configmaps = n;
+    }
+    if let Some(n) = cli.load_pods {
+        plan.load.pods = n;
+    }
+    if let Some(n) = cli.load_max_requests {
+        plan.load.max_requests = n;
+    }
+    let wanted =
+        |s: Scenario| only.contains(&s) || (only.is_empty() && !Scenario::ONLY_WHEN_NAMED.contains(&s));
+    let under_load_wanted = Scenario::ONLY_WHEN_NAMED.into_iter().any(wanted);
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let log_dir = std::env::temp_dir().join(format!("kube-leader-bench-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir)?;
 
     step("finding the candidates (kube-leader, client-go, the kube-leader sidecar)");
-    let bins = harness::find_binaries(mode)?;
+    let bins = harness::find_binaries(mode, wanted(Scenario::Sidecar) || wanted(Scenario::Handover))?;
     if let Some(why) = &bins.sidecar_missing {
         eprintln!("    no sidecar: {why}");
     }
@@ -189,13 +274,26 @@ async fn bench(
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
     step("starting the control plane");
-    let cp = ControlPlane::start()
-        .context("start the control plane (binaries: ./scripts/testenv-assets.sh, or KUBEBUILDER_ASSETS)")?;
+    // For the load scenarios, the API server also trusts a client certificate for a
+    // kube-controller-manager that elects itself, and audits its Lease requests (see kcm.rs).
+    let extras = if under_load_wanted {
+        Some(kcm::Extras::prepare(&log_dir.join("control-plane"))?)
+    } else {
+        None
+    };
+    let cp = match &extras {
+        Some(x) => Assets::from_env()
+            .and_then(|assets| ControlPlane::start_with_options(assets, x.options()))
+            .map_err(anyhow::Error::from),
+        None => ControlPlane::start().map_err(anyhow::Error::from),
+    }
+    .context("start the control plane (binaries: ./scripts/testenv-assets.sh, or KUBEBUILDER_ASSETS)")?;
     let admin = cp.client().await;
     let header = Header {
         date: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         machine: machine(),
         commit: commit(),
+        kubernetes: cp.kubernetes_version().to_string(),
         load,
         profile: if bins.sidecar_profile == bins.profile {
             format!("`{}`", bins.profile)
@@ -219,6 +317,9 @@ async fn bench(
         many: None,
         shard_process: None,
         shard_replicas: None,
+        under_load: Vec::new(),
+        load_plan: plan.load.clone(),
+        kcm_identity: None,
         failures: Vec::new(),
         elapsed: Default::default(),
     };
@@ -360,6 +461,27 @@ async fn bench(
             Err(e) => failed(&mut r, format!("shards: {} replicas", plan.replicas), e),
         }
     }
+    if under_load_wanted {
+        let kcm = match &extras {
+            Some(x) => {
+                step("kube-controller-manager with leader election, as system:kube-controller-manager");
+                match kcm::ElectedKcm::start(&b.cp, x, &b.admin).await {
+                    Ok(k) => Some(k),
+                    Err(e) => {
+                        eprintln!("    kube-controller-manager's renewals will not be measured: {e:#}");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        r.kcm_identity = kcm.as_ref().map(|k| k.identity.clone());
+        under_load_scenarios(&b, kcm.as_ref(), &plan, cli.flowschema, &wanted, &mut r).await;
+        if let Some(k) = kcm {
+            eprintln!("    kube-controller-manager's log: {}", k.log().display());
+            k.stop().await;
+        }
+    }
     r.elapsed = started.elapsed();
 
     let markdown = r.markdown();
@@ -394,6 +516,79 @@ async fn bench(
     }
     drop(b);
     Ok(ok)
+}
+
+/// `shards-hold`, `shards-hold-load` and `under-load`, as `wanted`.
+async fn under_load_scenarios(
+    b: &Bench,
+    kcm: Option<&kcm::ElectedKcm>,
+    plan: &Plan,
+    flowschema: FlowSchemaCases,
+    wanted: &dyn Fn(Scenario) -> bool,
+    r: &mut Results,
+) {
+    let mut env = match under_load::Env::new(b, kcm, plan.load.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("    FAILED: {e:#}");
+            r.failures.push(("under load".into(), format!("{e:#}")));
+            return;
+        }
+    };
+    let t = plan.load_timings;
+    let holds = [
+        Subject::Shards {
+            processes: 1,
+            shards: plan.hold_shards,
+        },
+        Subject::Shards {
+            processes: plan.hold_replicas,
+            shards: plan.hold_shards,
+        },
+    ];
+    let mut runs: Vec<(&'static str, Subject, Case, std::time::Duration)> = Vec::new();
+    if wanted(Scenario::ShardsHold) {
+        runs.extend(holds.map(|s| ("shards-hold", s, Case::Quiet, plan.hold_window)));
+    }
+    if wanted(Scenario::ShardsHoldLoad) {
+        for case in flowschema.cases() {
+            runs.extend(holds.map(|s| ("shards-hold-load", s, case, plan.hold_window)));
+        }
+    }
+    if wanted(Scenario::UnderLoad) {
+        for case in flowschema.cases() {
+            for s in [
+                Subject::Single,
+                Subject::Shards {
+                    processes: 1,
+                    shards: plan.under_load_shards,
+                },
+            ] {
+                runs.push(("under-load", s, case, plan.under_load_window));
+            }
+        }
+    }
+    for (scenario, subject, case, window) in runs {
+        step(&format!(
+            "{scenario}: {}, {}, {} for {window:?}",
+            subject.label(),
+            case.label(),
+            t.label()
+        ));
+        match env.run(scenario, subject, case, t, window).await {
+            Ok(run) => {
+                eprintln!("    {}", run.summary());
+                r.under_load.push(run);
+            }
+            Err(e) => {
+                eprintln!("    FAILED: {e:#}");
+                r.failures.push((
+                    format!("{scenario}: {}, {}", subject.label(), case.label()),
+                    format!("{e:#}"),
+                ));
+            }
+        }
+    }
 }
 
 fn samples_json(r: &Results) -> serde_json::Value {

@@ -16,6 +16,7 @@ use crate::{
         scale::{ManyLeases, OneLock},
         shards::{OneProcess, Replicas},
         sidecar::SidecarMemory,
+        under_load::{self, LoadPlan, Run},
     },
     stats::{self, fmt, Summary},
 };
@@ -39,6 +40,12 @@ pub(crate) struct Results {
     pub(crate) shard_process: Option<OneProcess>,
     /// Shards: replicas sharing a set.
     pub(crate) shard_replicas: Option<Replicas>,
+    /// Leases held quiet and under load (`shards-hold`, `shards-hold-load`, `under-load`).
+    pub(crate) under_load: Vec<Run>,
+    /// The load generator's settings.
+    pub(crate) load_plan: LoadPlan,
+    /// The Lease holder identity of the kube-controller-manager measured beside them, if it ran.
+    pub(crate) kcm_identity: Option<String>,
     /// Scenarios that failed, with their error.
     pub(crate) failures: Vec<(String, String)>,
     pub(crate) elapsed: Duration,
@@ -50,6 +57,8 @@ pub(crate) struct Header {
     pub(crate) date: String,
     pub(crate) machine: String,
     pub(crate) commit: String,
+    /// The Kubernetes release of the control plane.
+    pub(crate) kubernetes: String,
     pub(crate) load: String,
     /// The cargo profile(s) the Rust candidates were built with, formatted.
     pub(crate) profile: String,
@@ -210,6 +219,12 @@ impl Results {
         self.memory_table(&mut s);
         self.scale_tables(&mut s);
         self.shard_tables(&mut s);
+        s.push_str(&under_load::markdown(
+            &self.under_load,
+            &self.header,
+            &self.load_plan,
+            self.kcm_identity.as_deref(),
+        ));
         self.goals_table(&mut s);
         if !self.failures.is_empty() {
             let _ = writeln!(s, "### Scenarios that failed\n");

@@ -7,3 +7,4 @@ pub(crate) mod lease;
 pub(crate) mod scale;
 pub(crate) mod shards;
 pub(crate) mod sidecar;
+pub(crate) mod under_load;

@@ -105,7 +105,7 @@ pub(crate) struct Replicas {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn spawn(
+pub(crate) fn spawn(
     b: &Bench,
     fleet: &mut Fleet,
     ns: &str,
@@ -126,7 +126,7 @@ fn spawn(
 }
 
 /// Shards held per identity, by replaying `started_leading` / `stopped_leading` events.
-fn tally(events: &[Event]) -> BTreeMap<String, BTreeMap<u32, ()>> {
+pub(crate) fn tally(events: &[Event]) -> BTreeMap<String, BTreeMap<u32, ()>> {
     let mut held: BTreeMap<String, BTreeMap<u32, ()>> = BTreeMap::new();
     for e in events {
         let Some(shard) = e.shard else { continue };
@@ -140,7 +140,13 @@ fn tally(events: &[Event]) -> BTreeMap<String, BTreeMap<u32, ()>> {
 }
 
 /// Waits (up to `timeout`) until the live replicas hold every shard within one of fair.
-async fn spread(fleet: &mut Fleet, live: &[String], shards: u32, since_ns: u64, timeout: Duration) -> Spread {
+pub(crate) async fn spread(
+    fleet: &mut Fleet,
+    live: &[String],
+    shards: u32,
+    since_ns: u64,
+    timeout: Duration,
+) -> Spread {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let held = tally(fleet.events());
