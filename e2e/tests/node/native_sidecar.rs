@@ -67,7 +67,10 @@ pub(super) fn for_the_node(deployment: &mut Value, apiserver_port: u16) {
         .expect("the kube-leader sidecar");
     assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
     let env = sidecar["env"].as_array_mut().expect("env");
-    env.push(pod_uid.clone());
+    // The pattern sets POD_UID itself (its registration is then owned by the Pod).
+    if !env.iter().any(|e| e["name"] == "POD_UID") {
+        env.push(pod_uid.clone());
+    }
     env.push(json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}));
     env.push(json!({"name": "KUBERNETES_SERVICE_PORT", "value": apiserver_port.to_string()}));
     if let Some(successor) = super::successor_override() {
