@@ -12,10 +12,58 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap, rbac::v1::P
 use kube::{api::ListParams, Api, Client};
 use kube_leader_testenv::{bind_role, rule, ControlPlane, TestNamespace, RESTRICTED_USERS};
 
-use crate::{
-    candidate::{Binaries, Timings},
-    scenario::under_load::LoadPlan,
-};
+use crate::candidate::{Binaries, Timings};
+
+/// The load generator's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadPlan {
+    /// API users of the load (none of them a candidate).
+    pub(crate) users: usize,
+    pub(crate) configmaps: usize,
+    pub(crate) configmap_bytes: usize,
+    pub(crate) pods: usize,
+    pub(crate) pod_bytes: usize,
+    pub(crate) workers: usize,
+    pub(crate) watchers: usize,
+    pub(crate) writes_per_sec: f64,
+    /// The bound on its requests per run.
+    pub(crate) max_requests: u64,
+    /// How long it runs before the candidates start.
+    pub(crate) warmup: Duration,
+}
+
+impl LoadPlan {
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "{} users, {} workers ({} watching, the others listing), {} ConfigMaps × {} KiB and {} Pods × {} KiB \
+             annotation, {} ConfigMap patches/s, at most {} requests, {} s before the candidates start",
+            self.users,
+            self.workers,
+            self.watchers.min(self.workers),
+            self.configmaps,
+            self.configmap_bytes / 1024,
+            self.pods,
+            self.pod_bytes / 1024,
+            self.writes_per_sec,
+            self.max_requests,
+            self.warmup.as_secs()
+        )
+    }
+}
+
+/// When and where.
+#[derive(Debug, Clone)]
+pub(crate) struct Header {
+    pub(crate) date: String,
+    pub(crate) machine: String,
+    pub(crate) commit: String,
+    /// The Kubernetes release of the control plane.
+    pub(crate) kubernetes: String,
+    pub(crate) load: String,
+    /// The cargo profile(s) the Rust candidates were built with, formatted.
+    pub(crate) profile: String,
+    pub(crate) control_plane_started_in: Duration,
+}
 
 /// How big a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

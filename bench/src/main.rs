@@ -55,8 +55,9 @@ use kube_leader_testenv::{Assets, ControlPlane};
 
 use crate::{
     candidate::Impl,
+    harness::Header,
     harness::{Bench, Mode, Plan},
-    report::{Header, Results},
+    report::Results,
     scenario::{
         for_life, handover, idle, lease,
         lease::Stop,

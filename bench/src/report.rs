@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 use crate::{
     audit::{self, ByVerb},
     candidate::Impl,
-    harness::{Mode, Plan},
+    harness::{Header, LoadPlan, Mode, Plan},
     procfs::{mib, Memory},
     scenario::{
         for_life::ForLifeResult,
@@ -16,7 +16,7 @@ use crate::{
         scale::{ManyLeases, OneLock},
         shards::{OneProcess, Replicas},
         sidecar::SidecarMemory,
-        under_load::{self, LoadPlan, Run},
+        under_load::{self, Run},
     },
     stats::{self, fmt, Summary},
 };
@@ -49,20 +49,6 @@ pub(crate) struct Results {
     /// Scenarios that failed, with their error.
     pub(crate) failures: Vec<(String, String)>,
     pub(crate) elapsed: Duration,
-}
-
-/// When and where.
-#[derive(Debug, Clone)]
-pub(crate) struct Header {
-    pub(crate) date: String,
-    pub(crate) machine: String,
-    pub(crate) commit: String,
-    /// The Kubernetes release of the control plane.
-    pub(crate) kubernetes: String,
-    pub(crate) load: String,
-    /// The cargo profile(s) the Rust candidates were built with, formatted.
-    pub(crate) profile: String,
-    pub(crate) control_plane_started_in: Duration,
 }
 
 /// The goals of issue 4 (and the leader-for-life goal of issue 6), evaluated.

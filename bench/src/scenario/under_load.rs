@@ -32,10 +32,9 @@ use crate::{
     audit::{self, Request},
     candidate::{guarded, Event, Fleet, Impl, Timings},
     clock::{between, mono_ns},
-    harness::Bench,
+    harness::{Bench, Header, LoadPlan},
     kcm::{self, ElectedKcm},
     procfs::{self, mib, Memory},
-    report::Header,
     scenario::shards::{self, Codes},
     stats::{fmt, Summary},
 };
@@ -66,43 +65,6 @@ impl Case {
             Case::FlowSchema => "load, FlowSchema → `leader-election`",
             Case::NoFlowSchema => "load, no FlowSchema (`global-default`)",
         }
-    }
-}
-
-/// The load generator's settings.
-#[derive(Debug, Clone)]
-pub(crate) struct LoadPlan {
-    /// API users of the load (none of them a candidate).
-    pub(crate) users: usize,
-    pub(crate) configmaps: usize,
-    pub(crate) configmap_bytes: usize,
-    pub(crate) pods: usize,
-    pub(crate) pod_bytes: usize,
-    pub(crate) workers: usize,
-    pub(crate) watchers: usize,
-    pub(crate) writes_per_sec: f64,
-    /// The bound on its requests per run.
-    pub(crate) max_requests: u64,
-    /// How long it runs before the candidates start.
-    pub(crate) warmup: Duration,
-}
-
-impl LoadPlan {
-    pub(crate) fn label(&self) -> String {
-        format!(
-            "{} users, {} workers ({} watching, the others listing), {} ConfigMaps × {} KiB and {} Pods × {} KiB \
-             annotation, {} ConfigMap patches/s, at most {} requests, {} s before the candidates start",
-            self.users,
-            self.workers,
-            self.watchers.min(self.workers),
-            self.configmaps,
-            self.configmap_bytes / 1024,
-            self.pods,
-            self.pod_bytes / 1024,
-            self.writes_per_sec,
-            self.max_requests,
-            self.warmup.as_secs()
-        )
     }
 }
 
