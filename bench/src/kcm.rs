@@ -27,7 +27,7 @@ use std::{
 use anyhow::{bail, Context};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
-use kube_leader_testenv::{Assets, ControlPlane, ControlPlaneOptions, RESTRICTED_USERS};
+use kube_leader_testenv::{Assets, ControlPlane, ControlPlaneOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -117,24 +117,15 @@ impl Extras {
 /// The test control plane's audit policy (the restricted users' requests at `Metadata`), with
 /// kube-controller-manager's Lease requests first.
 fn audit_policy() -> String {
-    let users: Vec<String> = (1..=RESTRICTED_USERS).map(|i| format!("\"user-{i}\"")).collect();
-    format!(
-        "apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [\"RequestReceived\"]
-rules:
-- level: Metadata
+    kube_leader_testenv::audit_policy_with(&format!(
+        "- level: Metadata
   users: [\"{USER}\"]
   namespaces: [\"kube-system\"]
   resources:
   - group: coordination.k8s.io
     resources: [\"leases\"]
-- level: Metadata
-  users: [{}]
-- level: None
-",
-        users.join(", ")
-    )
+"
+    ))
 }
 
 fn openssl(args: &[&str]) -> anyhow::Result<()> {

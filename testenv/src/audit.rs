@@ -35,13 +35,23 @@ pub struct AuditEvent {
 /// An audit policy that records the restricted users' requests at the `Metadata` level
 /// (no bodies), once each (twice for watches), and nothing else.
 pub(crate) fn policy(restricted_users: usize) -> String {
+    policy_with(restricted_users, "")
+}
+
+/// [`policy`]'s, with `first_rules` (YAML list items, each line indented as a rule's) before
+/// the restricted users' rule: a harness that also audits another user's requests.
+pub fn audit_policy_with(first_rules: &str) -> String {
+    policy_with(crate::RESTRICTED_USERS, first_rules)
+}
+
+fn policy_with(restricted_users: usize, first_rules: &str) -> String {
     let users: Vec<String> = (1..=restricted_users).map(|i| format!("\"user-{i}\"")).collect();
     format!(
         "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [\"RequestReceived\"]
 rules:
-- level: Metadata
+{first_rules}- level: Metadata
   users: [{}]
 - level: None
 ",

@@ -41,7 +41,7 @@ mod process;
 mod proxy;
 
 pub use assets::{Assets, KubeVersion, BINARIES, DEBIAN_KUBERNETES_VERSION, KUBERNETES_VERSION};
-pub use audit::AuditEvent;
+pub use audit::{audit_policy_with, AuditEvent};
 pub use control_plane::{ControlPlane, ControlPlaneOptions, ADMIN, RESTRICTED_USERS};
 pub use error::{Error, Result};
 pub use fixtures::{bind_role, create_pod, pod, rule, set_pod_condition, set_pod_phase, set_pod_phase_as};
