@@ -175,6 +175,25 @@ impl Drop for Killed {
 
 // === the tests ===
 
+/// The flags of candidate `c1` for the Lease LOCK in `ns`, with `kubeconfig`'s identity, as
+/// the elector's ServiceAccount.
+fn candidate_flags<'a>(ns: &'a str, kubeconfig: &'a Path) -> [&'a str; 12] {
+    [
+        "--strategy",
+        "lease",
+        "--lock",
+        LOCK,
+        "--namespace",
+        ns,
+        "--identity",
+        "c1",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--elector-service-account",
+        ELECTOR,
+    ]
+}
+
 /// The whole path: the printed RBAC and FlowSchema applied, a `kube-leader run` candidate with
 /// `--elector-service-account` and `--fence` on ServiceAccount `app`'s token. Its Lease
 /// requests go to `leader-election` through the FlowSchema; a request of `app` itself, and
@@ -254,20 +273,9 @@ async fn the_electors_requests_go_to_leader_election_and_commands_do_not() {
     );
     let log = dir.join("run.log");
     let child = Command::new(BIN)
+        .arg("run")
+        .args(candidate_flags(ns, &kubeconfig))
         .args([
-            "run",
-            "--strategy",
-            "lease",
-            "--lock",
-            LOCK,
-            "--namespace",
-            ns,
-            "--identity",
-            "c1",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--elector-service-account",
-            ELECTOR,
             "--fence",
             "--fence-user",
             &format!("system:serviceaccount:{ns}:{APP}"),
@@ -377,23 +385,9 @@ async fn a_refused_impersonation_names_the_permission_and_the_rbac_command() {
     }
     let kubeconfig = service_account_kubeconfig(cp, &dir, ns, APP).await;
     for command in ["run", "elect"] {
-        let mut args = vec![
-            command,
-            "--strategy",
-            "lease",
-            "--lock",
-            LOCK,
-            "--namespace",
-            ns,
-            "--identity",
-            "c1",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--elector-service-account",
-            ELECTOR,
-            "--connect-timeout",
-            "10s",
-        ];
+        let mut args = vec![command];
+        args.extend(candidate_flags(ns, &kubeconfig));
+        args.extend(["--connect-timeout", "10s"]);
         if command == "run" {
             args.extend(["--", "true"]);
         } else {
