@@ -49,10 +49,9 @@ pub(crate) trait Pace {
 pub(crate) struct Every {
     retry: Duration,
     next: Instant,
-    /// The time kept for one last attempt before the renew deadline (`None`: none kept).
+    /// The keeper's: the time kept for one last attempt before the renew deadline, and
+    /// retries spread by [`jittered`]. `None`: the protocol models' pace (deterministic).
     last_try: Option<Duration>,
-    /// Spreads the retries of candidates that failed together ([`jittered`], or none).
-    spread: fn(Duration) -> Duration,
 }
 
 /// Who writes a term, and the timings its records carry and its judgement keeps.
@@ -126,7 +125,6 @@ impl Every {
             retry,
             next: sent + retry,
             last_try: None,
-            spread: |d| d,
         }
     }
 
@@ -136,7 +134,6 @@ impl Every {
     pub(crate) fn keeper(retry: Duration, sent: Instant, last_try: Duration) -> Self {
         Self {
             last_try: Some(last_try),
-            spread: jittered,
             ..Self::new(retry, sent)
         }
     }
@@ -152,10 +149,13 @@ impl Pace for Every {
     }
 
     fn failed(&mut self, now: Instant, deadline: Instant, retry_after: Option<Duration>) {
-        let wait = (self.spread)(self.retry).max(retry_after.unwrap_or_default());
+        let retry_after = retry_after.unwrap_or_default();
         self.next = match self.last_try {
-            Some(last_try) => retry_at(now, wait, deadline, last_try, self.retry / 2),
-            None => now + wait,
+            Some(last_try) => {
+                let wait = jittered(self.retry).max(retry_after);
+                retry_at(now, wait, deadline, last_try, self.retry / 2)
+            }
+            None => now + self.retry.max(retry_after),
         };
     }
 }
@@ -287,14 +287,13 @@ impl<P: Pace> Term<P> {
     /// Handles the answer to a re-read after a conflict. If the Lease is still ours, keep its
     /// version. Retry a failed read as the pace says.
     pub(crate) fn reread(&mut self, answer: Result<Lease, Failure>, now: Instant) -> Step {
-        let answer_retry_after = answer.as_ref().err().and_then(Failure::retry_after);
+        let retry_after = answer.as_ref().err().and_then(Failure::retry_after);
         let step = match answer {
             Ok(current) => self.judge(current),
             Err(Failure::NotFound) => Step::End(LossReason::LockDeleted),
             Err(_) => Step::Keep,
         };
         if step == Step::Keep {
-            let retry_after = answer_retry_after;
             self.pace.failed(now, self.confirmed_until(), retry_after);
         }
         step
