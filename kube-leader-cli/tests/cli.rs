@@ -2060,8 +2060,15 @@ async fn an_idle_follower_with_its_pod_known_sends_nothing() {
             })
             .then_some(())
     });
-    std::thread::sleep(Duration::from_secs(3));
-    let before = cp.audit_events(&follower_user).unwrap().len();
+    // Its start-up requests (the lock's read and watch) are over once its count stands still.
+    let mut seen = usize::MAX;
+    let before = wait_for("the follower's start-up requests to end", WAIT, || {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = cp.audit_events(&follower_user).unwrap().len();
+        let settled = (now == seen).then_some(now);
+        seen = now;
+        settled
+    });
     let leader_before = cp.audit_events(&leader_user).unwrap().len();
     std::thread::sleep(Duration::from_secs(35));
     let after = cp.audit_events(&follower_user).unwrap();
